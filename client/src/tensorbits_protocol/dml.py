@@ -1,0 +1,155 @@
+"""DirectML buffer tensor descriptions and bindings, and the bounds checks that make views safe.
+
+A description (data type, Sizes, optional Strides in elements, TotalTensorSizeInBytes,
+GuaranteedBaseOffsetAlignment) bound at a byte offset of a caller's buffer becomes a strided view.
+``plan_view`` checks everything first with Python's unbounded integers, so no product or sum can
+overflow, and only returns a layout whose every element lies inside the bound range.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tensorbits_protocol.dtypes import DataType, itemsize
+from tensorbits_protocol.errors import InvalidRequest
+
+DML_MINIMUM_BUFFER_TENSOR_ALIGNMENT = 16
+MAX_DIMENSIONS = 8
+UINT32_MAX = 2**32 - 1
+UINT64_MAX = 2**64 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class TensorDesc:
+    """DML_BUFFER_TENSOR_DESC, with sizes and strides in elements."""
+
+    datatype: DataType
+    sizes: tuple[int, ...]
+    strides: tuple[int, ...] | None = None
+    total_size: int | None = None  # TotalTensorSizeInBytes; None: the minimum implied size
+    alignment: int = 0  # GuaranteedBaseOffsetAlignment; 0: none beyond the DML minimum
+
+    def packed_strides(self) -> tuple[int, ...]:
+        strides: list[int] = []
+        step = 1
+        for size in reversed(self.sizes):
+            strides.append(step)
+            step *= size
+        return tuple(reversed(strides))
+
+    def effective_strides(self) -> tuple[int, ...]:
+        return self.strides if self.strides is not None else self.packed_strides()
+
+
+@dataclass(frozen=True, slots=True)
+class ViewLayout:
+    """Where a validated tensor lies in its buffer: a byte offset, and strides in bytes."""
+
+    offset: int
+    shape: tuple[int, ...]
+    byte_strides: tuple[int, ...]
+    total_size: int  # bytes of the bound range [offset, offset + total_size)
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.total_size
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def minimum_implied_size(datatype: DataType, sizes: tuple[int, ...], strides: tuple[int, ...]) -> int:
+    """roundup((Σ (Sizes[i] − 1) · Strides[i] + 1) · element size, 4), as DirectML defines it."""
+    last_index = sum((size - 1) * stride for size, stride in zip(sizes, strides, strict=True))
+    return _round_up((last_index + 1) * itemsize(datatype), 4)
+
+
+def check_desc(name: str, desc: TensorDesc) -> int:
+    """Check a description on its own; return its TotalTensorSizeInBytes (given or implied)."""
+    rank = len(desc.sizes)
+    if not 1 <= rank <= MAX_DIMENSIONS:
+        raise InvalidRequest(
+            f"{name}: {rank} dimensions (allowed: 1 to {MAX_DIMENSIONS})",
+            field=f"{name}.sizes",
+            rule="rank",
+        )
+    for axis, size in enumerate(desc.sizes):
+        if not 1 <= size <= UINT32_MAX:
+            raise InvalidRequest(
+                f"{name}: Sizes[{axis}] = {size} (allowed: 1 to {UINT32_MAX})",
+                field=f"{name}.sizes",
+                rule="size",
+            )
+    if desc.strides is not None:
+        if len(desc.strides) != rank:
+            raise InvalidRequest(
+                f"{name}: {len(desc.strides)} strides for {rank} sizes "
+                "(allowed: one stride per dimension)",
+                field=f"{name}.strides",
+                rule="strides",
+            )
+        for axis, stride in enumerate(desc.strides):
+            if not 0 <= stride <= UINT32_MAX:
+                raise InvalidRequest(
+                    f"{name}: Strides[{axis}] = {stride} (allowed: 0 to {UINT32_MAX}, in elements)",
+                    field=f"{name}.strides",
+                    rule="strides",
+                )
+    element = itemsize(desc.datatype)
+    if desc.alignment != 0 and (
+        desc.alignment & (desc.alignment - 1) or desc.alignment < element
+    ):
+        raise InvalidRequest(
+            f"{name}: GuaranteedBaseOffsetAlignment {desc.alignment} (allowed: 0, or a power "
+            f"of two of at least the element size {element})",
+            field=f"{name}.alignment",
+            rule="alignment",
+        )
+    minimum = minimum_implied_size(desc.datatype, desc.sizes, desc.effective_strides())
+    total = minimum if desc.total_size is None else desc.total_size
+    if not minimum <= total <= UINT64_MAX:
+        raise InvalidRequest(
+            f"{name}: TotalTensorSizeInBytes {total} is below the minimum implied size "
+            f"{minimum} (allowed: {minimum} to {UINT64_MAX})",
+            field=f"{name}.total_size",
+            rule="total_size",
+        )
+    return total
+
+
+def plan_view(
+    name: str, desc: TensorDesc, offset: int, buffer_size: int, *, buffer_name: str = "buffer"
+) -> ViewLayout:
+    """Check a description bound at ``offset`` of a buffer of ``buffer_size`` bytes.
+
+    On success every element's byte range lies in [offset, offset + total) ⊆ [0, buffer_size)."""
+    total = check_desc(name, desc)
+    alignment = max(DML_MINIMUM_BUFFER_TENSOR_ALIGNMENT, desc.alignment)
+    if offset < 0 or offset % alignment:
+        raise InvalidRequest(
+            f"{name}: byte offset {offset} into {buffer_name} is not a multiple of {alignment} "
+            f"(allowed: non-negative multiples of {alignment})",
+            field=f"{name}.offset",
+            rule="offset_alignment",
+        )
+    if offset + total > buffer_size:
+        raise InvalidRequest(
+            f"{name}: bound range [{offset}, {offset + total}) reaches past the end of "
+            f"{buffer_name} ({buffer_size} bytes) (allowed: offset + TotalTensorSizeInBytes "
+            f"≤ {buffer_size})",
+            field=f"{name}.offset",
+            rule="buffer_bounds",
+        )
+    element = itemsize(desc.datatype)
+    strides = desc.effective_strides()
+    return ViewLayout(
+        offset=offset,
+        shape=desc.sizes,
+        byte_strides=tuple(s * element for s in strides),
+        total_size=total,
+    )
+
+
+def ranges_overlap(a: ViewLayout, b: ViewLayout) -> bool:
+    return a.offset < b.end and b.offset < a.end

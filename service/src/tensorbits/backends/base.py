@@ -1,0 +1,45 @@
+"""The backend interface: where arrays live and how a validated call runs on them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from tensorbits.kernels import Array
+from tensorbits_protocol.validation import ResolvedCall
+
+
+class Backend(Protocol):
+    """A compute backend. ``run`` writes the call's result into the preallocated ``out``."""
+
+    name: str  # "numpy" or "cupy"
+    device: str  # e.g. "cpu (2 threads)" or "cuda:0 NVIDIA H100"
+    xp: Any
+
+    def asarray(self, host: np.ndarray[Any, Any]) -> Array:
+        """The host array on this backend's device (NumPy: the same array, no copy)."""
+        ...
+
+    def to_host(self, array: Array, out: np.ndarray[Any, Any] | None = None) -> np.ndarray[Any, Any]:
+        """The array in host memory, written into ``out`` when given."""
+        ...
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Array: ...
+
+    def run(self, call: ResolvedCall, inputs: Sequence[Array], out: Array) -> None: ...
+
+    def synchronize(self) -> None: ...
+
+    def memory_in_use(self) -> int | None:
+        """Device bytes held by the backend's pool, or None where that means nothing (CPU)."""
+        ...
+
+    def close(self) -> None:
+        """Release threads and device memory."""
+        ...
+
+
+class BackendUnavailable(RuntimeError):
+    """The requested backend cannot run here; the message says why."""

@@ -1,0 +1,112 @@
+"""The CuPy backend: arrays on a CUDA device, kernels compiled by NVRTC on first use.
+
+CuPy is imported lazily, only when this backend is constructed, and the constructor proves the
+device works by running the shift and popcount kernels on a few values before it says yes.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from tensorbits.backends.base import BackendUnavailable
+from tensorbits.kernels import Array, BitOps, as_kernel_operands, run_kernel
+from tensorbits_protocol.validation import ResolvedCall
+
+# CUDA's native << and >> are undefined past the width; these enforce semantics.md rule 3.
+# The count is compared as unsigned 64-bit: a negative signed count becomes huge, so one test
+# covers "negative or at least the width".
+_SHIFT_BODY = """
+const unsigned long long width = sizeof(T) * 8;
+const bool is_signed = ((T)-1) < ((T)0);
+if ((unsigned long long)y >= width) {
+    z = (LEFT || !(is_signed && x < (T)0)) ? (T)0 : (T)-1;
+} else if (LEFT) {
+    z = (T)((unsigned long long)x << (unsigned long long)y);
+} else {
+    z = (T)(x >> y);
+}
+"""
+_POPCOUNT_BODY = """
+z = (O)(sizeof(T) == 8 ? __popcll((unsigned long long)x) : __popc((unsigned int)x));
+"""
+
+
+class CupyBackend:
+    name = "cupy"
+
+    def __init__(self, device_id: int = 0) -> None:
+        try:
+            cupy = importlib.import_module("cupy")
+        except Exception as exc:  # ImportError, or a broken CUDA library raising anything
+            raise BackendUnavailable(f"CuPy could not be imported: {exc}") from exc
+        try:
+            count = cupy.cuda.runtime.getDeviceCount()
+            if count <= device_id:
+                raise BackendUnavailable(f"CUDA device {device_id} not found ({count} present)")
+            cupy.cuda.Device(device_id).use()
+            props = cupy.cuda.runtime.getDeviceProperties(device_id)
+            name = props["name"]
+            name = name.decode() if isinstance(name, bytes) else str(name)
+            self._shift_left = cupy.ElementwiseKernel(
+                "T x, T y", "T z", _SHIFT_BODY.replace("LEFT", "true"), "tensorbits_shl"
+            )
+            self._shift_right = cupy.ElementwiseKernel(
+                "T x, T y", "T z", _SHIFT_BODY.replace("LEFT", "false"), "tensorbits_shr"
+            )
+            self._popcount = cupy.ElementwiseKernel("T x", "O z", _POPCOUNT_BODY, "tensorbits_popc")
+            self.xp: Any = cupy
+            self._cupy = cupy
+            self.device = f"cuda:{device_id} {name}"
+            self.ops = BitOps(popcount=self._run_popcount, shift=self._run_shift)
+            self._probe()
+        except BackendUnavailable:
+            raise
+        except Exception as exc:  # no driver, no device, NVRTC missing, kernel failure
+            raise BackendUnavailable(f"CuPy is installed but no CUDA device works: {exc}") from exc
+
+    def _probe(self) -> None:
+        """Run the shift and popcount kernels on known values; refuse the device if they differ."""
+        x = np.array([-16, 1, -1, 5], dtype=np.int8)
+        y = np.array([1, 9, -1, 2], dtype=np.int8)
+        got = np.empty_like(x)
+        self._run_shift(self.asarray(x), self.asarray(y), out := self.empty(x.shape, x.dtype), False)
+        self.to_host(out, got)
+        want = np.right_shift(x, y)
+        counts = self.empty(x.shape, np.dtype(np.uint8))
+        self._run_popcount(self.asarray(x.view(np.uint8)), counts)
+        if not np.array_equal(got, want) or self.to_host(counts).tolist() != [4, 1, 8, 2]:
+            raise BackendUnavailable("the CUDA probe kernels returned wrong results")
+
+    def _run_popcount(self, x: Array, out: Array) -> None:
+        self._popcount(x, out)
+
+    def _run_shift(self, x: Array, count: Array, out: Array, left: bool) -> None:
+        (self._shift_left if left else self._shift_right)(x, count, out)
+
+    def asarray(self, host: np.ndarray[Any, Any]) -> Array:
+        return self._cupy.asarray(host)
+
+    def to_host(self, array: Array, out: np.ndarray[Any, Any] | None = None) -> np.ndarray[Any, Any]:
+        result: np.ndarray[Any, Any] = array.get(out=out)
+        return result
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Array:
+        return self._cupy.empty(shape, dtype)
+
+    def run(self, call: ResolvedCall, inputs: Sequence[Array], out: Array) -> None:
+        operands, target = as_kernel_operands(call, inputs, out)
+        run_kernel(self._cupy, self.ops, call, operands, target)
+
+    def synchronize(self) -> None:
+        self._cupy.cuda.get_current_stream().synchronize()
+
+    def memory_in_use(self) -> int | None:
+        used: int = self._cupy.get_default_memory_pool().used_bytes()
+        return used
+
+    def close(self) -> None:
+        self._cupy.get_default_memory_pool().free_all_blocks()

@@ -1,0 +1,91 @@
+"""The operator kernels, written once against an array namespace ``xp`` (NumPy or CuPy).
+
+A kernel writes into a preallocated ``out``. DirectML operators see the stored bits: every float
+or signed tensor is viewed as the unsigned type of the same width first, so NaN payloads, -0.0
+and denormals pass through bit-exact and BIT_COUNT counts the stored ones. The two pieces that
+differ per backend (population count and the shift rule) come from the backend as ``BitOps``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tensorbits_protocol.dtypes import DTYPES
+from tensorbits_protocol.operators import Encoding, Function
+from tensorbits_protocol.validation import ResolvedCall
+
+Array = Any  # numpy.ndarray or cupy.ndarray: the kernels only use what both provide
+
+
+@dataclass(frozen=True, slots=True)
+class BitOps:
+    """The backend-specific element-wise pieces.
+
+    ``popcount(x, out)`` counts the set bits of unsigned ``x`` into ``out``.
+    ``shift(x, count, out, left)`` shifts by the rule of semantics.md: a count at or above the
+    width, or negative, gives 0 (a right shift of a negative signed value gives -1); right shifts
+    of signed types are arithmetic; left shifts wrap modulo 2^width."""
+
+    popcount: Callable[[Array, Array], None]
+    shift: Callable[[Array, Array, Array, bool], None]
+
+
+def _binary(ufunc_name: str) -> Callable[[Any, BitOps, ResolvedCall, Sequence[Array], Array], None]:
+    def kernel(xp: Any, ops: BitOps, call: ResolvedCall, inputs: Sequence[Array], out: Array) -> None:
+        getattr(xp, ufunc_name)(inputs[0], inputs[1], out=out)
+
+    return kernel
+
+
+def _not(xp: Any, ops: BitOps, call: ResolvedCall, inputs: Sequence[Array], out: Array) -> None:
+    # invert of a bool array is the logical NOT in both NumPy and CuPy (OpenVINO BOOL rule).
+    xp.invert(inputs[0], out=out)
+
+
+def _count(xp: Any, ops: BitOps, call: ResolvedCall, inputs: Sequence[Array], out: Array) -> None:
+    ops.popcount(inputs[0], out)
+
+
+def _shift(xp: Any, ops: BitOps, call: ResolvedCall, inputs: Sequence[Array], out: Array) -> None:
+    assert call.shift_left is not None
+    ops.shift(inputs[0], inputs[1], out, call.shift_left)
+
+
+Kernel = Callable[[Any, BitOps, ResolvedCall, Sequence[Array], Array], None]
+
+KERNELS: dict[Function, Kernel] = {
+    Function.AND: _binary("bitwise_and"),
+    Function.OR: _binary("bitwise_or"),
+    Function.XOR: _binary("bitwise_xor"),
+    Function.NOT: _not,
+    Function.COUNT: _count,
+    Function.SHIFT_LEFT: _shift,
+    Function.SHIFT_RIGHT: _shift,
+    Function.SHIFT: _shift,
+}
+
+
+def as_kernel_operands(
+    call: ResolvedCall, inputs: Sequence[Array], out: Array
+) -> tuple[list[Array], Array]:
+    """Views the kernel works on: unsigned bit views for DML, pdpd-reshaped inputs.
+
+    Views only, never copies: ``out`` stays the caller's memory."""
+    operands = [
+        x.reshape(shape) if x.shape != shape else x
+        for x, shape in zip(inputs, call.kernel_input_shapes, strict=True)
+    ]
+    if call.op.encoding is Encoding.NATIVE_BITS:
+        bits = DTYPES[call.input_datatype].bits
+        operands = [x.view(bits) for x in operands]
+        out = out.view(DTYPES[call.output_datatype].bits)
+    return operands, out
+
+
+def run_kernel(
+    xp: Any, ops: BitOps, call: ResolvedCall, operands: Sequence[Array], out: Array
+) -> None:
+    """Run the call's kernel on operands already prepared by ``as_kernel_operands``."""
+    KERNELS[call.op.function](xp, ops, call, operands, out)
