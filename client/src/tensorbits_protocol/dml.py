@@ -59,7 +59,9 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
-def minimum_implied_size(datatype: DataType, sizes: tuple[int, ...], strides: tuple[int, ...]) -> int:
+def minimum_implied_size(
+    datatype: DataType, sizes: tuple[int, ...], strides: tuple[int, ...]
+) -> int:
     """roundup((Σ (Sizes[i] − 1) · Strides[i] + 1) · element size, 4), as DirectML defines it."""
     last_index = sum((size - 1) * stride for size, stride in zip(sizes, strides, strict=True))
     return _round_up((last_index + 1) * itemsize(datatype), 4)
@@ -97,9 +99,7 @@ def check_desc(name: str, desc: TensorDesc) -> int:
                     rule="strides",
                 )
     element = itemsize(desc.datatype)
-    if desc.alignment != 0 and (
-        desc.alignment & (desc.alignment - 1) or desc.alignment < element
-    ):
+    if desc.alignment != 0 and (desc.alignment & (desc.alignment - 1) or desc.alignment < element):
         raise InvalidRequest(
             f"{name}: GuaranteedBaseOffsetAlignment {desc.alignment} (allowed: 0, or a power "
             f"of two of at least the element size {element})",

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
-from tensorbits import __version__
 from tensorbits_protocol.operators import OPERATORS
+
+from tensorbits import __version__
 
 
 def _list_operators() -> int:
@@ -25,13 +27,51 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"tensorbits {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("operators", help="list every operator with its inputs and data types")
+    serve = commands.add_parser(
+        "serve", help="run the HTTP server (settings from TENSORBITS_* environment variables)"
+    )
+    serve.add_argument("--host", help="address to bind (default: TENSORBITS_HOST or 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default: TENSORBITS_PORT or 8000)")
+    serve.add_argument("--workers", type=int, help="worker processes (default: 1; one per GPU)")
     return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+    from pydantic import ValidationError
+
+    from tensorbits.config import Settings
+
+    overrides = {k: v for k in ("host", "port", "workers") if (v := getattr(args, k)) is not None}
+    for key, value in overrides.items():
+        # Worker processes build their own Settings from the environment: pass the flags on.
+        os.environ[f"TENSORBITS_{key.upper()}"] = str(value)
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        print(f"tensorbits: invalid settings:\n{exc}", file=sys.stderr)
+        return 2
+    uvicorn.run(
+        "tensorbits.app:create_app",
+        factory=True,
+        host=settings.host,
+        port=settings.port,
+        workers=settings.workers,
+        loop="uvloop",
+        http="httptools",
+        log_level=settings.log_level,
+        timeout_keep_alive=settings.timeout_keep_alive,
+        timeout_graceful_shutdown=settings.timeout_graceful_shutdown,
+    )
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "operators":
         return _list_operators()
+    if args.command == "serve":
+        return _serve(args)
     return 2  # argparse rejects unknown commands before this
 
 

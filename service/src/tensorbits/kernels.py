@@ -33,7 +33,9 @@ class BitOps:
 
 
 def _binary(ufunc_name: str) -> Callable[[Any, BitOps, ResolvedCall, Sequence[Array], Array], None]:
-    def kernel(xp: Any, ops: BitOps, call: ResolvedCall, inputs: Sequence[Array], out: Array) -> None:
+    def kernel(
+        xp: Any, ops: BitOps, call: ResolvedCall, inputs: Sequence[Array], out: Array
+    ) -> None:
         getattr(xp, ufunc_name)(inputs[0], inputs[1], out=out)
 
     return kernel

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
+from tensorbits_protocol.validation import ResolvedCall
 
 from tensorbits.kernels import Array
-from tensorbits_protocol.validation import ResolvedCall
 
 
 class Backend(Protocol):
@@ -22,7 +22,9 @@ class Backend(Protocol):
         """The host array on this backend's device (NumPy: the same array, no copy)."""
         ...
 
-    def to_host(self, array: Array, out: np.ndarray[Any, Any] | None = None) -> np.ndarray[Any, Any]:
+    def to_host(
+        self, array: Array, out: np.ndarray[Any, Any] | None = None
+    ) -> np.ndarray[Any, Any]:
         """The array in host memory, written into ``out`` when given."""
         ...
 

@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from tensorbits_protocol.validation import ResolvedCall
 
 from tensorbits.backends.base import BackendUnavailable
 from tensorbits.kernels import Array, BitOps, as_kernel_operands, run_kernel
-from tensorbits_protocol.validation import ResolvedCall
 
 # CUDA's native << and >> are undefined past the width; these enforce semantics.md rule 3.
 # The count is compared as unsigned 64-bit: a negative signed count becomes huge, so one test
@@ -73,7 +73,9 @@ class CupyBackend:
         x = np.array([-16, 1, -1, 5], dtype=np.int8)
         y = np.array([1, 9, -1, 2], dtype=np.int8)
         got = np.empty_like(x)
-        self._run_shift(self.asarray(x), self.asarray(y), out := self.empty(x.shape, x.dtype), False)
+        self._run_shift(
+            self.asarray(x), self.asarray(y), out := self.empty(x.shape, x.dtype), False
+        )
         self.to_host(out, got)
         want = np.right_shift(x, y)
         counts = self.empty(x.shape, np.dtype(np.uint8))
@@ -90,7 +92,9 @@ class CupyBackend:
     def asarray(self, host: np.ndarray[Any, Any]) -> Array:
         return self._cupy.asarray(host)
 
-    def to_host(self, array: Array, out: np.ndarray[Any, Any] | None = None) -> np.ndarray[Any, Any]:
+    def to_host(
+        self, array: Array, out: np.ndarray[Any, Any] | None = None
+    ) -> np.ndarray[Any, Any]:
         result: np.ndarray[Any, Any] = array.get(out=out)
         return result
 

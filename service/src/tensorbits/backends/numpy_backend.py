@@ -12,9 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+from tensorbits_protocol.validation import ResolvedCall
 
 from tensorbits.kernels import Array, BitOps, as_kernel_operands, run_kernel
-from tensorbits_protocol.validation import ResolvedCall
 
 # Below this many output bytes one plain call beats the cost of handing chunks to threads.
 PARALLEL_THRESHOLD_BYTES = 1 << 20
@@ -59,9 +59,7 @@ def chunked(
         ]
     if out.ndim == 0 or out.shape[0] < 2:
         return [(list(shaped), out)]
-    return [
-        ([x[a:b] for x in shaped], out[a:b]) for a, b in _split_points(out.shape[0], parts)
-    ]
+    return [([x[a:b] for x in shaped], out[a:b]) for a, b in _split_points(out.shape[0], parts)]
 
 
 class NumpyBackend:
@@ -80,7 +78,9 @@ class NumpyBackend:
     def asarray(self, host: np.ndarray[Any, Any]) -> Array:
         return host
 
-    def to_host(self, array: Array, out: np.ndarray[Any, Any] | None = None) -> np.ndarray[Any, Any]:
+    def to_host(
+        self, array: Array, out: np.ndarray[Any, Any] | None = None
+    ) -> np.ndarray[Any, Any]:
         if out is None:
             return np.asarray(array)
         np.copyto(out, array)

@@ -1,0 +1,290 @@
+"""Operator-core benchmark (CPU): the NumPy backend against a plain NumPy call and np.copyto.
+
+For every operator of the registry, each data type it allows (DML at the default feature level),
+and each size, three things are timed on the same arrays, interleaved round by round (the order
+rotates) so that machine noise hits all three alike; each keeps its best (minimum) time:
+
+* ``ours``:  ``NumpyBackend.run(call, inputs, out)`` into a preallocated output: what the service
+  runs after validation (the operand views of ``as_kernel_operands`` and the thread-pool
+  chunking included).
+* ``numpy``: one plain NumPy call into the same preallocated output, on the views the kernel sees
+  (unsigned views for DML): ``np.bitwise_and(a, b, out=o)``, ``np.invert(a, out=o)``,
+  ``np.bitwise_count(a, out=o)``, ``np.left_shift(a, b, out=o)``, ...
+* ``copy``:  ``np.copyto(dst, a)`` of one input-sized array (the "same bytes": the size in the
+  table, MiB of one input tensor), into a separate preallocated destination.
+
+GB/s is bytes moved over time, 1 GB = 1e9 bytes: for an operator, the bytes of every input plus
+the bytes of the output (a binary op on N bytes moves 3N, NOT moves 2N, BIT_COUNT to UINT32 from
+UINT8 moves 5N); for the copy, 2N (read N, write N). ``/copy`` is ours GB/s over copy GB/s;
+``/numpy`` is the plain call's time over ours (above 1: we are faster).
+
+Targets (issue): at 16 MiB and above, ``/copy`` >= 0.8 and ``/numpy`` >= 1.0 for every row.
+
+Run: ``.venv/bin/python bench/ops.py [--sizes 1,16,64] [--ops SUBSTR,...] [--dtypes T,...]
+[--repeat N] [--threads N] [--quick]``. The table is Markdown, ready for docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tensorbits.backends.numpy_backend import NumpyBackend
+from tensorbits.engine import validate_arrays
+from tensorbits.kernels import as_kernel_operands
+from tensorbits_protocol.dtypes import DTYPES, DataType
+from tensorbits_protocol.operators import OPERATORS, Function, OperatorSpec
+from tensorbits_protocol.validation import resolve_parameters, support_row
+
+MIB = 1 << 20
+TARGET_COPY = 0.8
+TARGET_NUMPY = 1.0
+QUICK_DTYPES = (DataType.UINT8, DataType.UINT32)
+
+Arr = np.ndarray[Any, Any]
+
+
+@dataclass(frozen=True)
+class Case:
+    op: OperatorSpec
+    datatype: DataType
+    parameters: dict[str, object]
+    label: str  # operator name plus the parameter that changes the kernel, if any
+
+
+def cases(ops: list[str] | None, dtypes: list[str] | None, quick: bool) -> Iterator[Case]:
+    for op in OPERATORS:
+        if ops and not any(s.lower() in op.name.lower() for s in ops):
+            continue
+        variants: list[tuple[dict[str, object], str]] = [({}, op.name)]
+        if op.function is Function.COUNT:
+            variants = [
+                ({"output_datatype": t}, f"{op.name} ->{t}") for t in ("UINT8", "UINT32")
+            ]
+        elif op.function is Function.SHIFT:
+            variants = [({"direction": d}, f"{op.name} {d}") for d in ("LEFT", "RIGHT")]
+        allowed = support_row(op, resolve_parameters(op, variants[0][0])).input_types
+        chosen = [t for t in allowed if not dtypes or str(t) in dtypes]
+        if quick and not dtypes:
+            chosen = [t for t in allowed if t in QUICK_DTYPES] or list(allowed[:1])
+        for params, label in variants:
+            for datatype in chosen:
+                yield Case(op, datatype, params, label)
+
+
+class Inputs:
+    """Input arrays per (size, data type), made once and reused by every operator."""
+
+    def __init__(self, nbytes: int, seed: int = 1) -> None:
+        rng = np.random.default_rng(seed)
+        self.nbytes = nbytes
+        self.pool_a = rng.integers(0, 256, nbytes, dtype=np.uint8)
+        self.pool_b = rng.integers(0, 256, nbytes, dtype=np.uint8)
+        self.cache: dict[tuple[DataType, bool], tuple[Arr, Arr]] = {}
+
+    def get(self, datatype: DataType, shift: bool) -> tuple[Arr, Arr]:
+        key = (datatype, shift)
+        if key not in self.cache:
+            info = DTYPES[datatype]
+            if datatype is DataType.BOOL:
+                a = (self.pool_a & 1).view(np.bool_)
+                b = (self.pool_b & 1).view(np.bool_)
+            else:
+                a = self.pool_a.view(info.numpy)
+                b = self.pool_b.view(info.numpy)
+                if shift:  # counts in [0, width): the usual case, no saturation
+                    width = 8 * info.itemsize
+                    b = (self.pool_b.view(info.bits) % width).view(info.numpy)
+            self.cache[key] = (a, b)
+        return self.cache[key]
+
+
+def plain_call(case: Case, operands: list[Arr], out: Arr) -> Callable[[], object]:
+    """The single NumPy call that computes the same result (on the kernel's operand views)."""
+    f = case.op.function
+    if f in (Function.AND, Function.OR, Function.XOR):
+        ufunc = {Function.AND: np.bitwise_and, Function.OR: np.bitwise_or}.get(f, np.bitwise_xor)
+        a, b = operands
+        return lambda: ufunc(a, b, out=out)
+    if f is Function.NOT:
+        (x,) = operands
+        return lambda: np.invert(x, out=out)
+    if f is Function.COUNT:
+        (x,) = operands
+        return lambda: np.bitwise_count(x, out=out)
+    left = f is Function.SHIFT_LEFT or case.parameters.get("direction") == "LEFT"
+    shift = np.left_shift if left else np.right_shift
+    a, b = operands
+    return lambda: shift(a, b, out=out)
+
+
+def best_times(fns: list[Callable[[], object]], rounds: int) -> list[float]:
+    """Minimum wall time of each function over ``rounds`` interleaved rounds (after a warm-up)."""
+    for fn in fns:
+        fn()
+    best = [float("inf")] * len(fns)
+    clock = time.perf_counter
+    for r in range(rounds):
+        for k in range(len(fns)):
+            i = (k + r) % len(fns)
+            start = clock()
+            fns[i]()
+            best[i] = min(best[i], clock() - start)
+    return best
+
+
+@dataclass
+class Row:
+    label: str
+    datatype: DataType
+    mib: int
+    ours: float  # GB/s
+    numpy: float
+    copy: float
+
+    @property
+    def vs_copy(self) -> float:
+        return self.ours / self.copy
+
+    @property
+    def vs_numpy(self) -> float:
+        return self.ours / self.numpy
+
+    def meets(self) -> bool:
+        return self.vs_copy >= TARGET_COPY and self.vs_numpy >= TARGET_NUMPY
+
+
+def measure(
+    backend: NumpyBackend, case: Case, data: Inputs, copy_dst: Arr, mib: int, rounds: int
+) -> Row:
+    shift = case.op.function in (Function.SHIFT, Function.SHIFT_LEFT, Function.SHIFT_RIGHT)
+    a, b = data.get(case.datatype, shift)
+    arrays = dict(zip(case.op.inputs, (a, b), strict=False))
+    call = validate_arrays(case.op.name, arrays, case.parameters)
+    inputs = [arrays[name] for name in case.op.inputs]
+    out = np.empty(call.output_shape, DTYPES[call.output_datatype].numpy)
+    operands, target = as_kernel_operands(call, inputs, out)
+
+    def ours() -> None:
+        backend.run(call, inputs, out)
+
+    t_ours, t_numpy, t_copy = best_times(
+        [ours, plain_call(case, operands, target), lambda: np.copyto(copy_dst, data.pool_a)], rounds
+    )
+    moved = sum(x.nbytes for x in inputs) + out.nbytes
+    return Row(
+        case.label,
+        case.datatype,
+        mib,
+        moved / t_ours / 1e9,
+        moved / t_numpy / 1e9,
+        2 * data.pool_a.nbytes / t_copy / 1e9,
+    )
+
+
+HEADER = (
+    "| operator | dtype | MiB | ours GB/s | numpy GB/s | copy GB/s | /copy | /numpy | |\n"
+    "|---|---|--:|--:|--:|--:|--:|--:|---|"
+)
+
+
+def format_row(row: Row) -> str:
+    mark = "" if row.mib < 16 or row.meets() else "MISS"
+    return (
+        f"| {row.label} | {row.datatype} | {row.mib} | {row.ours:.1f} | {row.numpy:.1f} | "
+        f"{row.copy:.1f} | {row.vs_copy:.2f} | {row.vs_numpy:.2f} | {mark} |"
+    )
+
+
+def summary(rows: list[Row]) -> list[str]:
+    lines = []
+    for mib in sorted({r.mib for r in rows}):
+        sel = [r for r in rows if r.mib == mib]
+        copy_ok = sum(r.vs_copy >= TARGET_COPY for r in sel)
+        numpy_ok = sum(r.vs_numpy >= TARGET_NUMPY for r in sel)
+        both = sum(r.meets() for r in sel)
+        med_c = float(np.median([r.vs_copy for r in sel]))
+        med_n = float(np.median([r.vs_numpy for r in sel]))
+        lines.append(
+            f"{mib:>3} MiB: {len(sel)} rows; /copy >= {TARGET_COPY}: {copy_ok}; "
+            f"/numpy >= {TARGET_NUMPY}: {numpy_ok}; both: {both}; "
+            f"median /copy {med_c:.2f}, median /numpy {med_n:.2f}, "
+            f"min /copy {min(r.vs_copy for r in sel):.2f}, "
+            f"min /numpy {min(r.vs_numpy for r in sel):.2f}"
+        )
+    big = [r for r in rows if r.mib >= 16]
+    if big:
+        met = sum(r.meets() for r in big)
+        lines.append(f"targets at >= 16 MiB: {met}/{len(big)} rows meet both")
+        for r in big:
+            if not r.meets():
+                lines.append(
+                    f"  miss: {r.label} {r.datatype} {r.mib} MiB "
+                    f"(/copy {r.vs_copy:.2f}, /numpy {r.vs_numpy:.2f})"
+                )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default=None, help="MiB of one input tensor (default 1,16,64)")
+    parser.add_argument("--ops", default=None, help="comma-separated substrings of operator names")
+    parser.add_argument("--dtypes", default=None, help="comma-separated data types (e.g. UINT8)")
+    parser.add_argument("--repeat", type=int, default=None, help="timed rounds per row (default 7)")
+    parser.add_argument("--threads", type=int, default=None, help="backend threads (default: all)")
+    parser.add_argument(
+        "--quick", action="store_true", help="16 MiB, UINT8/UINT32 only, 3 rounds (< 30 s)"
+    )
+    args = parser.parse_args(argv)
+    sizes = [int(s) for s in (args.sizes or ("16" if args.quick else "1,16,64")).split(",")]
+    repeat = args.repeat or (3 if args.quick else 7)
+    ops = args.ops.split(",") if args.ops else None
+    dtypes = [d.strip().upper() for d in args.dtypes.split(",")] if args.dtypes else None
+    selected = list(cases(ops, dtypes, args.quick))
+    if not selected:
+        parser.error("no operator/data type matches --ops/--dtypes")
+
+    backend = NumpyBackend(args.threads)
+    print(
+        f"# tensorbits operator core: {platform.processor() or platform.machine()}, "
+        f"nproc {os.cpu_count()}, backend {backend.device}, numpy {np.__version__}, "
+        f"python {platform.python_version()}"
+    )
+    print(f"# sizes {sizes} MiB, {len(selected)} operator/data-type rows per size, {repeat} rounds")
+    print(HEADER)
+    rows: list[Row] = []
+    started = time.perf_counter()
+    gc.disable()
+    try:
+        for mib in sizes:
+            data = Inputs(mib * MIB)
+            copy_dst = np.empty_like(data.pool_a)
+            # Small sizes are quick and noisier: more rounds for the same wall time.
+            rounds = repeat * max(1, min(8, 16 // mib))
+            for case in selected:
+                row = measure(backend, case, data, copy_dst, mib, rounds)
+                rows.append(row)
+                print(format_row(row), flush=True)
+            del data, copy_dst
+            gc.collect()
+    finally:
+        gc.enable()
+        backend.close()
+    print()
+    for line in summary(rows):
+        print(line)
+    print(f"# {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

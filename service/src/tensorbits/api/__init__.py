@@ -1,0 +1,1 @@
+"""The HTTP layer: thin handlers that decode, validate, run and encode."""

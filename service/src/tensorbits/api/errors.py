@@ -1,0 +1,66 @@
+"""The single place where exceptions become HTTP responses.
+
+Every error body is ``{"error": "<message>"}`` as the Open Inference Protocol says, with
+machine-readable ``code``, ``field`` and ``rule`` beside it. Bad input is always a 4xx: FastAPI's
+422 for a malformed body becomes 400 (the protocol's status for an invalid request), and an
+unexpected exception is a 500 whose body names no internals.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from tensorbits_protocol.errors import Overloaded, TensorbitsError
+
+logger = logging.getLogger("tensorbits.http")
+
+
+def error_response(exc: TensorbitsError) -> JSONResponse:
+    headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, Overloaded) else None
+    return JSONResponse(exc.to_dict(), status_code=exc.status_code, headers=headers)
+
+
+async def _tensorbits_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, TensorbitsError)
+    return error_response(exc)
+
+
+def _location(loc: tuple[int | str, ...]) -> str:
+    # FastAPI prefixes "body"/"path"/"query"; the field path after it is what the caller wrote.
+    parts = [str(p) for p in loc[1:]] if loc and loc[0] in ("body", "path", "query") else []
+    return ".".join(parts) or ".".join(str(p) for p in loc) or "body"
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    first = exc.errors()[0] if exc.errors() else {"loc": ("body",), "msg": "invalid request"}
+    field = _location(tuple(first.get("loc", ())))
+    message = f"{field}: {first.get('msg', 'invalid value')}"
+    body = {"error": message, "code": "invalid_request", "field": field, "rule": first.get("type")}
+    return JSONResponse(body, status_code=400)
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    detail = exc.detail if isinstance(exc.detail, str) else "request failed"
+    if exc.status_code == 404 and detail == "Not Found":
+        detail = f"no endpoint at {request.method} {request.url.path[:200]}"
+    return JSONResponse(
+        {"error": detail, "code": "http_error"}, status_code=exc.status_code, headers=exc.headers
+    )
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    logger.exception("unexpected error on %s %s", request.method, request.url.path)
+    return JSONResponse({"error": "internal server error", "code": "internal"}, status_code=500)
+
+
+def register_exception_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(TensorbitsError, _tensorbits_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected)

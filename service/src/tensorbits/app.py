@@ -1,0 +1,48 @@
+"""The application factory: routers, error handlers, and the backend chosen in ``lifespan``."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.routing import APIRoute
+from fastapi_offline import FastAPIOffline
+
+from tensorbits import __version__
+from tensorbits.api.errors import register_exception_handlers
+from tensorbits.config import Settings, get_settings
+from tensorbits.runtime import Runtime
+
+
+def _operation_id(route: APIRoute) -> str:
+    # Stable ids for the committed OpenAPI spec: the route function's name, nothing generated.
+    return route.name
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        runtime = Runtime.start(settings)
+        app.state.runtime = runtime
+        try:
+            yield
+        finally:
+            runtime.close()
+
+    app = FastAPIOffline(
+        title="tensorbits",
+        version=__version__,
+        summary="Bitwise tensor operators of DirectML, OpenVINO and ONNX over HTTP.",
+        lifespan=lifespan,
+        generate_unique_id_function=_operation_id,
+    )
+    app.state.settings = settings
+    register_exception_handlers(app)
+    from tensorbits.api import routers
+
+    for router in routers.ALL:
+        app.include_router(router)
+    return app

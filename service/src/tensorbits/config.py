@@ -1,0 +1,60 @@
+"""Settings, from ``TENSORBITS_*`` environment variables, validated at start-up."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+class Settings(BaseSettings):
+    """Every knob of the server. Limits bound what any single request can make us allocate."""
+
+    model_config = SettingsConfigDict(env_prefix="TENSORBITS_", extra="forbid", frozen=True)
+
+    backend: Literal["auto", "numpy", "cupy"] = "auto"
+    device_id: int = Field(0, ge=0)
+    cpu_threads: int | None = Field(None, ge=1, description="NumPy worker threads (default: cores)")
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    workers: int = Field(1, ge=1)
+    log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
+    log_json: bool = True
+
+    # Request limits (413 past them).
+    max_body_bytes: int = Field(
+        256 * MiB, ge=1024, description="request body, before and after decompression"
+    )
+    max_tensor_elements: int = Field(1 << 30, ge=1, description="elements of any one tensor")
+    max_tensors: int = Field(64, ge=1, description="inputs + outputs of one v2 request")
+    max_buffers: int = Field(256, ge=1, description="named buffers of one /v1 batch")
+    max_dispatches: int = Field(4096, ge=1, description="dispatches of one /v1 batch")
+    max_json_depth: int = Field(64, ge=2, description="nesting depth of a JSON document")
+    max_json_elements: int = Field(1 << 22, ge=1, description="elements of JSON tensor data")
+
+    # Admission (503 + Retry-After past them): bounds memory under load.
+    max_inflight_bytes: int = Field(2 * GiB, ge=MiB)
+    max_inflight_requests: int = Field(64, ge=1)
+
+    # Connections.
+    timeout_keep_alive: int = Field(65, ge=1)
+    timeout_graceful_shutdown: int = Field(30, ge=1)
+
+    @model_validator(mode="after")
+    def _inflight_admits_one_body(self) -> Settings:
+        if self.max_inflight_bytes < self.max_body_bytes:
+            raise ValueError(
+                "max_inflight_bytes must be at least max_body_bytes, or no maximal request "
+                "could ever be admitted"
+            )
+        return self
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()
