@@ -10,8 +10,11 @@ from fastapi.routing import APIRoute
 from fastapi_offline import FastAPIOffline
 
 from tensorbits import __version__
+from tensorbits.api import routers
 from tensorbits.api.errors import register_exception_handlers
+from tensorbits.api.metrics import router as metrics_router
 from tensorbits.config import Settings, get_settings
+from tensorbits.observability import Metrics, ObservabilityMiddleware
 from tensorbits.runtime import Runtime
 
 
@@ -27,6 +30,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         runtime = Runtime.start(settings)
         app.state.runtime = runtime
+        metrics.bind_runtime(runtime)
         try:
             yield
         finally:
@@ -39,10 +43,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
         generate_unique_id_function=_operation_id,
     )
+    metrics = Metrics.create()
     app.state.settings = settings
+    app.state.metrics = metrics
     register_exception_handlers(app)
-    from tensorbits.api import routers
-
     for router in routers.ALL:
         app.include_router(router)
+    app.include_router(metrics_router)
+    app.add_middleware(ObservabilityMiddleware, metrics=lambda: metrics)
     return app

@@ -6,10 +6,17 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from types import FrameType
+from typing import Any
 
-from tensorbits_protocol.operators import OPERATORS
+import uvicorn
+from pydantic import ValidationError
 
 from tensorbits import __version__
+from tensorbits.config import Settings
+from tensorbits.logs import configure_logging
+from tensorbits.runtime import DRAINING
+from tensorbits_protocol.operators import OPERATORS
 
 
 def _list_operators() -> int:
@@ -36,12 +43,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _uvicorn_kwargs(settings: Settings) -> dict[str, Any]:
+    return {
+        "app": "tensorbits.app:create_app",
+        "factory": True,
+        "host": settings.host,
+        "port": settings.port,
+        "workers": settings.workers,
+        "loop": "uvloop",
+        "http": "httptools",
+        "log_config": None,  # configure_logging did it: JSON lines through one handler
+        "log_level": settings.log_level,
+        "access_log": False,  # the middleware logs each request, with its request id
+        "timeout_keep_alive": settings.timeout_keep_alive,
+        "timeout_graceful_shutdown": settings.timeout_graceful_shutdown,
+    }
+
+
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-    from pydantic import ValidationError
-
-    from tensorbits.config import Settings
-
     overrides = {k: v for k in ("host", "port", "workers") if (v := getattr(args, k)) is not None}
     for key, value in overrides.items():
         # Worker processes build their own Settings from the environment: pass the flags on.
@@ -51,19 +70,23 @@ def _serve(args: argparse.Namespace) -> int:
     except ValidationError as exc:
         print(f"tensorbits: invalid settings:\n{exc}", file=sys.stderr)
         return 2
-    uvicorn.run(
-        "tensorbits.app:create_app",
-        factory=True,
-        host=settings.host,
-        port=settings.port,
-        workers=settings.workers,
-        loop="uvloop",
-        http="httptools",
-        log_level=settings.log_level,
-        timeout_keep_alive=settings.timeout_keep_alive,
-        timeout_graceful_shutdown=settings.timeout_graceful_shutdown,
-    )
+    configure_logging(settings.log_level, settings.log_json)
+    if settings.workers > 1:
+        # uvicorn's supervisor spawns the workers and forwards the signal; each worker finishes
+        # its in-flight requests. (Readiness-first draining below is the single-worker path,
+        # the one the images use: one worker per GPU, scale out with replicas.)
+        uvicorn.run(**_uvicorn_kwargs(settings))
+    else:
+        DrainingServer(uvicorn.Config(**_uvicorn_kwargs(settings))).run()
     return 0
+
+
+class DrainingServer(uvicorn.Server):
+    """On SIGTERM/SIGINT: turn readiness false first, then let uvicorn finish in-flight requests."""
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        DRAINING.set()
+        super().handle_exit(sig, frame)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from tensorbits_protocol.errors import Overloaded
-
 from tensorbits.backends import Selection, select_backend
 from tensorbits.config import Settings
+from tensorbits_protocol.errors import Overloaded
 
 
 @dataclass
@@ -46,12 +46,21 @@ class Admission:
             self.bytes_in_flight -= nbytes
 
 
+# Set when the process is told to stop (SIGTERM): readiness turns false first, so a load balancer
+# stops sending work while the requests already in flight finish.
+DRAINING = threading.Event()
+
+
 @dataclass
 class Runtime:
     settings: Settings
     selection: Selection
     admission: Admission
-    ready: bool = True
+    started: bool = True
+
+    @property
+    def ready(self) -> bool:
+        return self.started and not DRAINING.is_set()
 
     @classmethod
     def start(cls, settings: Settings) -> Runtime:
@@ -65,5 +74,5 @@ class Runtime:
         )
 
     def close(self) -> None:
-        self.ready = False
+        self.started = False
         self.selection.backend.close()
