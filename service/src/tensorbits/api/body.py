@@ -11,6 +11,7 @@ from __future__ import annotations
 import zlib
 
 from starlette.requests import ClientDisconnect, Request
+
 from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
 
 # zlib's wbits: gzip framing, and deflate as HTTP means it (zlib framing, RFC 9110).

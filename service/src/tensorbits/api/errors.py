@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
 from tensorbits_protocol.errors import Overloaded, TensorbitsError
 
 logger = logging.getLogger("tensorbits.http")
