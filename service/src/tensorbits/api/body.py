@@ -47,40 +47,17 @@ def declared_length(request: Request, limit: int) -> int | None:
 async def read_body(request: Request, limit: int) -> bytearray:
     """The whole request body, decompressed, never more than ``limit`` bytes at any stage."""
     length = declared_length(request, limit)
-    buffer = bytearray(length) if length is not None else bytearray()
-    view = memoryview(buffer)
-    filled = 0
     try:
-        async for chunk in request.stream():
-            if length is not None:
-                end = filled + len(chunk)
-                if end > length:
-                    raise InvalidRequest(
-                        f"request body is longer than its Content-Length {length}",
-                        field="Content-Length",
-                        rule="body_length",
-                    )
-                view[filled:end] = chunk
-                filled = end
-            else:
-                if len(buffer) + len(chunk) > limit:
-                    raise _too_large("chunked request body", f"more than {limit}", limit)
-                buffer += chunk
-                filled = len(buffer)
+        if length is None:
+            buffer = await _read_chunked(request, limit)
+        else:
+            buffer = await _read_declared(request, length)
     except ClientDisconnect:
         raise InvalidRequest(
             "client disconnected before the request body was complete",
             field="body",
             rule="truncated",
         ) from None
-    finally:
-        view.release()
-    if length is not None and filled != length:
-        raise InvalidRequest(
-            f"request body ended after {filled} of its {length} declared bytes",
-            field="body",
-            rule="truncated",
-        )
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding in ("", "identity"):
         return buffer
@@ -91,6 +68,40 @@ async def read_body(request: Request, limit: int) -> bytearray:
             rule="header",
         )
     return inflate(buffer, encoding, limit)
+
+
+async def _read_declared(request: Request, length: int) -> bytearray:
+    # One allocation of the declared size; chunks are copied straight into place.
+    buffer = bytearray(length)
+    filled = 0
+    with memoryview(buffer) as view:
+        async for chunk in request.stream():
+            end = filled + len(chunk)
+            if end > length:
+                raise InvalidRequest(
+                    f"request body is longer than its Content-Length {length}",
+                    field="Content-Length",
+                    rule="body_length",
+                )
+            view[filled:end] = chunk
+            filled = end
+    if filled != length:
+        raise InvalidRequest(
+            f"request body ended after {filled} of its {length} declared bytes",
+            field="body",
+            rule="truncated",
+        )
+    return buffer
+
+
+async def _read_chunked(request: Request, limit: int) -> bytearray:
+    # No length to size a buffer from: grow it, but never past the limit.
+    buffer = bytearray()
+    async for chunk in request.stream():
+        if len(buffer) + len(chunk) > limit:
+            raise _too_large("chunked request body", f"more than {limit}", limit)
+        buffer += chunk
+    return buffer
 
 
 def inflate(data: bytes | bytearray, encoding: str, limit: int) -> bytearray:
