@@ -8,6 +8,7 @@ overflow, and only returns a layout whose every element lies inside the bound ra
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from tensorbits_protocol.dtypes import DataType, itemsize
@@ -83,6 +84,15 @@ def check_desc(name: str, desc: TensorDesc) -> int:
                 field=f"{name}.sizes",
                 rule="size",
             )
+    elements = math.prod(desc.sizes)
+    if elements > UINT32_MAX:
+        # DirectML's limit per buffer tensor; it also keeps every view within what NumPy and
+        # CuPy can index (Sizes of up to 2^32 - 1 in 8 dimensions would need 2^256 elements).
+        raise InvalidRequest(
+            f"{name}: {elements} elements (allowed: at most {UINT32_MAX} per tensor)",
+            field=f"{name}.sizes",
+            rule="size",
+        )
     if desc.strides is not None:
         if len(desc.strides) != rank:
             raise InvalidRequest(
@@ -109,9 +119,9 @@ def check_desc(name: str, desc: TensorDesc) -> int:
     minimum = minimum_implied_size(desc.datatype, desc.sizes, desc.effective_strides())
     total = minimum if desc.total_size is None else desc.total_size
     if not minimum <= total <= UINT64_MAX:
+        why = f"is below the minimum implied size {minimum}" if total < minimum else "is too large"
         raise InvalidRequest(
-            f"{name}: TotalTensorSizeInBytes {total} is below the minimum implied size "
-            f"{minimum} (allowed: {minimum} to {UINT64_MAX})",
+            f"{name}: TotalTensorSizeInBytes {total} {why} (allowed: {minimum} to {UINT64_MAX})",
             field=f"{name}.total_size",
             rule="total_size",
         )

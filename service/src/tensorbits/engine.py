@@ -10,12 +10,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from tensorbits_protocol.dtypes import from_numpy, numpy_dtype
-from tensorbits_protocol.operators import get_operator
-from tensorbits_protocol.validation import ResolvedCall, TensorSpec, validate_call
 
 from tensorbits.backends.base import Backend
 from tensorbits.kernels import Array
+from tensorbits_protocol.dtypes import from_numpy, numpy_dtype
+from tensorbits_protocol.operators import get_operator
+from tensorbits_protocol.validation import ResolvedCall, TensorSpec, validate_call
 
 
 def spec_of(array: np.ndarray[Any, Any]) -> TensorSpec:

@@ -81,9 +81,15 @@ def as_kernel_operands(
     ]
     if call.op.encoding is Encoding.NATIVE_BITS:
         bits = DTYPES[call.input_datatype].bits
-        operands = [x.view(bits) for x in operands]
-        out = out.view(DTYPES[call.output_datatype].bits)
+        operands = [_bits_view(x, bits) for x in operands]
+        out = _bits_view(out, DTYPES[call.output_datatype].bits)
     return operands, out
+
+
+def _bits_view(x: Array, bits: Any) -> Array:
+    # Keep the array's byte order: viewing a big-endian array as the native unsigned type would
+    # reinterpret byte-swapped bits (BIT_NOT of big-endian FP32 1.0 gave 0xFFFF7FC0).
+    return x.view(bits.newbyteorder(x.dtype.byteorder))
 
 
 def run_kernel(

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
-from tensorbits_protocol.validation import ResolvedCall
 
 from tensorbits.kernels import Array
+from tensorbits_protocol.validation import ResolvedCall
 
 
 class Backend(Protocol):

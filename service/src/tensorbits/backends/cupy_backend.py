@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from tensorbits_protocol.validation import ResolvedCall
 
 from tensorbits.backends.base import BackendUnavailable
 from tensorbits.kernels import Array, BitOps, as_kernel_operands, run_kernel
+from tensorbits_protocol.validation import ResolvedCall
 
 # CUDA's native << and >> are undefined past the width; these enforce semantics.md rule 3.
 # The count is compared as unsigned 64-bit: a negative signed count becomes huge, so one test
@@ -90,11 +90,16 @@ class CupyBackend:
         (self._shift_left if left else self._shift_right)(x, count, out)
 
     def asarray(self, host: np.ndarray[Any, Any]) -> Array:
-        return self._cupy.asarray(host)
+        # CuPy arrays are native-endian only; a big-endian host array is converted (values kept).
+        return self._cupy.asarray(host.astype(host.dtype.newbyteorder("="), copy=False))
 
     def to_host(
         self, array: Array, out: np.ndarray[Any, Any] | None = None
     ) -> np.ndarray[Any, Any]:
+        if out is not None and not (out.flags.c_contiguous and out.dtype == array.dtype):
+            # cupy.ndarray.get(out=) refuses a strided or differently typed (e.g. big-endian) out.
+            np.copyto(out, array.get())
+            return out
         result: np.ndarray[Any, Any] = array.get(out=out)
         return result
 
