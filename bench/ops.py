@@ -1,17 +1,23 @@
 """Operator-core benchmark (CPU): the NumPy backend against a plain NumPy call and np.copyto.
 
-For every operator of the registry, each data type it allows (DML at the default feature level),
-and each size, three things are timed on the same arrays, interleaved round by round (the order
-rotates) so that machine noise hits all three alike; each keeps its best (minimum) time:
+Rows: every operator of the registry x each data type it allows (DML at the default feature
+level 6_4), BIT_COUNT once per output type (UINT8, UINT32), ONNX BitShift once per direction:
+166 rows per size. Sizes are MiB of one input tensor (default 1, 16, 64; all rows at every
+size, about 1-2 minutes on a quiet 2-core machine). Inputs are random bytes; shift counts are
+uniform in [0, width). Timed on the same arrays, interleaved round by round (the order rotates,
+so a burst of noise lands on all of them alike), each keeping its best (minimum) time:
 
 * ``ours``:  ``NumpyBackend.run(call, inputs, out)`` into a preallocated output: what the service
-  runs after validation (the operand views of ``as_kernel_operands`` and the thread-pool
-  chunking included).
+  runs after validation (``as_kernel_operands`` views and the thread-pool chunking included).
 * ``numpy``: one plain NumPy call into the same preallocated output, on the views the kernel sees
   (unsigned views for DML): ``np.bitwise_and(a, b, out=o)``, ``np.invert(a, out=o)``,
   ``np.bitwise_count(a, out=o)``, ``np.left_shift(a, b, out=o)``, ...
-* ``copy``:  ``np.copyto(dst, a)`` of one input-sized array (the "same bytes": the size in the
-  table, MiB of one input tensor), into a separate preallocated destination.
+* ``copy``:  ``np.copyto(dst, src)`` of one input-sized byte array (the "same bytes": the size in
+  the table), into a separate preallocated destination; one thread, as np.copyto is.
+* probe: the same copy split in two halves over two threads. ``2-core`` is its speed-up over
+  ``copy``; below 1.3 another process held the second core during the row (this machine is
+  shared), and the row gets more rounds (``--retries``; also when ours came out slower than the
+  plain call). Every contestant keeps its best over all rounds; ``rounds`` says how many.
 
 GB/s is bytes moved over time, 1 GB = 1e9 bytes: for an operator, the bytes of every input plus
 the bytes of the output (a binary op on N bytes moves 3N, NOT moves 2N, BIT_COUNT to UINT32 from
@@ -21,7 +27,8 @@ UINT8 moves 5N); for the copy, 2N (read N, write N). ``/copy`` is ours GB/s over
 Targets (issue): at 16 MiB and above, ``/copy`` >= 0.8 and ``/numpy`` >= 1.0 for every row.
 
 Run: ``.venv/bin/python bench/ops.py [--sizes 1,16,64] [--ops SUBSTR,...] [--dtypes T,...]
-[--repeat N] [--threads N] [--quick]``. The table is Markdown, ready for docs/benchmarks.md.
+[--repeat N] [--retries N] [--threads N] [--quick]``. ``--quick``: 16 MiB, UINT8 and UINT32
+rows only (40 rows), 3 rounds: well under 30 s. The table is Markdown, for docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import platform
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,9 +54,12 @@ from tensorbits_protocol.operators import OPERATORS, Function, OperatorSpec
 from tensorbits_protocol.validation import resolve_parameters, support_row
 
 MIB = 1 << 20
+TARGET_MIB = 16  # the targets apply at this size and above
 TARGET_COPY = 0.8
 TARGET_NUMPY = 1.0
 QUICK_DTYPES = (DataType.UINT8, DataType.UINT32)
+# A split copy on 2 threads below this speed-up over 1 thread: the second core was busy.
+BUSY_CORES = 1.3
 
 Arr = np.ndarray[Any, Any]
 
@@ -67,9 +78,7 @@ def cases(ops: list[str] | None, dtypes: list[str] | None, quick: bool) -> Itera
             continue
         variants: list[tuple[dict[str, object], str]] = [({}, op.name)]
         if op.function is Function.COUNT:
-            variants = [
-                ({"output_datatype": t}, f"{op.name} ->{t}") for t in ("UINT8", "UINT32")
-            ]
+            variants = [({"output_datatype": t}, f"{op.name} ->{t}") for t in ("UINT8", "UINT32")]
         elif op.function is Function.SHIFT:
             variants = [({"direction": d}, f"{op.name} {d}") for d in ("LEFT", "RIGHT")]
         allowed = support_row(op, resolve_parameters(op, variants[0][0])).input_types
@@ -127,11 +136,9 @@ def plain_call(case: Case, operands: list[Arr], out: Arr) -> Callable[[], object
     return lambda: shift(a, b, out=out)
 
 
-def best_times(fns: list[Callable[[], object]], rounds: int) -> list[float]:
-    """Minimum wall time of each function over ``rounds`` interleaved rounds (after a warm-up)."""
-    for fn in fns:
-        fn()
-    best = [float("inf")] * len(fns)
+def best_times(fns: list[Callable[[], object]], rounds: int, best: list[float]) -> None:
+    """Lower ``best`` to each function's minimum wall time over ``rounds`` interleaved rounds
+    (the order rotates each round, so a burst of noise lands on all of them alike)."""
     clock = time.perf_counter
     for r in range(rounds):
         for k in range(len(fns)):
@@ -139,7 +146,6 @@ def best_times(fns: list[Callable[[], object]], rounds: int) -> list[float]:
             start = clock()
             fns[i]()
             best[i] = min(best[i], clock() - start)
-    return best
 
 
 @dataclass
@@ -150,6 +156,8 @@ class Row:
     ours: float  # GB/s
     numpy: float
     copy: float
+    cores: float  # np.copyto split over 2 threads, speed-up over 1: did a second core exist?
+    rounds: int
 
     @property
     def vs_copy(self) -> float:
@@ -159,49 +167,98 @@ class Row:
     def vs_numpy(self) -> float:
         return self.ours / self.numpy
 
+    @property
+    def busy(self) -> bool:
+        """The second core looked taken. Only judged at target sizes: at 1 MiB a split copy
+        costs more in hand-off than it saves, busy or not."""
+        return self.mib >= TARGET_MIB and self.cores < BUSY_CORES
+
     def meets(self) -> bool:
         return self.vs_copy >= TARGET_COPY and self.vs_numpy >= TARGET_NUMPY
 
 
-def measure(
-    backend: NumpyBackend, case: Case, data: Inputs, copy_dst: Arr, mib: int, rounds: int
-) -> Row:
-    shift = case.op.function in (Function.SHIFT, Function.SHIFT_LEFT, Function.SHIFT_RIGHT)
-    a, b = data.get(case.datatype, shift)
-    arrays = dict(zip(case.op.inputs, (a, b), strict=False))
-    call = validate_arrays(case.op.name, arrays, case.parameters)
-    inputs = [arrays[name] for name in case.op.inputs]
-    out = np.empty(call.output_shape, DTYPES[call.output_datatype].numpy)
-    operands, target = as_kernel_operands(call, inputs, out)
+class SplitCopy:
+    """np.copyto in two halves on two threads: the probe for a free second core."""
 
-    def ours() -> None:
-        backend.run(call, inputs, out)
+    def __init__(self) -> None:
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="bench-probe")
 
-    t_ours, t_numpy, t_copy = best_times(
-        [ours, plain_call(case, operands, target), lambda: np.copyto(copy_dst, data.pool_a)], rounds
-    )
-    moved = sum(x.nbytes for x in inputs) + out.nbytes
-    return Row(
-        case.label,
-        case.datatype,
-        mib,
-        moved / t_ours / 1e9,
-        moved / t_numpy / 1e9,
-        2 * data.pool_a.nbytes / t_copy / 1e9,
-    )
+    def __call__(self, dst: Arr, src: Arr) -> None:
+        half = src.shape[0] // 2
+        future = self.pool.submit(np.copyto, dst[half:], src[half:])
+        np.copyto(dst[:half], src[:half])
+        future.result()
+
+
+class Measurement:
+    """One row: ours, the plain call, the copy and the 2-thread copy probe, on the same arrays."""
+
+    def __init__(
+        self,
+        backend: NumpyBackend,
+        case: Case,
+        data: Inputs,
+        copy_dst: Arr,
+        mib: int,
+        probe: SplitCopy,
+    ) -> None:
+        shift = case.op.function in (Function.SHIFT, Function.SHIFT_LEFT, Function.SHIFT_RIGHT)
+        a, b = data.get(case.datatype, shift)
+        arrays = dict(zip(case.op.inputs, (a, b), strict=False))
+        call = validate_arrays(case.op.name, arrays, case.parameters)
+        inputs = [arrays[name] for name in case.op.inputs]
+        out = np.empty(call.output_shape, DTYPES[call.output_datatype].numpy)
+        operands, target = as_kernel_operands(call, inputs, out)
+        src = data.pool_a
+
+        def ours() -> None:
+            backend.run(call, inputs, out)
+
+        self.case, self.mib = case, mib
+        self.fns: list[Callable[[], object]] = [
+            ours,
+            plain_call(case, operands, target),
+            lambda: np.copyto(copy_dst, src),
+            lambda: probe(copy_dst, src),
+        ]
+        self.moved = sum(x.nbytes for x in inputs) + out.nbytes
+        self.copied = 2 * src.nbytes
+        self.best = [float("inf")] * len(self.fns)
+        self.rounds = 0
+        for fn in self.fns:  # warm-up: page faults, thread start-up
+            fn()
+
+    def add_rounds(self, rounds: int) -> Row:
+        best_times(self.fns, rounds, self.best)
+        self.rounds += rounds
+        t_ours, t_numpy, t_copy, t_split = self.best
+        return Row(
+            self.case.label,
+            self.case.datatype,
+            self.mib,
+            self.moved / t_ours / 1e9,
+            self.moved / t_numpy / 1e9,
+            self.copied / t_copy / 1e9,
+            t_copy / t_split,
+            self.rounds,
+        )
 
 
 HEADER = (
-    "| operator | dtype | MiB | ours GB/s | numpy GB/s | copy GB/s | /copy | /numpy | |\n"
-    "|---|---|--:|--:|--:|--:|--:|--:|---|"
+    "| operator | dtype | MiB | ours GB/s | numpy GB/s | copy GB/s | /copy | /numpy "
+    "| 2-core | rounds | |\n"
+    "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|---|"
 )
 
 
 def format_row(row: Row) -> str:
-    mark = "" if row.mib < 16 or row.meets() else "MISS"
+    mark = "" if row.mib < TARGET_MIB or row.meets() else "MISS"
+    if row.busy:
+        mark = f"{mark} busy".strip()
     return (
         f"| {row.label} | {row.datatype} | {row.mib} | {row.ours:.1f} | {row.numpy:.1f} | "
-        f"{row.copy:.1f} | {row.vs_copy:.2f} | {row.vs_numpy:.2f} | {mark} |"
+        f"{row.copy:.1f} | {row.vs_copy:.2f} | {row.vs_numpy:.2f} | {row.cores:.2f} | "
+        f"{row.rounds} | {mark} |"
     )
 
 
@@ -212,16 +269,19 @@ def summary(rows: list[Row]) -> list[str]:
         copy_ok = sum(r.vs_copy >= TARGET_COPY for r in sel)
         numpy_ok = sum(r.vs_numpy >= TARGET_NUMPY for r in sel)
         both = sum(r.meets() for r in sel)
+        near = sum(r.vs_numpy >= 0.95 for r in sel)
+        busy = sum(r.busy for r in sel)
         med_c = float(np.median([r.vs_copy for r in sel]))
         med_n = float(np.median([r.vs_numpy for r in sel]))
         lines.append(
             f"{mib:>3} MiB: {len(sel)} rows; /copy >= {TARGET_COPY}: {copy_ok}; "
-            f"/numpy >= {TARGET_NUMPY}: {numpy_ok}; both: {both}; "
+            f"/numpy >= {TARGET_NUMPY}: {numpy_ok} (>= 0.95: {near}); both: {both}; "
+            f"measured while busy: {busy}; "
             f"median /copy {med_c:.2f}, median /numpy {med_n:.2f}, "
             f"min /copy {min(r.vs_copy for r in sel):.2f}, "
             f"min /numpy {min(r.vs_numpy for r in sel):.2f}"
         )
-    big = [r for r in rows if r.mib >= 16]
+    big = [r for r in rows if r.mib >= TARGET_MIB]
     if big:
         met = sum(r.meets() for r in big)
         lines.append(f"targets at >= 16 MiB: {met}/{len(big)} rows meet both")
@@ -242,11 +302,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=None, help="timed rounds per row (default 7)")
     parser.add_argument("--threads", type=int, default=None, help="backend threads (default: all)")
     parser.add_argument(
+        "--retries",
+        type=int,
+        default=None,
+        help="extra rounds for a row measured while busy (default 3, --quick 1)",
+    )
+    parser.add_argument(
         "--quick", action="store_true", help="16 MiB, UINT8/UINT32 only, 3 rounds (< 30 s)"
     )
     args = parser.parse_args(argv)
     sizes = [int(s) for s in (args.sizes or ("16" if args.quick else "1,16,64")).split(",")]
     repeat = args.repeat or (3 if args.quick else 7)
+    retries = args.retries if args.retries is not None else (1 if args.quick else 3)
     ops = args.ops.split(",") if args.ops else None
     dtypes = [d.strip().upper() for d in args.dtypes.split(",")] if args.dtypes else None
     selected = list(cases(ops, dtypes, args.quick))
@@ -254,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("no operator/data type matches --ops/--dtypes")
 
     backend = NumpyBackend(args.threads)
+    probe = SplitCopy()
     print(
         f"# tensorbits operator core: {platform.processor() or platform.machine()}, "
         f"nproc {os.cpu_count()}, backend {backend.device}, numpy {np.__version__}, "
@@ -271,7 +339,16 @@ def main(argv: list[str] | None = None) -> int:
             # Small sizes are quick and noisier: more rounds for the same wall time.
             rounds = repeat * max(1, min(8, 16 // mib))
             for case in selected:
-                row = measure(backend, case, data, copy_dst, mib, rounds)
+                m = Measurement(backend, case, data, copy_dst, mib, probe)
+                row = m.add_rounds(rounds)
+                # Noise from other processes on the machine mostly costs the threaded runs: when
+                # the second core looked busy, or ours came out slower than the plain call, give
+                # every contestant more rounds (each keeps its best over all of them).
+                for _ in range(retries):
+                    if not row.busy and row.vs_numpy >= TARGET_NUMPY:
+                        break
+                    time.sleep(0.2)
+                    row = m.add_rounds(rounds)
                 rows.append(row)
                 print(format_row(row), flush=True)
             del data, copy_dst
@@ -279,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         gc.enable()
         backend.close()
+        probe.pool.shutdown()
     print()
     for line in summary(rows):
         print(line)
