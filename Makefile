@@ -38,8 +38,11 @@ check: lint typecheck
 
 test: check unit ## every check: lint, types, the whole test suite
 
-bench: install
+bench: install ## operator core on the CPU; bench/http_service.py, bench/client.py and bench/load.py measure the rest
 	$(BIN)/python bench/ops.py
+
+openapi: install ## regenerate openapi/openapi.json from the app
+	$(BIN)/python scripts/export_openapi.py
 
 clean:
 	rm -rf $(VENV) .tools .mypy_cache .ruff_cache .pytest_cache .hypothesis

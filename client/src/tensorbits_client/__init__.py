@@ -1,5 +1,66 @@
-"""Typed Python client for the tensorbits service."""
+"""Typed Python client for the tensorbits service: NumPy arrays in, NumPy arrays out.
 
-__version__ = "0.1.0"
+    from tensorbits_client import Client
 
-__all__ = ["__version__"]
+    with Client("http://127.0.0.1:8000") as client:
+        out = client.dml.bit_xor(a, b)
+
+``Client`` and ``AsyncClient`` have the same methods; the exceptions are drawn as a tree in
+``tensorbits_client._exceptions``. docs/client.md has the guide.
+"""
+
+from tensorbits_client._batch import Batch, Binding, Buffer
+from tensorbits_client._client import AsyncClient, Client
+from tensorbits_client._codec import InferResult
+from tensorbits_client._constants import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
+from tensorbits_client._exceptions import (
+    APIConnectionError,
+    APIError,
+    APIResponseValidationError,
+    APIStatusError,
+    APITimeoutError,
+    BadRequestError,
+    InternalServerError,
+    LocalValidationError,
+    NotFoundError,
+    OverloadedError,
+    PayloadTooLargeError,
+    RateLimitError,
+    TensorbitsClientError,
+    UnprocessableEntityError,
+)
+from tensorbits_client._types import NOT_GIVEN, NotGiven
+from tensorbits_client._version import __version__
+from tensorbits_client.recipes import async_hamming_distances, hamming_distances
+from tensorbits_protocol.dtypes import DataType
+
+__all__ = [
+    "DEFAULT_MAX_RETRIES",
+    "DEFAULT_TIMEOUT",
+    "NOT_GIVEN",
+    "APIConnectionError",
+    "APIError",
+    "APIResponseValidationError",
+    "APIStatusError",
+    "APITimeoutError",
+    "AsyncClient",
+    "BadRequestError",
+    "Batch",
+    "Binding",
+    "Buffer",
+    "Client",
+    "DataType",
+    "InferResult",
+    "InternalServerError",
+    "LocalValidationError",
+    "NotFoundError",
+    "NotGiven",
+    "OverloadedError",
+    "PayloadTooLargeError",
+    "RateLimitError",
+    "TensorbitsClientError",
+    "UnprocessableEntityError",
+    "__version__",
+    "async_hamming_distances",
+    "hamming_distances",
+]

@@ -17,33 +17,51 @@ class Admission:
     """Bounds the bytes and requests in flight; past either bound a request gets 503 at once.
 
     Answering at once (instead of queueing) keeps memory bounded and lets a load balancer or the
-    client's retry with backoff send the work elsewhere."""
+    client's retry with backoff send the work elsewhere. A request is admitted for what it
+    declares before its body is read, and its grant grows once the outputs are known."""
 
     max_bytes: int
     max_requests: int
     bytes_in_flight: int = 0
     requests_in_flight: int = 0
 
-    @asynccontextmanager
-    async def admit(self, nbytes: int) -> AsyncIterator[None]:
-        # No await between the checks and the increments: on one event loop this is atomic.
-        if self.requests_in_flight >= self.max_requests:
-            raise Overloaded(
-                f"server busy: {self.requests_in_flight} requests in flight "
-                f"(limit {self.max_requests}); retry later"
-            )
+    def _take_bytes(self, nbytes: int) -> None:
+        # No await between the check and the increment: on one event loop this is atomic.
         if self.bytes_in_flight + nbytes > self.max_bytes:
             raise Overloaded(
                 f"server busy: {self.bytes_in_flight} bytes in flight, this request needs "
                 f"{nbytes} more (limit {self.max_bytes}); retry later"
             )
-        self.requests_in_flight += 1
         self.bytes_in_flight += nbytes
+
+    @asynccontextmanager
+    async def admit(self, nbytes: int) -> AsyncIterator[Grant]:
+        if self.requests_in_flight >= self.max_requests:
+            raise Overloaded(
+                f"server busy: {self.requests_in_flight} requests in flight "
+                f"(limit {self.max_requests}); retry later"
+            )
+        self._take_bytes(nbytes)
+        self.requests_in_flight += 1
+        grant = Grant(self, nbytes)
         try:
-            yield
+            yield grant
         finally:
             self.requests_in_flight -= 1
-            self.bytes_in_flight -= nbytes
+            self.bytes_in_flight -= grant.nbytes
+
+
+@dataclass
+class Grant:
+    """What one admitted request holds; ``grow`` asks for more, or raises Overloaded."""
+
+    admission: Admission
+    nbytes: int
+
+    def grow(self, extra: int) -> None:
+        if extra > 0:
+            self.admission._take_bytes(extra)
+            self.nbytes += extra
 
 
 # Set when the process is told to stop (SIGTERM): readiness turns false first, so a load balancer

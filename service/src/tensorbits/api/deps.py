@@ -10,11 +10,17 @@ from tensorbits.runtime import Runtime
 from tensorbits_protocol.errors import BackendFailure
 
 
-def get_runtime(request: Request) -> Runtime:
+def runtime_of(request: Request) -> Runtime:
+    """The app's runtime; 503 before the lifespan has built the backend."""
     runtime: Runtime | None = getattr(request.app.state, "runtime", None)
     if runtime is None or not runtime.started:
         raise BackendFailure("server is not ready: the backend is not initialised")
     return runtime
+
+
+async def get_runtime(request: Request) -> Runtime:
+    # async on purpose: FastAPI runs a plain-def dependency on a worker thread, per request.
+    return runtime_of(request)
 
 
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]

@@ -4,4 +4,6 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-ALL: list[APIRouter] = []
+from tensorbits.api import v1, v2
+
+ALL: list[APIRouter] = [v2.router, v1.router]

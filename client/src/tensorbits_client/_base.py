@@ -1,0 +1,389 @@
+"""Everything ``Client`` and ``AsyncClient`` share: configuration, request building, response
+decoding, the retry policy and the status → exception mapping.
+
+The two clients differ only in their I/O loop (``_client.py``): both turn a call into a ``Call``
+here, send it, and hand the response back here to be judged and decoded.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import math
+import os
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, Self, TypeVar
+from urllib.parse import quote
+
+import httpx
+
+from tensorbits_client import _constants as constants
+from tensorbits_client._catalog import (
+    OPERATORS_PATH,
+    Catalog,
+    Registry,
+    check_call,
+    datatype_of,
+    input_names,
+)
+from tensorbits_client._codec import (
+    HEADER_LENGTH,
+    Body,
+    EncodedBody,
+    FramingError,
+    InferResult,
+    decode_infer,
+    encode_infer,
+    plain_parameters,
+    wire_array,
+)
+from tensorbits_client._exceptions import (
+    APIConnectionError,
+    APIError,
+    APIResponseValidationError,
+    APIStatusError,
+    APITimeoutError,
+    BadRequestError,
+    InternalServerError,
+    NotFoundError,
+    OverloadedError,
+    PayloadTooLargeError,
+    RateLimitError,
+    UnprocessableEntityError,
+)
+from tensorbits_client._streaming import BodySink
+from tensorbits_client._types import (
+    NOT_GIVEN,
+    Array,
+    Headers,
+    Inputs,
+    NotGiven,
+    Parameters,
+    TimeoutTypes,
+    as_array,
+    given,
+)
+
+T = TypeVar("T")
+HttpT = TypeVar("HttpT", httpx.Client, httpx.AsyncClient)
+
+HTTPX_DEFAULT_TIMEOUT = httpx.Timeout(5.0)
+
+_STATUS_ERRORS: dict[int, type[APIStatusError]] = {
+    400: BadRequestError,
+    404: NotFoundError,
+    413: PayloadTooLargeError,
+    422: UnprocessableEntityError,
+    429: RateLimitError,
+    503: OverloadedError,
+}
+
+
+def status_error_class(status_code: int) -> type[APIStatusError]:
+    """The exception class for an error status: the one place that maps statuses to classes."""
+    if status_code in _STATUS_ERRORS:
+        return _STATUS_ERRORS[status_code]
+    return InternalServerError if status_code >= 500 else APIStatusError
+
+
+def resolve_base_url(base_url: str | httpx.URL | None) -> httpx.URL:
+    """The argument, else ``$TENSORBITS_URL``, else ``http://127.0.0.1:8000``."""
+    raw = (
+        base_url
+        if base_url is not None
+        else os.environ.get(constants.BASE_URL_ENV) or constants.DEFAULT_BASE_URL
+    )
+    return httpx.URL(str(raw))
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Generic[T]):
+    """One request to make (and to make again on a retry) and how to decode its response."""
+
+    method: str
+    path: str
+    decode: Callable[[httpx.Response, Body], T]
+    body: EncodedBody | None = None
+    timeout: TimeoutTypes | NotGiven = NOT_GIVEN
+    max_retries: int | NotGiven = NOT_GIVEN
+
+
+def _decode_json(response: httpx.Response, body: Body) -> object:
+    return json.loads(body.buffer[body.start : body.end].tobytes())
+
+
+def _decode_infer(response: httpx.Response, body: Body) -> InferResult:
+    return decode_infer(body, header_length(response))
+
+
+def header_length(response: httpx.Response) -> int | None:
+    raw = response.headers.get(HEADER_LENGTH)
+    if raw is None:
+        return None
+    if not (raw.isascii() and raw.strip().isdigit()):
+        raise FramingError(f"{HEADER_LENGTH} {raw[:40]!r} is not a byte count")
+    return int(raw)
+
+
+def _content_length(response: httpx.Response) -> int | None:
+    raw = response.headers.get("content-length")
+    if raw is None or not (raw.isascii() and raw.strip().isdigit()):
+        return None  # absent or odd: the body is read without a preallocated buffer
+    return int(raw)
+
+
+def _decoded_error_body(response: httpx.Response) -> object | None:
+    """The error body as JSON if it parses, else its text, else None when empty."""
+    raw = response.content
+    if not raw:
+        return None
+    try:
+        document: object = json.loads(raw)
+    except ValueError:
+        pass
+    else:
+        return document
+    try:
+        return response.text
+    except Exception:  # an unknown charset label: keep the bytes
+        return raw
+
+
+def _error_message(status_code: int, reason: str, body: object | None) -> str:
+    if isinstance(body, Mapping):
+        error = body.get("error")
+        if isinstance(error, Mapping):  # {"error": {"message": ...}} from other servers
+            error = error.get("message")
+        detail = body.get("detail")  # FastAPI's default error shape
+        for candidate in (error, detail):
+            if isinstance(candidate, str) and candidate:
+                return candidate
+    status = f"HTTP {status_code} {reason}".rstrip()
+    if isinstance(body, str) and body.strip():
+        return f"{status}: {body.strip()[:500]}"
+    return status
+
+
+def _str_field(body: object | None, key: str) -> str | None:
+    value = body.get(key) if isinstance(body, Mapping) else None
+    return value if isinstance(value, str) else None
+
+
+class BaseClient(Generic[HttpT]):
+    """Configuration and pure logic; subclasses add the I/O for one concurrency model."""
+
+    _http: HttpT
+
+    def __init__(
+        self,
+        base_url: str | httpx.URL | None = None,
+        *,
+        timeout: TimeoutTypes | NotGiven = NOT_GIVEN,
+        max_retries: int = constants.DEFAULT_MAX_RETRIES,
+        default_headers: Headers | None = None,
+        local_validation: bool = True,
+        http_client: HttpT | None = None,
+        _catalog: Catalog | None = None,
+    ) -> None:
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be at least 0, got {max_retries}")
+        self.base_url = resolve_base_url(base_url)
+        self._url_prefix = str(self.base_url).rstrip("/")
+        if isinstance(timeout, NotGiven):
+            # An injected httpx client's own timeout counts as the caller's choice, unless it is
+            # httpx's 5 s default, which a 64 MiB call can outlast.
+            injected = http_client.timeout if http_client is not None else HTTPX_DEFAULT_TIMEOUT
+            timeout = constants.DEFAULT_TIMEOUT if injected == HTTPX_DEFAULT_TIMEOUT else injected
+        self.timeout: TimeoutTypes = timeout
+        self.max_retries = max_retries
+        self.default_headers: dict[str, str] = dict(default_headers or {})
+        self.local_validation = local_validation
+        # with_options copies share the tables when they talk to the same server.
+        self._catalog = _catalog or Catalog()
+        self._owns_http = http_client is None
+
+    def with_options(
+        self,
+        *,
+        base_url: str | httpx.URL | None = None,
+        timeout: TimeoutTypes | NotGiven = NOT_GIVEN,
+        max_retries: int | NotGiven = NOT_GIVEN,
+        default_headers: Headers | None = None,
+        local_validation: bool | NotGiven = NOT_GIVEN,
+    ) -> Self:
+        """A copy with some options changed (``default_headers`` are added to the current ones),
+        sharing this client's connection pool, which stays this client's to close."""
+        same_server = base_url is None or str(base_url).rstrip("/") == self._url_prefix
+        return type(self)(
+            self.base_url if base_url is None else base_url,
+            timeout=given(timeout, self.timeout),
+            max_retries=given(max_retries, self.max_retries),
+            default_headers={**self.default_headers, **(default_headers or {})},
+            local_validation=given(local_validation, self.local_validation),
+            http_client=self._http,
+            _catalog=self._catalog if same_server else None,
+        )
+
+    # --- request building -----------------------------------------------------------------------
+    def _url(self, path: str) -> str:
+        # A string join: httpx parses the URL of every request anyway, once is enough.
+        return self._url_prefix + path
+
+    def _headers(self, body: EncodedBody | None) -> dict[str, str]:
+        headers = {
+            # Tensors do not compress; a server that honours gzip would only burn CPU.
+            "Accept-Encoding": "identity",
+            **self.default_headers,
+        }
+        if body is not None:
+            headers.update(body.headers)
+            headers["Content-Length"] = str(body.content_length)
+        return headers
+
+    def _timeout_for(self, call: Call[Any]) -> TimeoutTypes:
+        return given(call.timeout, self.timeout)
+
+    def _max_retries_for(self, call: Call[Any]) -> int:
+        return given(call.max_retries, self.max_retries)
+
+    def _needs_registry(self, inputs: Inputs) -> bool:
+        # Inputs given in order need the operator's input names, checks or not.
+        return self.local_validation or not isinstance(inputs, Mapping)
+
+    def _infer_call(
+        self,
+        registry: Registry | None,
+        model: str,
+        inputs: Inputs,
+        parameters: Parameters | None,
+        *,
+        binary: bool,
+        request_id: str | None,
+        timeout: TimeoutTypes | NotGiven,
+        max_retries: int | NotGiven = NOT_GIVEN,
+    ) -> Call[InferResult]:
+        named = self._named_inputs(registry, model, inputs)
+        params = plain_parameters(parameters)
+        # An array with no wire data type fails here, checks or not: it cannot be sent.
+        specs = {name: datatype_of(name, array) for name, array in named}
+        if self.local_validation and registry is not None:
+            check_call(registry, model, specs, params)
+        body = encode_infer(named, params, binary=binary, request_id=request_id)
+        return Call(
+            "POST",
+            # Quoted: a name is one path segment, whatever it holds ("/", "?", "..").
+            f"/v2/models/{quote(model, safe='')}/infer",
+            _decode_infer,
+            body=body,
+            timeout=timeout,
+            max_retries=max_retries,
+        )
+
+    @staticmethod
+    def _named_inputs(
+        registry: Registry | None, model: str, inputs: Inputs
+    ) -> list[tuple[str, Array]]:
+        if isinstance(inputs, Mapping):
+            items = list(inputs.items())
+        else:
+            values = list(inputs)
+            assert registry is not None  # _needs_registry fetched it
+            items = list(zip(input_names(registry, model, len(values)), values, strict=True))
+        return [(name, wire_array(as_array(value))) for name, value in items]
+
+    def _catalog_call(self) -> Call[object]:
+        return Call("GET", OPERATORS_PATH, _decode_json)
+
+    def _catalog_failed(self, error: APIError) -> Registry:
+        """A server without /v1/operators gets the bundled tables; anything else is raised."""
+        if isinstance(error, NotFoundError):
+            return self._catalog.use_bundled()
+        raise error
+
+    # --- responses ------------------------------------------------------------------------------
+    @staticmethod
+    def _sink(response: httpx.Response, raw: bool) -> BodySink:
+        # Content-Length counts the raw bytes: it sizes the buffer only when those are the body.
+        length = _content_length(response) if raw else None
+        return BodySink(length, header_length_or_zero(response))
+
+    @staticmethod
+    def _raw_available(response: httpx.Response) -> bool:
+        """Whether the raw bytes can be streamed into the sink. Not when a Content-Encoding
+        makes them something else than the body (httpx decodes it then), nor when the transport
+        answered with the body already in memory (``httpx.MockTransport`` does)."""
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        return encoding in ("", "identity") and not response.is_stream_consumed
+
+    def _decode(self, call: Call[T], response: httpx.Response, sink: BodySink) -> T:
+        try:
+            return call.decode(response, sink.finish())
+        except ValueError as exc:  # FramingError, or a view that does not fit the bytes
+            raise APIResponseValidationError(response, str(exc), body=None) from None
+
+    def _make_status_error(self, response: httpx.Response) -> APIStatusError:
+        """The exception for an error response (its body already read)."""
+        body = _decoded_error_body(response)
+        message = _error_message(response.status_code, response.reason_phrase, body)
+        return status_error_class(response.status_code)(
+            message,
+            response=response,
+            body=body,
+            code=_str_field(body, "code"),
+            field=_str_field(body, "field"),
+            rule=_str_field(body, "rule"),
+        )
+
+    @staticmethod
+    def _transport_error(exc: httpx.TransportError, request: httpx.Request) -> APIConnectionError:
+        if isinstance(exc, httpx.TimeoutException):
+            return APITimeoutError(request, f"Request timed out: {type(exc).__name__}")
+        detail = str(exc) or type(exc).__name__
+        return APIConnectionError(request, f"Connection error: {detail}")
+
+    # --- retry policy ---------------------------------------------------------------------------
+    def _should_retry(self, error: APIError, retries_taken: int, max_retries: int) -> bool:
+        """Connection errors and timeouts, and RETRY_STATUSES, while retries are left."""
+        if retries_taken >= max_retries:
+            return False
+        if isinstance(error, APIConnectionError):
+            return True
+        return isinstance(error, APIStatusError) and error.status_code in constants.RETRY_STATUSES
+
+    def _retry_delay(self, retries_taken: int, error: APIError) -> float:
+        """Seconds to wait before retry number ``retries_taken + 1``."""
+        if isinstance(error, APIStatusError):
+            retry_after = self._parse_retry_after(error.response.headers.get("retry-after"))
+            if retry_after is not None:
+                return min(retry_after, constants.MAX_RETRY_AFTER)
+        backoff = min(constants.INITIAL_RETRY_DELAY * 2.0**retries_taken, constants.MAX_RETRY_DELAY)
+        return backoff * (1.0 - constants.JITTER * random.random())
+
+    @staticmethod
+    def _parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+        """``Retry-After`` as seconds from now: a number of seconds or an HTTP-date."""
+        if value is None or not value.strip():
+            return None
+        try:
+            seconds = float(value)
+        except ValueError:
+            try:
+                when = email.utils.parsedate_to_datetime(value)
+            except (TypeError, ValueError, IndexError):
+                return None
+            if when.tzinfo is None:  # RFC 9110 dates are GMT
+                return None
+            seconds = when.timestamp() - (time.time() if now is None else now)
+        if not math.isfinite(seconds):
+            return None
+        return max(seconds, 0.0)
+
+
+def header_length_or_zero(response: httpx.Response) -> int:
+    try:
+        return header_length(response) or 0
+    except FramingError:
+        return 0  # judged when the body is decoded

@@ -1,0 +1,443 @@
+"""``Client`` and ``AsyncClient``: the same API, one over blocking I/O, one over asyncio.
+
+Everything but the I/O loop is in ``_base.BaseClient``: keep the two classes line-for-line alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator, Mapping
+from types import TracebackType
+from typing import Any, Self, TypeVar, cast
+
+import httpx
+import numpy.typing as npt
+
+from tensorbits_client import _constants as constants
+from tensorbits_client._base import BaseClient, Call, header_length
+from tensorbits_client._batch import Batch, BatchPlan
+from tensorbits_client._catalog import Catalog, Registry
+from tensorbits_client._codec import Body, FramingError, InferResult, decode_batch
+from tensorbits_client._exceptions import APIError, APIResponseValidationError
+from tensorbits_client._families import DML, ONNX, OpenVINO
+from tensorbits_client._map import as_inputs, open_progress, pipeline, run_sync, total_of
+from tensorbits_client._streaming import aiter_parts, iter_parts
+from tensorbits_client._types import (
+    NOT_GIVEN,
+    Array,
+    Headers,
+    Inputs,
+    NotGiven,
+    Parameters,
+    ParameterValue,
+    TimeoutTypes,
+)
+
+T = TypeVar("T")
+
+
+def _batch_decoder(plan: BatchPlan) -> Callable[[httpx.Response, Body], dict[str, Array]]:
+    def decode(response: httpx.Response, body: Body) -> dict[str, Array]:
+        _, starts = decode_batch(body, header_length(response))
+        return plan.results(body, starts)
+
+    return decode
+
+
+class Client(BaseClient[httpx.Client]):
+    """A blocking client of one tensorbits server. Create one, reuse it, close it (``with``).
+
+    ``base_url`` defaults to ``$TENSORBITS_URL``, then ``http://127.0.0.1:8000``. ``timeout``
+    defaults to 60 s with 5 s to connect. Connection errors, 408, 429, 502, 503 and 504 are
+    retried ``max_retries`` times with exponential backoff (honouring ``Retry-After``).
+    Calls are checked against the server's operator tables before they are sent unless
+    ``local_validation=False``. ``http_client`` injects a configured ``httpx.Client`` (which
+    the caller then closes).
+    """
+
+    dml: DML[Array]
+    openvino: OpenVINO[Array]
+    onnx: ONNX[Array]
+
+    def __init__(
+        self,
+        base_url: str | httpx.URL | None = None,
+        *,
+        timeout: TimeoutTypes | NotGiven = NOT_GIVEN,
+        max_retries: int = constants.DEFAULT_MAX_RETRIES,
+        default_headers: Headers | None = None,
+        local_validation: bool = True,
+        http_client: httpx.Client | None = None,
+        _catalog: Catalog | None = None,
+    ) -> None:
+        super().__init__(
+            base_url,
+            timeout=timeout,
+            max_retries=max_retries,
+            default_headers=default_headers,
+            local_validation=local_validation,
+            http_client=http_client,
+            _catalog=_catalog,
+        )
+        self._http = http_client or httpx.Client(
+            timeout=self.timeout, limits=constants.DEFAULT_CONNECTION_LIMITS
+        )
+        self.dml = DML(self._run_op)
+        self.openvino = OpenVINO(self._run_op)
+        self.onnx = ONNX(self._run_op)
+
+    # --- lifecycle ------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Close the connection pool (unless it was injected or belongs to another client)."""
+        if self._owns_http:
+            self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # --- calls ----------------------------------------------------------------------------------
+    def infer(
+        self,
+        model: str,
+        inputs: Inputs,
+        parameters: Parameters | None = None,
+        *,
+        binary: bool = True,
+        request_id: str | None = None,
+        timeout: TimeoutTypes | NotGiven = NOT_GIVEN,
+        max_retries: int | NotGiven = NOT_GIVEN,
+    ) -> InferResult:
+        """Run ``model`` (a v2 model name) on ``inputs``, by name or in the operator's order.
+
+        ``binary=False`` sends and receives JSON instead of the binary extension."""
+        registry = self._registry() if self._needs_registry(inputs) else None
+        call = self._infer_call(
+            registry,
+            model,
+            inputs,
+            parameters,
+            binary=binary,
+            request_id=request_id,
+            timeout=timeout,
+            max_retries=max_retries,
+        )
+        return self._request(call)
+
+    def _run_op(
+        self,
+        model: str,
+        inputs: Mapping[str, npt.ArrayLike],
+        parameters: Mapping[str, ParameterValue],
+        timeout: TimeoutTypes | NotGiven,
+    ) -> Array:
+        return self.infer(model, inputs, parameters, timeout=timeout).output
+
+    def map(
+        self,
+        model: str,
+        items: Iterable[Inputs | npt.NDArray[Any]],
+        parameters: Parameters | None = None,
+        *,
+        concurrency: int = constants.DEFAULT_MAP_CONCURRENCY,
+        progress: bool = False,
+        binary: bool = True,
+        timeout: TimeoutTypes | NotGiven = NOT_GIVEN,
+    ) -> list[Array]:
+        """``[infer(model, item).output for item in items]``, with ``concurrency`` requests in
+        flight (an ``AsyncClient`` with this client's options, on a private event loop).
+
+        An item is the inputs of one call, or a single array for a unary operator. ``progress``
+        shows a tqdm bar (the ``progress`` extra)."""
+
+        async def run() -> list[Array]:
+            async with self._async_twin() as twin:
+                return await twin.map(
+                    model,
+                    items,
+                    parameters,
+                    concurrency=concurrency,
+                    progress=progress,
+                    binary=binary,
+                    timeout=timeout,
+                )
+
+        return run_sync(run())
+
+    def _async_twin(self) -> AsyncClient:
+        return AsyncClient(
+            base_url=self.base_url,
+            timeout=self.timeout,
+            max_retries=self.max_retries,
+            default_headers=self.default_headers,
+            local_validation=self.local_validation,
+            _catalog=self._catalog,
+        )
+
+    def batch(self, request_id: str | None = None) -> Batch[dict[str, Array]]:
+        """A new /v1 batch; ``run()`` sends it and returns its outputs by buffer name."""
+        return Batch(self._run_batch, request_id)
+
+    def _run_batch(self, plan: BatchPlan, timeout: TimeoutTypes | NotGiven) -> dict[str, Array]:
+        call = Call("POST", "/v1/batch", _batch_decoder(plan), body=plan.body, timeout=timeout)
+        result: dict[str, Array] = self._request(call)
+        return result
+
+    def operators(self) -> Registry:
+        """The server's operator tables (fetched once, then cached)."""
+        return self._registry()
+
+    def _registry(self) -> Registry:
+        if self._catalog.registry is not None:
+            return self._catalog.registry
+        try:
+            body = self._request(self._catalog_call())
+        except APIError as error:
+            return self._catalog_failed(error)
+        return self._catalog.load(body)
+
+    # --- I/O ------------------------------------------------------------------------------------
+    def _request(self, call: Call[T]) -> T:
+        max_retries = self._max_retries_for(call)
+        retries_taken = 0
+        while True:
+            try:
+                return self._send(call)
+            except APIError as error:
+                if not self._should_retry(error, retries_taken, max_retries):
+                    raise
+                self._sleep(self._retry_delay(retries_taken, error))
+                retries_taken += 1
+
+    def _sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def _send(self, call: Call[T]) -> T:
+        # httpx's annotation says bytes; h11 sends any buffer, and memoryviews avoid a copy.
+        request = self._http.build_request(
+            call.method,
+            self._url(call.path),
+            content=None if call.body is None else cast(Iterator[bytes], iter_parts(call.body)),
+            headers=self._headers(call.body),
+            timeout=self._timeout_for(call),
+        )
+        try:
+            response = self._http.send(request, stream=True)
+            try:
+                if response.is_error:
+                    response.read()
+                    raise self._make_status_error(response)
+                raw = self._raw_available(response)
+                sink = self._sink(response, raw)
+                if raw:
+                    for chunk in response.iter_raw():
+                        sink.feed(chunk)
+                else:
+                    sink.feed(response.read())
+            finally:
+                response.close()
+        except httpx.TransportError as exc:
+            raise self._transport_error(exc, request) from exc
+        except FramingError as exc:
+            raise APIResponseValidationError(response, str(exc), body=None) from None
+        return self._decode(call, response, sink)
+
+
+class AsyncClient(BaseClient[httpx.AsyncClient]):
+    """The asyncio twin of ``Client``: the same options and methods, awaited.
+
+    An ``AsyncClient`` belongs to the event loop it is first used on; create it inside that
+    loop and close it there (``async with``).
+    """
+
+    dml: DML[Coroutine[Any, Any, Array]]
+    openvino: OpenVINO[Coroutine[Any, Any, Array]]
+    onnx: ONNX[Coroutine[Any, Any, Array]]
+
+    def __init__(
+        self,
+        base_url: str | httpx.URL | None = None,
+        *,
+        timeout: TimeoutTypes | NotGiven = NOT_GIVEN,
+        max_retries: int = constants.DEFAULT_MAX_RETRIES,
+        default_headers: Headers | None = None,
+        local_validation: bool = True,
+        http_client: httpx.AsyncClient | None = None,
+        _catalog: Catalog | None = None,
+    ) -> None:
+        super().__init__(
+            base_url,
+            timeout=timeout,
+            max_retries=max_retries,
+            default_headers=default_headers,
+            local_validation=local_validation,
+            http_client=http_client,
+            _catalog=_catalog,
+        )
+        self._http = http_client or httpx.AsyncClient(
+            timeout=self.timeout, limits=constants.DEFAULT_CONNECTION_LIMITS
+        )
+        self.dml = DML(self._run_op)
+        self.openvino = OpenVINO(self._run_op)
+        self.onnx = ONNX(self._run_op)
+
+    # --- lifecycle ------------------------------------------------------------------------------
+    async def close(self) -> None:
+        """Close the connection pool (unless it was injected or belongs to another client)."""
+        if self._owns_http:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # --- calls ----------------------------------------------------------------------------------
+    async def infer(
+        self,
+        model: str,
+        inputs: Inputs,
+        parameters: Parameters | None = None,
+        *,
+        binary: bool = True,
+        request_id: str | None = None,
+        timeout: TimeoutTypes | NotGiven = NOT_GIVEN,
+        max_retries: int | NotGiven = NOT_GIVEN,
+    ) -> InferResult:
+        """Run ``model`` (a v2 model name) on ``inputs``, by name or in the operator's order.
+
+        ``binary=False`` sends and receives JSON instead of the binary extension."""
+        registry = await self._registry() if self._needs_registry(inputs) else None
+        call = self._infer_call(
+            registry,
+            model,
+            inputs,
+            parameters,
+            binary=binary,
+            request_id=request_id,
+            timeout=timeout,
+            max_retries=max_retries,
+        )
+        return await self._request(call)
+
+    async def _run_op(
+        self,
+        model: str,
+        inputs: Mapping[str, npt.ArrayLike],
+        parameters: Mapping[str, ParameterValue],
+        timeout: TimeoutTypes | NotGiven,
+    ) -> Array:
+        return (await self.infer(model, inputs, parameters, timeout=timeout)).output
+
+    async def map(
+        self,
+        model: str,
+        items: Iterable[Inputs | npt.NDArray[Any]],
+        parameters: Parameters | None = None,
+        *,
+        concurrency: int = constants.DEFAULT_MAP_CONCURRENCY,
+        progress: bool = False,
+        binary: bool = True,
+        timeout: TimeoutTypes | NotGiven = NOT_GIVEN,
+    ) -> list[Array]:
+        """``[(await infer(model, item)).output for item in items]``, with ``concurrency``
+        requests in flight; results in input order. An item is the inputs of one call, or a
+        single array for a unary operator. ``progress`` shows a tqdm bar (``progress`` extra)."""
+
+        async def one(item: Inputs | npt.NDArray[Any]) -> Array:
+            result = await self.infer(
+                model, as_inputs(item), parameters, binary=binary, timeout=timeout
+            )
+            return result.output
+
+        bar = open_progress(progress, total_of(items), model)
+        try:
+            return await pipeline(items, one, concurrency=concurrency, progress=bar)
+        finally:
+            bar.close()
+
+    def batch(self, request_id: str | None = None) -> Batch[Coroutine[Any, Any, dict[str, Array]]]:
+        """A new /v1 batch; ``await batch.run()`` sends it and returns its outputs by name."""
+        return Batch(self._run_batch, request_id)
+
+    async def _run_batch(
+        self, plan: BatchPlan, timeout: TimeoutTypes | NotGiven
+    ) -> dict[str, Array]:
+        call = Call("POST", "/v1/batch", _batch_decoder(plan), body=plan.body, timeout=timeout)
+        result: dict[str, Array] = await self._request(call)
+        return result
+
+    async def operators(self) -> Registry:
+        """The server's operator tables (fetched once, then cached)."""
+        return await self._registry()
+
+    async def _registry(self) -> Registry:
+        if self._catalog.registry is not None:
+            return self._catalog.registry
+        try:
+            body = await self._request(self._catalog_call())
+        except APIError as error:
+            return self._catalog_failed(error)
+        return self._catalog.load(body)
+
+    # --- I/O ------------------------------------------------------------------------------------
+    async def _request(self, call: Call[T]) -> T:
+        max_retries = self._max_retries_for(call)
+        retries_taken = 0
+        while True:
+            try:
+                return await self._send(call)
+            except APIError as error:
+                if not self._should_retry(error, retries_taken, max_retries):
+                    raise
+                await self._sleep(self._retry_delay(retries_taken, error))
+                retries_taken += 1
+
+    async def _sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+    async def _send(self, call: Call[T]) -> T:
+        # httpx's annotation says bytes; h11 sends any buffer, and memoryviews avoid a copy.
+        request = self._http.build_request(
+            call.method,
+            self._url(call.path),
+            content=None
+            if call.body is None
+            else cast(AsyncIterator[bytes], aiter_parts(call.body)),
+            headers=self._headers(call.body),
+            timeout=self._timeout_for(call),
+        )
+        try:
+            response = await self._http.send(request, stream=True)
+            try:
+                if response.is_error:
+                    await response.aread()
+                    raise self._make_status_error(response)
+                raw = self._raw_available(response)
+                sink = self._sink(response, raw)
+                if raw:
+                    async for chunk in response.aiter_raw():
+                        sink.feed(chunk)
+                else:
+                    sink.feed(await response.aread())
+            finally:
+                await response.aclose()
+        except httpx.TransportError as exc:
+            raise self._transport_error(exc, request) from exc
+        except FramingError as exc:
+            raise APIResponseValidationError(response, str(exc), body=None) from None
+        return self._decode(call, response, sink)

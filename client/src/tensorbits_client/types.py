@@ -1,0 +1,40 @@
+"""Public value types of the client: results, batch handles and the parameter literals."""
+
+from __future__ import annotations
+
+from tensorbits_client._batch import Batch, Binding, Buffer
+from tensorbits_client._codec import InferResult
+from tensorbits_client._families import (
+    DML,
+    ONNX,
+    AutoBroadcast,
+    CountType,
+    Direction,
+    FeatureLevel,
+    OpenVINO,
+)
+from tensorbits_client._types import NOT_GIVEN, Array, Inputs, NotGiven, Parameters, TimeoutTypes
+from tensorbits_protocol.dml import TensorDesc
+from tensorbits_protocol.dtypes import DataType
+
+__all__ = [
+    "DML",
+    "NOT_GIVEN",
+    "ONNX",
+    "Array",
+    "AutoBroadcast",
+    "Batch",
+    "Binding",
+    "Buffer",
+    "CountType",
+    "DataType",
+    "Direction",
+    "FeatureLevel",
+    "InferResult",
+    "Inputs",
+    "NotGiven",
+    "OpenVINO",
+    "Parameters",
+    "TensorDesc",
+    "TimeoutTypes",
+]

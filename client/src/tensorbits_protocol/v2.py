@@ -1,0 +1,320 @@
+"""Wire models of the Open Inference Protocol (KServe v2 / Triton HTTP/REST), with Triton's
+binary tensor data extension. The single source of truth for the server and the client SDK.
+
+Models only: no logic. Each docstring shows the JSON shape the spec writes (``?`` marks an
+optional key). Request models are strict (``"1"`` is not a dimension, ``1.0`` is not an integer,
+``true`` is not an integer) and refuse unknown keys; ``parameters`` objects accept any key whose
+value is a string, number or boolean, as the spec allows.
+
+Tensor ``data`` is not validated here (``SkipValidation``): a JSON tensor can hold millions of
+elements, and walking them element by element through pydantic costs seconds
+(fastapi/fastapi#2072). ``tensorbits_protocol.jsondata`` checks and converts it in bulk instead.
+
+The binary framing (``Inference-Header-Content-Length`` and the raw buffers after the JSON) is
+outside JSON Schema; ``tensorbits_protocol.codec`` implements it and ``openapi/README.md``
+documents it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SkipValidation,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+)
+
+Datatype = Literal[
+    "BOOL", "UINT8", "UINT16", "UINT32", "UINT64",
+    "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64",
+]  # fmt: skip
+"""The element types tensorbits serves: the protocol's names, the values of ``dtypes.DataType``.
+(The protocol also has BF16 and BYTES; no bitwise operator takes them.)"""
+
+ParameterValue = StrictBool | StrictInt | StrictFloat | StrictStr
+"""A parameter value: the spec allows a string, a number or a boolean, nothing else."""
+
+MAX_WIRE_RANK = 32
+"""Dimensions a shape may list on the wire. Operators allow rank 8 at most and say so; this bound
+only keeps the product of a hostile shape cheap to compute (Triton's dims are int64 too)."""
+
+Dimension = Annotated[StrictInt, Field(ge=0, le=2**63 - 1)]
+Shape = Annotated[list[Dimension], Field(max_length=MAX_WIRE_RANK)]
+TensorData = list[Any]
+"""Row-major tensor elements, nested in the tensor's shape or flat: ``[[1, 2], [3, 4]]`` or
+``[1, 2, 3, 4]`` for shape ``[2, 2]``. JSON numbers for integer and float types, ``true``/``false``
+for BOOL. FP16 has no JSON form: send it as binary data."""
+
+_STRICT = ConfigDict(strict=True, extra="forbid")
+_PARAMETERS = ConfigDict(strict=True, extra="allow")
+
+
+# --- inference request --------------------------------------------------------------------------
+
+
+class InferenceRequestParameters(BaseModel):
+    """Request-level ``parameters``: ``{"binary_data_output"?: bool, <operator parameter>: value}``.
+
+    The operator parameters of tensorbits travel here (semantics.md): ``feature_level`` (DML
+    models, ``"1_0"`` .. ``"6_4"``, default ``"6_4"``), ``output_datatype`` (DML BIT_COUNT,
+    ``"UINT8"`` or ``"UINT32"``), ``auto_broadcast`` (OpenVINO binary operators, ``"numpy"``,
+    ``"none"`` or ``"pdpd"``) with ``axis`` (integer, pdpd only, default -1), and ``direction``
+    (``onnx.BitShift-11``, ``"LEFT"`` or ``"RIGHT"``, required). A parameter the model does not
+    take is an error. Triton's reserved keys (``sequence_id``, ``priority``, ``timeout`` ...) are
+    accepted and ignored.
+    """
+
+    model_config = ConfigDict(
+        **_PARAMETERS,
+        json_schema_extra={"examples": [{"binary_data_output": True, "feature_level": "6_4"}]},
+    )
+    __pydantic_extra__: dict[str, ParameterValue] = Field(init=False)
+
+    binary_data_output: StrictBool | None = Field(
+        None,
+        description="Binary tensor data extension: return every output as binary data unless "
+        "its own `binary_data` parameter says otherwise (default false: JSON `data`).",
+    )
+
+
+class RequestInputParameters(BaseModel):
+    """An input's ``parameters``: ``{"binary_data_size"?: int}``.
+
+    ``binary_data_size`` (binary tensor data extension) says the tensor's bytes follow the JSON
+    header instead of a ``data`` array: little-endian, row-major, exactly
+    ``prod(shape) * element size`` bytes. The shared-memory parameters of Triton are refused.
+    """
+
+    model_config = _PARAMETERS
+    __pydantic_extra__: dict[str, ParameterValue] = Field(init=False)
+
+    binary_data_size: Annotated[StrictInt, Field(ge=0)] | None = None
+
+
+class RequestInput(BaseModel):
+    """``{"name": str, "shape": [int], "datatype": str, "parameters"?: {...}, "data"?: [...]}``.
+
+    Exactly one of ``data`` and ``parameters.binary_data_size`` is given.
+    """
+
+    model_config = ConfigDict(
+        **_STRICT,
+        json_schema_extra={
+            "examples": [
+                {"name": "InputTensor", "shape": [2, 2], "datatype": "UINT8", "data": [1, 2, 3, 4]},
+                {
+                    "name": "InputTensor",
+                    "shape": [1024],
+                    "datatype": "FP16",
+                    "parameters": {"binary_data_size": 2048},
+                },
+            ]
+        },
+    )
+
+    name: StrictStr
+    shape: Shape
+    datatype: Datatype
+    parameters: RequestInputParameters | None = None
+    data: SkipValidation[TensorData] | None = None
+
+
+class RequestOutputParameters(BaseModel):
+    """A requested output's ``parameters``: ``{"binary_data"?: bool}`` (binary extension)."""
+
+    model_config = _PARAMETERS
+    __pydantic_extra__: dict[str, ParameterValue] = Field(init=False)
+
+    binary_data: StrictBool | None = Field(
+        None, description="true: return this output as binary data; false: as JSON `data`"
+    )
+
+
+class RequestOutput(BaseModel):
+    """``{"name": str, "parameters"?: {...}}``: an output the caller wants, and how."""
+
+    model_config = _STRICT
+
+    name: StrictStr
+    parameters: RequestOutputParameters | None = None
+
+
+class InferenceRequest(BaseModel):
+    """``{"id"?: str, "parameters"?: {...}, "inputs": [$request_input], "outputs"?: [...]}``.
+
+    Inputs may come in any order; they are matched by name. Without ``outputs`` every output is
+    returned, as JSON unless ``parameters.binary_data_output`` is true.
+    """
+
+    model_config = ConfigDict(
+        **_STRICT,
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": "42",
+                    "inputs": [
+                        {"name": "A", "shape": [3], "datatype": "INT32", "data": [1, 2, 3]},
+                        {"name": "B", "shape": [1], "datatype": "INT32", "data": [6]},
+                    ],
+                    "outputs": [{"name": "C"}],
+                }
+            ]
+        },
+    )
+
+    id: StrictStr | None = None
+    parameters: InferenceRequestParameters | None = None
+    inputs: list[RequestInput]
+    outputs: list[RequestOutput] | None = None
+
+
+# --- inference response -------------------------------------------------------------------------
+
+
+class ResponseOutputParameters(BaseModel):
+    """An output's ``parameters`` in a response: ``{"binary_data_size"?: int}``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    binary_data_size: int | None = Field(
+        None,
+        description="The output's bytes follow the JSON header (after the bytes of the outputs "
+        "listed before it); there is no `data` then.",
+    )
+
+
+class ResponseOutput(BaseModel):
+    """``{"name", "shape", "datatype", "parameters"?: {...}, "data"?: [...]}``.
+
+    ``data`` is flat (row-major), as Triton returns it.
+    """
+
+    name: str
+    shape: list[int]
+    datatype: Datatype
+    parameters: ResponseOutputParameters | None = None
+    data: TensorData | None = None
+
+
+class InferenceResponse(BaseModel):
+    """``{"model_name", "model_version"?, "id"?, "parameters"?, "outputs": [$response_output]}``.
+
+    ``id`` echoes the request's and is left out when the request had none (as Triton does).
+    """
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "model_name": "onnx.BitwiseAnd-18",
+                    "model_version": "1",
+                    "id": "42",
+                    "outputs": [
+                        {"name": "C", "shape": [3], "datatype": "INT32", "data": [0, 2, 2]}
+                    ],
+                }
+            ]
+        }
+    )
+
+    model_name: str
+    model_version: str | None = None
+    id: str | None = None
+    parameters: dict[str, ParameterValue] | None = None
+    outputs: list[ResponseOutput]
+
+
+# --- server, model and repository metadata ------------------------------------------------------
+
+
+class ServerMetadataResponse(BaseModel):
+    """``GET /v2``: ``{"name": str, "version": str, "extensions": [str]}``."""
+
+    name: str
+    version: str
+    extensions: list[str]
+
+
+class MetadataTensor(BaseModel):
+    """``$metadata_tensor = {"name": str, "datatype": str, "shape": [int]}``; -1 is a variable
+    dimension."""
+
+    name: str
+    datatype: Datatype
+    shape: list[int]
+
+
+class ModelMetadataResponse(BaseModel):
+    """``GET /v2/models/{model}``:
+    ``{"name", "versions"?: [str], "platform": str, "inputs": [...], "outputs": [...]}``.
+
+    The protocol gives a tensor one datatype and one shape. tensorbits operators take several of
+    each, so ``datatype`` is the one every version of the operator accepts (the first type of its
+    oldest support row: UINT8 for every model) and ``shape`` is ``[-1]``: any rank the operator
+    allows, any size. ``GET /v1/operators`` lists the full tables.
+    """
+
+    name: str
+    versions: list[str] | None = None
+    platform: str
+    inputs: list[MetadataTensor]
+    outputs: list[MetadataTensor]
+
+
+class RepositoryIndexRequest(BaseModel):
+    """``POST /v2/repository/index`` body: ``{"ready"?: bool}`` (an empty body is ``{}``)."""
+
+    model_config = _STRICT
+
+    ready: StrictBool | None = Field(None, description="true: list only the models ready now")
+
+
+class RepositoryIndexEntry(BaseModel):
+    """``{"name": str, "version"?: str, "state"?: str, "reason"?: str}``."""
+
+    name: str
+    version: str | None = None
+    state: Literal["READY", "UNAVAILABLE"]
+    reason: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """``{"error": str}``, as the protocol says, with tensorbits' machine-readable fields beside it:
+    ``code`` (stable: ``invalid_request``, ``not_found``, ``payload_too_large``, ``overloaded``
+    ...), ``field`` (the input, parameter or header at fault) and ``rule`` (the rule broken)."""
+
+    error: str
+    code: str | None = None
+    field: str | None = None
+    rule: str | None = None
+
+
+__all__ = [
+    "MAX_WIRE_RANK",
+    "Datatype",
+    "Dimension",
+    "ErrorResponse",
+    "InferenceRequest",
+    "InferenceRequestParameters",
+    "InferenceResponse",
+    "MetadataTensor",
+    "ModelMetadataResponse",
+    "ParameterValue",
+    "RepositoryIndexEntry",
+    "RepositoryIndexRequest",
+    "RequestInput",
+    "RequestInputParameters",
+    "RequestOutput",
+    "RequestOutputParameters",
+    "ResponseOutput",
+    "ResponseOutputParameters",
+    "ServerMetadataResponse",
+    "Shape",
+    "TensorData",
+]

@@ -1,0 +1,161 @@
+"""The native API: POST /v1/batch (DirectML's binding model), GET /v1/operators[/{name}].
+
+Thin handlers: read the body, split the framing, decode the header, plan (batch.py checks it
+all), admit, run off the event loop, frame the response. docs/batch-api.md has the design.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio.to_thread
+from fastapi import APIRouter, Request, Response
+from pydantic import ValidationError
+
+from tensorbits import batch
+from tensorbits.api.body import declared_length, read_body
+from tensorbits.api.deps import RuntimeDep
+from tensorbits.config import Settings
+from tensorbits_protocol.catalog import describe, listing
+from tensorbits_protocol.codec import (
+    BINARY_CONTENT_TYPE,
+    HEADER_LENGTH,
+    BodyLayout,
+    dump_header,
+    parse_header_length,
+    split_body,
+)
+from tensorbits_protocol.errors import BackendFailure, InvalidRequest, PayloadTooLarge
+from tensorbits_protocol.operators import get_operator
+from tensorbits_protocol.v1 import (
+    BatchRequest,
+    BatchResponse,
+    OperatorInfo,
+    OperatorList,
+    OutputBuffer,
+)
+
+
+# --- the header -----------------------------------------------------------------------------------
+# The framing around it is the binary extension's, shared with /v2 (tensorbits_protocol.codec):
+# a JSON header whose byte length travels in Inference-Header-Content-Length, then raw buffers.
+def _path(loc: tuple[int | str, ...]) -> str:
+    """A pydantic error location as the header's field path: ``dispatches[2].bindings.A``."""
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path or "header"
+
+
+def decode_header(header: memoryview | bytes) -> BatchRequest:
+    """The batch header; malformed JSON or fields are a 400 naming the first bad field."""
+    try:
+        return BatchRequest.model_validate_json(bytes(header))
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        path = _path(tuple(first["loc"]))
+        raise InvalidRequest(f"{path}: {first['msg']}", field=path, rule=first["type"]) from None
+
+
+def _plan(body: bytearray, header_length: int | None, settings: Settings) -> batch.BatchPlan:
+    header, _ = split_body(memoryview(body), header_length)
+    return batch.plan_batch(
+        decode_header(header), data_start=len(header), body_length=len(body), settings=settings
+    )
+
+
+# --- routes -------------------------------------------------------------------------------------
+router = APIRouter(prefix="/v1", tags=["native batch API"])
+
+_BATCH_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "description": (
+            f"A JSON header (BatchRequest; its byte length in the {HEADER_LENGTH} header) "
+            "followed by the data buffers' bytes, concatenated in declaration order. Without "
+            f"{HEADER_LENGTH} the whole body is the JSON header. See docs/batch-api.md."
+        ),
+        "content": {BINARY_CONTENT_TYPE: {"schema": {"type": "string", "format": "binary"}}},
+    }
+}
+_BATCH_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": (
+            f"A JSON header (BatchResponse; its byte length in the {HEADER_LENGTH} header) "
+            "followed by the output buffers' bytes in the order of `outputs`."
+        ),
+        "content": {BINARY_CONTENT_TYPE: {"schema": {"type": "string", "format": "binary"}}},
+    },
+    400: {"description": "a rule of the batch is broken; `field` names where"},
+    413: {"description": "a size or count limit of the server was passed"},
+    503: {"description": "too much in flight; retry after Retry-After seconds"},
+}
+
+
+@router.post(
+    "/batch",
+    response_class=Response,
+    responses=_BATCH_RESPONSES,
+    openapi_extra=_BATCH_BODY,
+    summary="Run a batch of dispatches over bound buffers",
+)
+async def v1_batch(request: Request, runtime: RuntimeDep) -> Response:
+    settings = runtime.settings
+    # Admitted for the declared body before a byte is read; the grant grows once the plan says
+    # what the batch needs while it runs.
+    declared = declared_length(request, settings.max_body_bytes) or 0
+    async with runtime.admission.admit(declared) as grant:
+        body = await read_body(request, settings.max_body_bytes)
+        header_length = parse_header_length(request.headers.get(HEADER_LENGTH), len(body))
+        # Decoding and planning a batch of thousands of dispatches takes a good part of a second:
+        # off the event loop, like the run itself.
+        plan = await anyio.to_thread.run_sync(_plan, body, header_length, settings)
+        reply = BatchResponse(
+            id=plan.id,
+            outputs=[
+                OutputBuffer(name=plan.buffers[i].name, byte_size=plan.buffers[i].byte_size)
+                for i in plan.outputs
+            ],
+        )
+        # Padded so the first output starts aligned, like a v2 response.
+        layout = BodyLayout(
+            dump_header(reply.model_dump(mode="json", exclude_none=True)),
+            tuple(plan.buffers[i].byte_size for i in plan.outputs),
+        )
+        backend = runtime.selection.backend
+        needed = plan.memory_needed(device_copies=backend.name != "numpy") + layout.header_length
+        if needed > runtime.admission.max_bytes:
+            # Past the bound even with nothing else in flight: a 503 would be retried for ever.
+            raise PayloadTooLarge(
+                f"batch needs {needed} bytes while it runs (body, zero-filled buffers, outputs), "
+                f"more than the server's limit of {runtime.admission.max_bytes} "
+                "(TENSORBITS_MAX_INFLIGHT_BYTES)",
+                field="buffers",
+                rule="max_inflight_bytes",
+            )
+        grant.grow(needed - declared)
+        response, sinks = layout.allocate()
+        try:
+            await anyio.to_thread.run_sync(batch.run_batch, plan, body, backend, sinks)
+        except MemoryError:  # includes CuPy's OutOfMemoryError
+            raise BackendFailure(
+                "the backend ran out of memory running this batch; retry later or send less"
+            ) from None
+    return Response(
+        content=response,
+        media_type=BINARY_CONTENT_TYPE,
+        headers={HEADER_LENGTH: str(layout.header_length)},
+    )
+
+
+_LISTING = listing()
+
+
+@router.get("/operators", summary="Every operator with its rule tables")
+async def v1_list_operators() -> OperatorList:
+    return _LISTING
+
+
+@router.get("/operators/{name}", summary="One operator's rule tables")
+async def v1_get_operator(name: str) -> OperatorInfo:
+    return describe(get_operator(name))

@@ -1,0 +1,470 @@
+"""The native batch executor (POST /v1/batch): plan the whole batch, then run it.
+
+``plan_batch`` checks every rule before anything runs, so a bad dispatch 7 never leaves
+dispatches 0-6 half done: buffer declarations against the body, every binding against its buffer
+(``dml.plan_view`` proves each strided view lies inside its bound range), every dispatch against
+its operator's rule tables (``validate_call``), outputs for self-overlap and for aliasing an input.
+Each error names its field path in the header, e.g. ``dispatches[2].bindings.BTensor.desc.strides``.
+
+``run_batch`` then places the buffers on the backend's device (the data buffers zero-copy on
+NumPy), runs the dispatches in order as strided views over them (a later dispatch reads what an
+earlier one wrote) and copies only the output buffers to the host, into the caller's buffer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tensorbits.backends.base import Backend
+from tensorbits.config import Settings
+from tensorbits.kernels import Array
+from tensorbits_protocol.dml import TensorDesc, ViewLayout, plan_view
+from tensorbits_protocol.dtypes import DataType, itemsize, numpy_dtype, parse_datatype
+from tensorbits_protocol.errors import InvalidRequest, OperatorNotFound, PayloadTooLarge
+from tensorbits_protocol.operators import OperatorSpec, get_operator
+from tensorbits_protocol.v1 import BatchRequest, BufferBinding, BufferDeclaration, Dispatch
+from tensorbits_protocol.validation import (
+    ResolvedCall,
+    TensorSpec,
+    validate_call,
+    validate_output,
+)
+
+_UINT8 = np.dtype(np.uint8)
+
+
+# --- the plan -----------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class BufferPlan:
+    name: str
+    byte_size: int
+    body_offset: int | None  # where its bytes start in the request body; None: zero-filled
+
+
+@dataclass(frozen=True, slots=True)
+class BoundTensor:
+    """A tensor bound to [layout.offset, layout.offset + size) of a buffer, proven inside it.
+
+    Two bindings are equal exactly when they are the same range of the same buffer read through
+    the same layout and data type: the in-place condition."""
+
+    buffer: int
+    size: int
+    layout: ViewLayout
+    datatype: DataType
+
+    @property
+    def end(self) -> int:
+        return self.layout.offset + self.size
+
+    def overlaps(self, other: BoundTensor) -> bool:
+        return (
+            self.buffer == other.buffer
+            and self.layout.offset < other.end
+            and other.layout.offset < self.end
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchPlan:
+    call: ResolvedCall
+    inputs: tuple[BoundTensor, ...]  # in the operator's input order
+    output: BoundTensor
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPlan:
+    id: str | None
+    buffers: tuple[BufferPlan, ...]
+    dispatches: tuple[DispatchPlan, ...]
+    outputs: tuple[int, ...]  # buffer indices, in response order
+    body_bytes: int
+
+    @property
+    def data_bytes(self) -> int:
+        return sum(b.byte_size for b in self.buffers if b.body_offset is not None)
+
+    @property
+    def temporary_bytes(self) -> int:
+        return sum(b.byte_size for b in self.buffers if b.body_offset is None)
+
+    @property
+    def output_bytes(self) -> int:
+        return sum(self.buffers[i].byte_size for i in self.outputs)
+
+    def memory_needed(self, *, device_copies: bool) -> int:
+        """Bytes this batch holds while it runs: the body, the zero-filled buffers, the response,
+        and the data buffers again where the backend copies them to a device."""
+        copies = self.data_bytes if device_copies else 0
+        return self.body_bytes + self.temporary_bytes + self.output_bytes + copies
+
+
+# --- error placement ----------------------------------------------------------------------------
+# The shared validators name a tensor ("BTensor") and a field ("BTensor.strides") or a rule; in a
+# batch the same error belongs at a path of the header. Where each of their fields lives:
+_FIELD_OF_ATTRIBUTE = {
+    "sizes": "desc.sizes",
+    "strides": "desc.strides",
+    "total_size": "desc.total_size",
+    "alignment": "desc.alignment",
+    "offset": "offset",
+}
+# ... and where an error without an attribute (from validate_call) points, by its rule.
+_FIELD_OF_RULE = {
+    "datatype": "desc.datatype",
+    "mixed_datatype": "desc.datatype",
+    "output_datatype": "desc.datatype",
+    "rank": "desc.sizes",
+    "shape": "desc.sizes",
+    "empty": "desc.sizes",
+    "broadcast": "desc.sizes",
+    "output_shape": "desc.sizes",
+}
+
+
+def _relocated(exc: InvalidRequest, at: str) -> InvalidRequest:
+    """The same error re-anchored under ``at`` (``dispatches[i]``), message and field alike."""
+    field = exc.field or ""
+    if field.startswith("parameters."):
+        head, path = field, f"{at}.{field}"
+    else:
+        tensor, _, attribute = field.partition(".")
+        where = _FIELD_OF_ATTRIBUTE.get(attribute) if attribute else None
+        where = where or _FIELD_OF_RULE.get(exc.rule or "")
+        head = tensor
+        path = f"{at}.bindings.{tensor}" + (f".{where}" if where else "")
+    text = exc.message.removeprefix(f"{head}: ")
+    return InvalidRequest(f"{path}: {text}", field=path, rule=exc.rule)
+
+
+def _invalid(path: str, text: str, rule: str) -> InvalidRequest:
+    return InvalidRequest(f"{path}: {text}", field=path, rule=rule)
+
+
+def _listed(names: Sequence[str], most: int = 20) -> str:
+    shown = ", ".join(names[:most])
+    return f"{shown}, … ({len(names)} in all)" if len(names) > most else shown or "none"
+
+
+# --- planning: buffers --------------------------------------------------------------------------
+def _check_counts(request: BatchRequest, settings: Settings) -> None:
+    limits = (
+        ("buffers", len(request.buffers), settings.max_buffers, "TENSORBITS_MAX_BUFFERS"),
+        (
+            "dispatches",
+            len(request.dispatches),
+            settings.max_dispatches,
+            "TENSORBITS_MAX_DISPATCHES",
+        ),
+    )
+    for field, count, limit, knob in limits:
+        if count > limit:
+            raise PayloadTooLarge(
+                f"{field}: {count} declared, more than the limit of {limit} per batch ({knob})",
+                field=field,
+                rule=f"max_{field}",
+            )
+
+
+def _plan_buffers(
+    declarations: Sequence[BufferDeclaration], data_start: int, body_length: int, limit: int
+) -> tuple[BufferPlan, ...]:
+    """Buffers with their place in the body, checked against it the way Triton checks inputs:
+    each data buffer must find all its bytes, and no byte may be left over."""
+    first_seen: dict[str, int] = {}
+    plans: list[BufferPlan] = []
+    position = data_start
+    for i, decl in enumerate(declarations):
+        if decl.name in first_seen:
+            raise _invalid(
+                f"buffers[{i}].name",
+                f"duplicate buffer name '{decl.name}' (first declared at buffers[{first_seen[decl.name]}])",
+                "duplicate_buffer",
+            )
+        first_seen[decl.name] = i
+        if decl.init is not None:
+            plans.append(BufferPlan(decl.name, decl.byte_size, None))
+            continue
+        remaining = body_length - position
+        if decl.byte_size > remaining:
+            raise _invalid(
+                f"buffers[{i}].byte_size",
+                f"unexpected size for buffer '{decl.name}', expecting {decl.byte_size} "
+                f"additional bytes but the body has {remaining} left",
+                "body_short",
+            )
+        plans.append(BufferPlan(decl.name, decl.byte_size, position))
+        position += decl.byte_size
+    if position != body_length:
+        raise _invalid(
+            "body",
+            f"unexpected additional input data: {body_length - position} bytes follow the last "
+            f"data buffer (the buffers declare {position - data_start} bytes)",
+            "body_leftover",
+        )
+    temporary = sum(p.byte_size for p in plans if p.body_offset is None)
+    if temporary > limit:
+        # Zero-filled buffers cost no body bytes, so they get the body's limit of their own:
+        # a small request must not make the server allocate without bound.
+        raise PayloadTooLarge(
+            f"buffers: {temporary} bytes of zero-filled buffers, more than the limit of {limit} "
+            "(TENSORBITS_MAX_BODY_BYTES)",
+            field="buffers",
+            rule="max_temporary_bytes",
+        )
+    return tuple(plans)
+
+
+def _plan_outputs(outputs: Sequence[str], index: Mapping[str, int]) -> tuple[int, ...]:
+    first_seen: dict[str, int] = {}
+    for j, name in enumerate(outputs):
+        if name not in index:
+            raise _invalid(
+                f"outputs[{j}]",
+                f"no buffer named '{name}' (declared: {_listed(list(index))})",
+                "unknown_buffer",
+            )
+        if name in first_seen:
+            raise _invalid(
+                f"outputs[{j}]",
+                f"buffer '{name}' is already listed at outputs[{first_seen[name]}]",
+                "duplicate_output",
+            )
+        first_seen[name] = j
+    return tuple(index[name] for name in outputs)
+
+
+# --- planning: bindings -------------------------------------------------------------------------
+def _bind(
+    at: str,
+    name: str,
+    binding: BufferBinding,
+    buffers: Sequence[BufferPlan],
+    index: Mapping[str, int],
+    max_elements: int,
+) -> BoundTensor:
+    path = f"{at}.bindings.{name}"
+    if binding.buffer not in index:
+        raise _invalid(
+            f"{path}.buffer",
+            f"no buffer named '{binding.buffer}' (declared: {_listed(list(index))})",
+            "unknown_buffer",
+        )
+    buffer_index = index[binding.buffer]
+    buffer = buffers[buffer_index]
+    desc = binding.desc
+    datatype = parse_datatype(desc.datatype)
+    assert datatype is not None  # the wire model's Literal admits only names parse_datatype reads
+    tensor_desc = TensorDesc(
+        datatype=datatype,
+        sizes=tuple(desc.sizes),
+        strides=None if desc.strides is None else tuple(desc.strides),
+        total_size=desc.total_size,
+        alignment=desc.alignment,
+    )
+    try:
+        layout = plan_view(
+            name,
+            tensor_desc,
+            binding.offset,
+            buffer.byte_size,
+            buffer_name=f"buffer '{buffer.name}'",
+        )
+    except InvalidRequest as exc:
+        raise _relocated(exc, at) from None
+    elements = math.prod(layout.shape)
+    if elements > max_elements:
+        raise PayloadTooLarge(
+            f"{path}.desc.sizes: {elements} elements, more than the limit of {max_elements} per "
+            "tensor (TENSORBITS_MAX_TENSOR_ELEMENTS)",
+            field=f"{path}.desc.sizes",
+            rule="max_tensor_elements",
+        )
+    size = layout.total_size if binding.size is None else binding.size
+    if size < layout.total_size:
+        raise _invalid(
+            f"{path}.size",
+            f"bound size {size} is less than the desc's TotalTensorSizeInBytes "
+            f"{layout.total_size} (allowed: at least {layout.total_size})",
+            "binding_size",
+        )
+    if layout.offset + size > buffer.byte_size:
+        raise _invalid(
+            f"{path}.size",
+            f"bound range [{layout.offset}, {layout.offset + size}) reaches past the end of "
+            f"buffer '{buffer.name}' ({buffer.byte_size} bytes) (allowed: offset + size "
+            f"≤ {buffer.byte_size})",
+            "buffer_bounds",
+        )
+    return BoundTensor(buffer_index, size, layout, datatype)
+
+
+def _check_distinct_elements(path: str, tensor: BoundTensor) -> None:
+    """Refuse an output layout in which two elements share bytes (stride 0, or strides that
+    interleave), since the result of writing both would depend on the order of the writes.
+
+    Sorted by stride, each dimension's stride must reach past everything the smaller ones span.
+    That is sufficient for distinct elements, and it admits every packed, padded or permuted
+    layout."""
+    layout = tensor.layout
+    width = itemsize(tensor.datatype)
+    extent = width
+    for stride, size in sorted(
+        (stride, size)
+        for size, stride in zip(layout.shape, layout.byte_strides, strict=True)
+        if size > 1
+    ):
+        if stride < extent:
+            strides = [s // width for s in layout.byte_strides]
+            raise _invalid(
+                f"{path}.desc.strides",
+                f"Strides {strides} with Sizes {list(layout.shape)} map more than one output "
+                "element to the same bytes (allowed: every output element at its own place: "
+                "stride 0 only where the size is 1, and each stride, smallest first, at least "
+                "the span of the dimensions with smaller strides)",
+                "output_overlap",
+            )
+        extent += stride * (size - 1)
+
+
+def _check_aliasing(
+    at: str, op: OperatorSpec, bound: Mapping[str, BoundTensor], buffers: Sequence[BufferPlan]
+) -> None:
+    """An output may share bytes with an input only when the operator computes in place and the
+    two bindings are identical (semantics rule 8); any partial overlap is refused."""
+    out = bound[op.output]
+    for name in op.inputs:
+        tensor = bound[name]
+        if not out.overlaps(tensor) or (name in op.in_place and tensor == out):
+            continue
+        allowed = (
+            f"an output may share bytes only with an input it is computed in place of "
+            f"({', '.join(op.in_place)}), bound to the same buffer, offset, size and desc"
+            if op.in_place
+            else f"{op.name} computes nothing in place"
+        )
+        raise _invalid(
+            f"{at}.bindings.{op.output}",
+            f"bound range [{out.layout.offset}, {out.end}) of buffer "
+            f"'{buffers[out.buffer].name}' overlaps {name}'s bound range "
+            f"[{tensor.layout.offset}, {tensor.end}) ({allowed})",
+            "output_aliasing",
+        )
+
+
+def _operator(at: str, name: str) -> OperatorSpec:
+    # An unknown operator inside a batch is a 400 at its field, not the 404 of an unknown v2
+    # model: /v1/batch exists, and it is this request's content that is wrong.
+    try:
+        return get_operator(name)
+    except OperatorNotFound as exc:
+        raise _invalid(f"{at}.operator", exc.message, "unknown_operator") from None
+
+
+def _check_binding_names(at: str, op: OperatorSpec, dispatch: Dispatch) -> tuple[str, ...]:
+    tensors = (*op.inputs, op.output)
+    for name in dispatch.bindings:
+        if name not in tensors:
+            raise _invalid(
+                f"{at}.bindings.{name}",
+                f"{op.name} has no tensor of that name (tensors: {', '.join(tensors)})",
+                "unknown_binding",
+            )
+    for name in tensors:
+        if name not in dispatch.bindings:
+            raise _invalid(
+                f"{at}.bindings.{name}",
+                f"missing binding of {op.name}'s tensor {name} (tensors: {', '.join(tensors)})",
+                "missing_binding",
+            )
+    return tensors
+
+
+def _plan_dispatch(
+    at: str,
+    dispatch: Dispatch,
+    buffers: Sequence[BufferPlan],
+    index: Mapping[str, int],
+    max_elements: int,
+) -> DispatchPlan:
+    op = _operator(at, dispatch.operator)
+    tensors = _check_binding_names(at, op, dispatch)
+    bound = {
+        name: _bind(at, name, dispatch.bindings[name], buffers, index, max_elements)
+        for name in tensors
+    }
+    out = bound[op.output]
+    try:
+        call = validate_call(
+            op,
+            {n: TensorSpec(bound[n].datatype, bound[n].layout.shape) for n in op.inputs},
+            dispatch.parameters,
+        )
+        validate_output(call, out.datatype, out.layout.shape)
+    except InvalidRequest as exc:
+        raise _relocated(exc, at) from None
+    _check_distinct_elements(f"{at}.bindings.{op.output}", out)
+    _check_aliasing(at, op, bound, buffers)
+    return DispatchPlan(call, tuple(bound[n] for n in op.inputs), out)
+
+
+def plan_batch(
+    request: BatchRequest, *, data_start: int, body_length: int, settings: Settings
+) -> BatchPlan:
+    """Check the whole batch; the plan it returns can run without another check."""
+    _check_counts(request, settings)
+    buffers = _plan_buffers(request.buffers, data_start, body_length, settings.max_body_bytes)
+    index = {b.name: i for i, b in enumerate(buffers)}
+    dispatches = tuple(
+        _plan_dispatch(f"dispatches[{i}]", d, buffers, index, settings.max_tensor_elements)
+        for i, d in enumerate(request.dispatches)
+    )
+    return BatchPlan(
+        id=request.id,
+        buffers=buffers,
+        dispatches=dispatches,
+        outputs=_plan_outputs(request.outputs, index),
+        body_bytes=body_length,
+    )
+
+
+# --- execution ----------------------------------------------------------------------------------
+def _place(backend: Backend, body: bytearray, buffer: BufferPlan) -> Array:
+    """The buffer as a flat uint8 array on the device. On NumPy a data buffer is the body's own
+    memory (the body is a writable bytearray, so outputs may be written into it in place)."""
+    if buffer.body_offset is None:
+        return backend.xp.zeros(buffer.byte_size, dtype=_UINT8)
+    host = np.frombuffer(body, dtype=_UINT8, count=buffer.byte_size, offset=buffer.body_offset)
+    return backend.asarray(host)
+
+
+def _view(xp: Any, buffer: Array, tensor: BoundTensor) -> Array:
+    """The strided view of a bound tensor. It starts from the slice [offset, offset + total size)
+    of the buffer cut to whole elements, which plan_view proved holds every element the strides
+    reach, so the unchecked ``as_strided`` never reads or writes outside the bound range."""
+    layout = tensor.layout
+    dtype = numpy_dtype(tensor.datatype)
+    whole = layout.total_size // dtype.itemsize * dtype.itemsize
+    base = buffer[layout.offset : layout.offset + whole].view(dtype)
+    return xp.lib.stride_tricks.as_strided(base, shape=layout.shape, strides=layout.byte_strides)
+
+
+def run_batch(
+    plan: BatchPlan, body: bytearray, backend: Backend, sinks: Sequence[memoryview]
+) -> None:
+    """Run a planned batch; copy each output buffer into its sink (in ``plan.outputs`` order).
+
+    Blocking (it waits for the device): call it off the event loop."""
+    arrays = [_place(backend, body, b) for b in plan.buffers]
+    xp = backend.xp
+    for dispatch in plan.dispatches:
+        inputs = [_view(xp, arrays[t.buffer], t) for t in dispatch.inputs]
+        out = _view(xp, arrays[dispatch.output.buffer], dispatch.output)
+        backend.run(dispatch.call, inputs, out)
+    for i, sink in zip(plan.outputs, sinks, strict=True):
+        backend.to_host(arrays[i], np.frombuffer(sink, dtype=_UINT8))

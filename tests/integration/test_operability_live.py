@@ -1,0 +1,80 @@
+"""The live server's operability: the start-up log line, JSON access logs, graceful SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import tempfile
+import time
+
+import numpy as np
+from livesupport import serve
+
+NOT = "DML_OPERATOR_ELEMENT_WISE_BIT_NOT"
+
+
+def _log_lines(raw: bytes) -> list[dict[str, object]]:
+    return [json.loads(line) for line in raw.decode().splitlines() if line.startswith("{")]
+
+
+def test_start_up_logs_backend_and_access_lines_in_json() -> None:
+    with tempfile.TemporaryFile() as log:
+        with (
+            serve({"TENSORBITS_LOG_LEVEL": "info"}, stderr=log) as server,
+            socket.create_connection(("127.0.0.1", server.port)) as s,
+        ):
+            s.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nX-Request-ID: probe-7\r\n\r\n")
+            assert b"x-request-id: probe-7" in s.recv(4096)
+        log.seek(0)
+        lines = _log_lines(log.read())
+    chosen = [e for e in lines if e["logger"] == "tensorbits.backend"]
+    assert chosen, lines
+    assert "backend selected: numpy" in str(chosen[0]["message"])
+    assert "numpy backend requested" in str(chosen[0]["message"])
+    access = [e for e in lines if e.get("request_id") == "probe-7"]
+    assert access, lines
+    assert access[0]["status"] == 200
+    assert access[0]["route"] == "/v2/health/live"
+
+
+def _read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+    while len(body) < int(headers["content-length"]):
+        chunk = sock.recv(1 << 20)
+        if not chunk:
+            break
+        body += chunk
+    return int(lines[0].split()[1]), headers, body
+
+
+def test_sigterm_lets_an_in_flight_request_finish() -> None:
+    data = np.arange(1 << 20, dtype=np.uint32)
+    header = json.dumps(
+        {"inputs": [{"name": "InputTensor", "shape": [data.size], "datatype": "UINT32",
+                     "parameters": {"binary_data_size": data.nbytes}}],
+         "parameters": {"binary_data_output": True}}
+    ).encode()  # fmt: skip
+    body = header + data.tobytes()
+    with serve() as server, socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(
+            f"POST /v2/models/{NOT}/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+            f"Inference-Header-Content-Length: {len(header)}\r\n\r\n".encode()
+        )
+        sock.sendall(body[: len(body) // 2])  # the request is now in flight, half uploaded
+        time.sleep(0.3)
+        server.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert server.proc.poll() is None, "the server quit with a request in flight"
+        sock.sendall(body[len(body) // 2 :])
+        status, headers, response = _read_response(sock)
+        assert status == 200, (headers, response[:300])
+        json_length = int(headers["inference-header-content-length"])
+        result = np.frombuffer(response[json_length:], np.uint32)
+        np.testing.assert_array_equal(result, ~data)
+        assert server.proc.wait(timeout=30) in (0, -signal.SIGTERM)

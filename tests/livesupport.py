@@ -1,0 +1,105 @@
+"""Start the real ``tensorbits serve`` (uvicorn, uvloop, httptools) on a free loopback port.
+
+One helper for every test that needs a live server: the integration, client, deployment and
+reliability suites. Imported as ``livesupport`` (pytest puts ``tests/`` on ``sys.path``)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+START_TIMEOUT_S = 60.0
+TENSORBITS = Path(sys.executable).parent / "tensorbits"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass(frozen=True)
+class LiveServer:
+    host: str
+    port: int
+    proc: subprocess.Popen[bytes]
+
+    @property
+    def url(self) -> str:
+        """``host:port``, the form tritonclient takes."""
+        return f"{self.host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.url}"
+
+    def get(self, path: str, timeout: float = 10) -> int:
+        """The status of a GET, for "is it still answering" checks."""
+        try:
+            with urllib.request.urlopen(f"{self.base_url}{path}", timeout=timeout) as response:
+                status: int = response.status
+                return status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+
+def wait_ready(server: LiveServer, path: str = "/v2/health/ready") -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise RuntimeError(
+                f"tensorbits serve exited with {server.proc.returncode} before it was ready"
+            )
+        with contextlib.suppress(OSError):
+            if server.get(path, timeout=2) == 200:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"tensorbits serve was not ready in {START_TIMEOUT_S} s")
+
+
+@contextlib.contextmanager
+def serve(
+    env: Mapping[str, str] | None = None,
+    *,
+    argv: Sequence[str] | None = None,
+    stderr: IO[bytes] | int | None = None,
+) -> Iterator[LiveServer]:
+    """A server with the NumPy backend and quiet logs unless ``env`` says otherwise; stopped
+    (SIGTERM, then SIGKILL after 30 s) on exit unless the test stopped it already."""
+    port = free_port()
+    settings = {
+        "TENSORBITS_BACKEND": "numpy",
+        "TENSORBITS_LOG_LEVEL": "warning",
+        "TENSORBITS_CPU_THREADS": "2",
+        **(env or {}),
+    }
+    command = list(argv) if argv is not None else [str(TENSORBITS), "serve"]
+    proc = subprocess.Popen(
+        [*command, "--host", "127.0.0.1", "--port", str(port)],
+        env={**os.environ, **settings},
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+    )
+    server = LiveServer("127.0.0.1", port, proc)
+    try:
+        wait_ready(server)
+        yield server
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

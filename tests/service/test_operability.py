@@ -1,0 +1,83 @@
+"""Metrics, request ids and readiness, in-process."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from v2_support import NOT, TestClient, binary_input, framed, v2_client
+
+from tensorbits.runtime import DRAINING
+
+
+@pytest.fixture
+def client() -> Iterator[TestClient]:
+    with v2_client() as c:
+        yield c
+
+
+def _samples(client: TestClient) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = client.get("/metrics").text
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def _infer(client: TestClient, model: str, array: np.ndarray) -> int:
+    body, headers = framed({"inputs": [binary_input("InputTensor", array)]}, array.tobytes())
+    return client.post(f"/v2/models/{model}/infer", content=body, headers=headers).status_code
+
+
+def test_metrics_count_each_kind_of_request(client: TestClient) -> None:
+    ok = np.arange(64, dtype=np.uint8)
+    assert _infer(client, NOT, ok) == 200
+    assert _infer(client, NOT, np.zeros((), np.uint8)) == 400  # rank 0: not for DML
+    assert _infer(client, "no.such-model", ok) == 404
+    assert client.get("/v2/health/live").status_code == 200
+    assert client.get("/v1/operators").status_code == 200
+    samples = _samples(client)
+    infer = "/v2/models/{model}/infer"
+
+    def requests(route: str, model: str, status: str) -> float:
+        labels = (("model", model), ("route", route), ("status", status))
+        return samples.get(("tensorbits_requests_total", labels), 0.0)
+
+    assert requests(infer, NOT, "200") == 1
+    assert requests(infer, NOT, "400") == 1
+    assert requests(infer, "unknown", "404") == 1  # caller-chosen names never become labels
+    assert requests("/v2/health/live", "", "200") == 1
+    assert requests("/v1/operators", "", "200") == 1
+    received = samples[("tensorbits_request_bytes_total", (("route", infer),))]
+    sent = samples[("tensorbits_response_bytes_total", (("route", infer),))]
+    assert received > 3 * ok.nbytes
+    assert sent > ok.nbytes
+    assert samples[("tensorbits_request_duration_seconds_count", (("route", infer),))] == 3
+    backend = [k for k in samples if k[0] == "tensorbits_backend_info"]
+    assert backend
+    assert dict(backend[0][1])["backend"] == "numpy"
+    assert samples[("tensorbits_inflight_requests", ())] == 0
+
+
+def test_request_id_is_echoed_or_made(client: TestClient) -> None:
+    given = client.get("/v2/health/live", headers={"X-Request-ID": "trace-42"})
+    assert given.headers["x-request-id"] == "trace-42"
+    made = client.get("/v2/health/live").headers["x-request-id"]
+    assert len(made) == 32
+    assert int(made, 16) >= 0
+
+
+def test_readiness_turns_false_while_draining(client: TestClient) -> None:
+    assert client.get("/v2/health/ready").status_code == 200
+    DRAINING.set()
+    try:
+        assert client.get("/v2/health/ready").status_code == 503
+        assert client.get("/v2/models/" + NOT + "/ready").status_code == 503
+        # Work already admitted, or arriving on an open connection, is still served.
+        assert _infer(client, NOT, np.zeros(4, np.uint8)) == 200
+    finally:
+        DRAINING.clear()
+    assert client.get("/v2/health/ready").status_code == 200
