@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from tensorbits_protocol.dtypes import DataType, itemsize
 from tensorbits_protocol.errors import InvalidRequest
@@ -68,6 +69,7 @@ def minimum_implied_size(
     return _round_up((last_index + 1) * itemsize(datatype), 4)
 
 
+@lru_cache(maxsize=4096)  # pure; a batch of many small dispatches repeats a few descriptions
 def check_desc(name: str, desc: TensorDesc) -> int:
     """Check a description on its own; return its TotalTensorSizeInBytes (given or implied)."""
     rank = len(desc.sizes)

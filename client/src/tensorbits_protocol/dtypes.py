@@ -7,6 +7,7 @@ spellings are accepted as aliases where a DML tensor description is parsed.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from enum import StrEnum
 
 import numpy as np
@@ -87,6 +88,7 @@ def from_numpy(dtype: np.dtype[np.generic] | type) -> DataType:
         raise TypeError(f"dtype {dt} has no tensorbits data type (allowed: {allowed})") from None
 
 
+@lru_cache(maxsize=64)
 def parse_datatype(name: str) -> DataType | None:
     """The data type spelled ``name`` (v2 or DirectML spelling), or None when there is none."""
     if name in DML_ALIASES:

@@ -42,6 +42,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="Bitwise tensor operators of DirectML, OpenVINO and ONNX over HTTP.",
         lifespan=lifespan,
         generate_unique_id_function=_operation_id,
+        # Our metrics are Prometheus (observability.py); FastAPI's OpenTelemetry hooks would
+        # only re-read the environment on every request.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     metrics = Metrics.create()
     app.state.settings = settings
@@ -49,6 +52,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     register_exception_handlers(app)
     for router in routers.ALL:
         app.include_router(router)
+    app.router.routes[0:0] = routers.FAST_ROUTES
     app.include_router(metrics_router)
     app.add_middleware(ObservabilityMiddleware, metrics=lambda: metrics)
     return app

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import anyio.to_thread
 from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
 
 from tensorbits import batch
 from tensorbits.api.body import declared_length, read_body
 from tensorbits.api.deps import RuntimeDep
+from tensorbits.api.offload import offload
 from tensorbits.config import Settings
 from tensorbits_protocol.catalog import describe, listing
 from tensorbits_protocol.codec import (
@@ -55,6 +55,11 @@ def decode_header(header: memoryview | bytes) -> BatchRequest:
         first = exc.errors(include_url=False)[0]
         path = _path(tuple(first["loc"]))
         raise InvalidRequest(f"{path}: {first['msg']}", field=path, rule=first["type"]) from None
+
+
+# Below these sizes a batch is planned / run on the event loop (see api/offload.py).
+PLAN_INLINE_MAX_BYTES = 64 << 10
+RUN_INLINE_MAX_BYTES = 1 << 20
 
 
 def _plan(body: bytearray, header_length: int | None, settings: Settings) -> batch.BatchPlan:
@@ -108,8 +113,11 @@ async def v1_batch(request: Request, runtime: RuntimeDep) -> Response:
         body = await read_body(request, settings.max_body_bytes)
         header_length = parse_header_length(request.headers.get(HEADER_LENGTH), len(body))
         # Decoding and planning a batch of thousands of dispatches takes a good part of a second:
-        # off the event loop, like the run itself.
-        plan = await anyio.to_thread.run_sync(_plan, body, header_length, settings)
+        # off the event loop then, like a large run. A small batch is done inline: the hop to a
+        # worker thread and back costs more than the work.
+        plan = await offload(
+            header_length or len(body), PLAN_INLINE_MAX_BYTES, _plan, body, header_length, settings
+        )
         reply = BatchResponse(
             id=plan.id,
             outputs=[
@@ -136,7 +144,7 @@ async def v1_batch(request: Request, runtime: RuntimeDep) -> Response:
         grant.grow(needed - declared)
         response, sinks = layout.allocate()
         try:
-            await anyio.to_thread.run_sync(batch.run_batch, plan, body, backend, sinks)
+            await offload(needed, RUN_INLINE_MAX_BYTES, batch.run_batch, plan, body, backend, sinks)
         except MemoryError:  # includes CuPy's OutOfMemoryError
             raise BackendFailure(
                 "the backend ran out of memory running this batch; retry later or send less"
