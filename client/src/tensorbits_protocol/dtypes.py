@@ -7,8 +7,8 @@ spellings are accepted as aliases where a DML tensor description is parsed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from enum import StrEnum
+from functools import lru_cache
 
 import numpy as np
 
