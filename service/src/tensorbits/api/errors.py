@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from tensorbits_protocol.errors import Overloaded, TensorbitsError
+from tensorbits_protocol.errors import BackendFailure, Overloaded, TensorbitsError
 
 logger = logging.getLogger("tensorbits.http")
 
@@ -55,6 +55,18 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
+async def _out_of_memory(request: Request, exc: Exception) -> JSONResponse:
+    # Valid input the backend could not hold (CuPy's OutOfMemoryError is a MemoryError too):
+    # a 503 the client may retry, not a 500. Admission is released by the handler's own exit.
+    logger.warning("backend out of memory on %s %s", request.method, request.url.path)
+    return error_response(
+        BackendFailure(
+            "the backend ran out of memory running this request; retry later or send less",
+            rule="out_of_memory",
+        )
+    )
+
+
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     logger.exception("unexpected error on %s %s", request.method, request.url.path)
     return JSONResponse({"error": "internal server error", "code": "internal"}, status_code=500)
@@ -64,4 +76,5 @@ def register_exception_handlers(app: FastAPI) -> None:
     app.add_exception_handler(TensorbitsError, _tensorbits_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(MemoryError, _out_of_memory)
     app.add_exception_handler(Exception, _unexpected)

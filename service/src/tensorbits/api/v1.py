@@ -25,7 +25,7 @@ from tensorbits_protocol.codec import (
     parse_header_length,
     split_body,
 )
-from tensorbits_protocol.errors import BackendFailure, InvalidRequest, PayloadTooLarge
+from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
 from tensorbits_protocol.operators import get_operator
 from tensorbits_protocol.v1 import (
     BatchRequest,
@@ -143,12 +143,7 @@ async def v1_batch(request: Request, runtime: RuntimeDep) -> Response:
             )
         grant.grow(needed - declared)
         response, sinks = layout.allocate()
-        try:
-            await offload(needed, RUN_INLINE_MAX_BYTES, batch.run_batch, plan, body, backend, sinks)
-        except MemoryError:  # includes CuPy's OutOfMemoryError
-            raise BackendFailure(
-                "the backend ran out of memory running this batch; retry later or send less"
-            ) from None
+        await offload(needed, RUN_INLINE_MAX_BYTES, batch.run_batch, plan, body, backend, sinks)
     return Response(
         content=response,
         media_type=BINARY_CONTENT_TYPE,
