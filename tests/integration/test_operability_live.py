@@ -78,3 +78,23 @@ def test_sigterm_lets_an_in_flight_request_finish() -> None:
         result = np.frombuffer(response[json_length:], np.uint32)
         np.testing.assert_array_equal(result, ~data)
         assert server.proc.wait(timeout=30) in (0, -signal.SIGTERM)
+
+
+def test_a_slow_body_gets_408_and_others_are_served() -> None:
+    with serve({"TENSORBITS_TIMEOUT_BODY_READ": "1"}) as server:
+        with socket.create_connection(("127.0.0.1", server.port)) as slow:
+            slow.sendall(
+                f"POST /v2/models/{NOT}/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n"
+                "Inference-Header-Content-Length: 900\r\n\r\n".encode()
+            )
+            started = time.monotonic()
+            for _ in range(5):  # a trickle, well inside the 1 s deadline each time
+                slow.sendall(b" ")
+                assert server.get("/v2/health/live") == 200  # others are served meanwhile
+                time.sleep(0.1)
+            slow.settimeout(10)
+            status, _, body = _read_response(slow)
+            assert status == 408
+            assert json.loads(body)["rule"] == "body_read_timeout"
+            assert time.monotonic() - started < 5
+        assert server.get("/v2/health/ready") == 200

@@ -121,7 +121,11 @@ def hostile_batches(draw: st.DrawFn) -> tuple[Any, bytes, bool]:
     data: bytes = batch["data"]
     framed = True
     for _ in range(draw(st.integers(1, 4))):
+        if not header["dispatches"]:
+            break
         dispatch = draw(st.sampled_from(header["dispatches"]))
+        if not dispatch["bindings"]:  # an earlier round removed them all
+            continue
         binding = dispatch["bindings"][draw(st.sampled_from(sorted(dispatch["bindings"])))]
         desc = binding["desc"]
         kind = draw(

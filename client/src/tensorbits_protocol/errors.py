@@ -3,6 +3,7 @@
     TensorbitsError                  (status 500)
     ├── InvalidRequest               (400) names the field and the rule broken
     ├── OperatorNotFound             (404) unknown model / operator name
+    ├── RequestTimeout               (408) the body did not arrive in time
     ├── PayloadTooLarge              (413) a size limit of the server was passed
     ├── Overloaded                   (503) too much work in flight; retry later
     └── BackendFailure               (503) the compute backend failed (e.g. GPU out of memory)
@@ -50,6 +51,13 @@ class OperatorNotFound(TensorbitsError):
 
     status_code = 404
     code = "not_found"
+
+
+class RequestTimeout(TensorbitsError):
+    """Raised when a client sends its request body too slowly (408); the connection is closed."""
+
+    status_code = 408
+    code = "request_timeout"
 
 
 class PayloadTooLarge(TensorbitsError):

@@ -43,6 +43,9 @@ class Settings(BaseSettings):
 
     # Connections.
     timeout_keep_alive: int = Field(65, ge=1)
+    timeout_body_read: float = Field(
+        60.0, gt=0, description="seconds a client may take to send a request body (408 past it)"
+    )
     timeout_graceful_shutdown: int = Field(30, ge=1)
 
     @model_validator(mode="after")

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import zlib
 
+import anyio
 from starlette.requests import ClientDisconnect, Request
 
-from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
+from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge, RequestTimeout
 
 # zlib's wbits: gzip framing, and deflate as HTTP means it (zlib framing, RFC 9110).
 _WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
@@ -44,14 +45,23 @@ def declared_length(request: Request, limit: int) -> int | None:
     return length
 
 
-async def read_body(request: Request, limit: int) -> bytearray:
-    """The whole request body, decompressed, never more than ``limit`` bytes at any stage."""
+async def read_body(request: Request, limit: int, timeout: float | None = None) -> bytearray:
+    """The whole request body, decompressed, never more than ``limit`` bytes at any stage, and
+    all of it within ``timeout`` seconds: a client trickling bytes (slow loris) gets a 408 instead
+    of holding its buffer and its admission for ever."""
     length = declared_length(request, limit)
     try:
-        if length is None:
-            buffer = await _read_chunked(request, limit)
-        else:
-            buffer = await _read_declared(request, length)
+        with anyio.fail_after(timeout):
+            if length is None:
+                buffer = await _read_chunked(request, limit)
+            else:
+                buffer = await _read_declared(request, length)
+    except TimeoutError:
+        raise RequestTimeout(
+            f"request body not received within {timeout:g} s (TENSORBITS_TIMEOUT_BODY_READ)",
+            field="body",
+            rule="body_read_timeout",
+        ) from None
     except ClientDisconnect:
         raise InvalidRequest(
             "client disconnected before the request body was complete",

@@ -110,7 +110,7 @@ async def v1_batch(request: Request, runtime: RuntimeDep) -> Response:
     # what the batch needs while it runs.
     declared = declared_length(request, settings.max_body_bytes) or 0
     async with runtime.admission.admit(declared) as grant:
-        body = await read_body(request, settings.max_body_bytes)
+        body = await read_body(request, settings.max_body_bytes, settings.timeout_body_read)
         header_length = parse_header_length(request.headers.get(HEADER_LENGTH), len(body))
         # Decoding and planning a batch of thousands of dispatches takes a good part of a second:
         # off the event loop then, like a large run. A small batch is done inline: the hop to a

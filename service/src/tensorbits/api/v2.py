@@ -122,7 +122,7 @@ async def _infer(op: OperatorSpec, request: Request) -> Response:
     declared = declared_length(request, settings.max_body_bytes) or 0
     grant = await stack.enter_async_context(runtime.admission.admit(declared))
     try:
-        body = await read_body(request, settings.max_body_bytes)
+        body = await read_body(request, settings.max_body_bytes, settings.timeout_body_read)
         header_value = request.headers.get(codec.HEADER_LENGTH)
         header_length = codec.parse_header_length(header_value, len(body))
         json_bytes = len(body) if header_length is None else header_length
