@@ -74,26 +74,36 @@ def serve(
     *,
     argv: Sequence[str] | None = None,
     stderr: IO[bytes] | int | None = None,
+    stdout: IO[bytes] | int | None = subprocess.DEVNULL,
+    ready: str | None = "/v2/health/ready",
+    port: int | None = None,
+    exact_env: bool = False,
+    cwd: Path | None = None,
 ) -> Iterator[LiveServer]:
     """A server with the NumPy backend and quiet logs unless ``env`` says otherwise; stopped
-    (SIGTERM, then SIGKILL after 30 s) on exit unless the test stopped it already."""
-    port = free_port()
-    settings = {
-        "TENSORBITS_BACKEND": "numpy",
-        "TENSORBITS_LOG_LEVEL": "warning",
-        "TENSORBITS_CPU_THREADS": "2",
-        **(env or {}),
-    }
+    (SIGTERM, then SIGKILL after 30 s) on exit unless the test stopped it already.
+
+    ``ready``: the path that has to answer 200 before the server is handed over (None: hand it
+    over at once, the caller waits). ``exact_env``: ``env`` is the whole environment and ``argv``
+    runs as given, without ``--host``/``--port`` (the address comes from ``env``, for ``port``)."""
+    port = free_port() if port is None else port
     command = list(argv) if argv is not None else [str(TENSORBITS), "serve"]
-    proc = subprocess.Popen(
-        [*command, "--host", "127.0.0.1", "--port", str(port)],
-        env={**os.environ, **settings},
-        stdout=subprocess.DEVNULL,
-        stderr=stderr,
-    )
+    if exact_env:
+        environment = dict(env or {})
+    else:
+        command += ["--host", "127.0.0.1", "--port", str(port)]
+        environment = {
+            **os.environ,
+            "TENSORBITS_BACKEND": "numpy",
+            "TENSORBITS_LOG_LEVEL": "warning",
+            "TENSORBITS_CPU_THREADS": "2",
+            **(env or {}),
+        }
+    proc = subprocess.Popen(command, env=environment, cwd=cwd, stdout=stdout, stderr=stderr)
     server = LiveServer("127.0.0.1", port, proc)
     try:
-        wait_ready(server)
+        if ready is not None:
+            wait_ready(server, ready)
         yield server
     finally:
         if proc.poll() is None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,18 +21,12 @@ from pathlib import Path
 import httpx
 import pytest
 from deploy.deployfiles import HEALTHCHECK_SCRIPT, REPO, copy_sources_and_dest, dockerfile
+from livesupport import free_port, serve
 
 pytestmark = pytest.mark.integration
 
 READY_TIMEOUT_S = 30.0
 LOOPBACK = "127.0.0.1"
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _image_environment(kind: str, port: int) -> dict[str, str]:
@@ -84,7 +77,7 @@ def _serve_available() -> bool:
 
 
 @pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[str, dict[str, str], subprocess.Popen[str]]]:
+def served(tmp_path: Path) -> Iterator[tuple[str, dict[str, str], subprocess.Popen[bytes]]]:
     """The CPU image's CMD, running with the image's ENV on a free loopback port."""
     cmd = dockerfile("cpu").final.last("CMD")
     assert cmd is not None
@@ -93,32 +86,32 @@ def served(tmp_path: Path) -> Iterator[tuple[str, dict[str, str], subprocess.Pop
         pytest.skip(f"{argv[0]} is not installed in this environment")
     if argv[:2] == ["tensorbits", "serve"] and not _serve_available():
         pytest.skip("serve command not available")
-    port = _free_port()
+    port = free_port()
     env = _image_environment("cpu", port)
-    log = (tmp_path / "server.log").open("w")  # a file, not a pipe: logs never block it
-    process = subprocess.Popen(
-        _local_command(argv), env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, text=True
-    )
-    process.log_path = tmp_path / "server.log"  # type: ignore[attr-defined]
-    try:
-        yield f"http://{LOOPBACK}:{port}", env, process
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=5)
-        log.close()
+    log_path = tmp_path / "server.log"  # a file, not a pipe: logs never block it
+    with (
+        log_path.open("wb") as log,
+        serve(
+            env,
+            argv=_local_command(argv),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            ready=None,  # the test waits, and says why when it is not ready
+            port=port,
+            exact_env=True,  # the image's ENV and CMD as they are: no --host/--port
+            cwd=tmp_path,
+        ) as server,
+    ):
+        server.proc.log_path = log_path  # type: ignore[attr-defined]
+        yield server.base_url, env, server.proc
 
 
-def _log(process: subprocess.Popen[str]) -> str:
+def _log(process: subprocess.Popen[bytes]) -> str:
     path: Path = process.log_path  # type: ignore[attr-defined]
     return path.read_text(errors="replace")[-4000:]
 
 
-def _wait_ready(base: str, process: subprocess.Popen[str]) -> httpx.Response:
+def _wait_ready(base: str, process: subprocess.Popen[bytes]) -> httpx.Response:
     deadline = time.monotonic() + READY_TIMEOUT_S
     last: str = "no answer"
     with httpx.Client(timeout=2.0, trust_env=False) as client:
@@ -140,7 +133,7 @@ def _wait_ready(base: str, process: subprocess.Popen[str]) -> httpx.Response:
 
 
 def test_image_start_command_serves_and_passes_its_healthcheck(
-    served: tuple[str, dict[str, str], subprocess.Popen[str]],
+    served: tuple[str, dict[str, str], subprocess.Popen[bytes]],
 ) -> None:
     base, env, process = served
     _wait_ready(base, process)
@@ -214,7 +207,7 @@ def test_healthcheck_passes_only_on_200(
 
 
 def test_healthcheck_fails_when_nothing_listens() -> None:
-    result = _run_healthcheck({"TENSORBITS_PORT": str(_free_port())})
+    result = _run_healthcheck({"TENSORBITS_PORT": str(free_port())})
     assert result.returncode == 1
     assert "unhealthy" in result.stderr
 
@@ -223,7 +216,7 @@ def test_healthcheck_ignores_proxies(
     stub_server: tuple[ThreadingHTTPServer, type[_Health]],
 ) -> None:
     server, _ = stub_server
-    dead_proxy = f"http://{LOOPBACK}:{_free_port()}"
+    dead_proxy = f"http://{LOOPBACK}:{free_port()}"
     env = {"TENSORBITS_PORT": str(server.server_address[1])}
     env |= {"HTTP_PROXY": dead_proxy, "http_proxy": dead_proxy, "NO_PROXY": "", "no_proxy": ""}
     assert _run_healthcheck(env).returncode == 0

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 from core.bitref import assert_bits_equal, reference
-from integration.conftest import LiveServer
+from livesupport import LiveServer
 from tritonclient.utils import InferenceServerException
 
 from tensorbits_protocol.operators import OPERATORS, Function, OperatorSpec

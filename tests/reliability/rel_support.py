@@ -8,13 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, settings
+from livesupport import LiveServer, serve
 from starlette.exceptions import StarletteDeprecationWarning
 
 with warnings.catch_warnings():
@@ -80,30 +75,9 @@ def assert_not_server_error(status: int, body: bytes, content_type: str) -> None
 # --- a live server ------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-@dataclass
-class Live:
-    port: int
-    proc: subprocess.Popen[bytes]
-    host: str = "127.0.0.1"
-
-    @property
-    def base(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    def get(self, path: str, timeout: float = 10) -> int:
-        try:
-            with urllib.request.urlopen(self.base + path, timeout=timeout) as response:
-                status: int = response.status
-                return status
-        except urllib.error.HTTPError as exc:
-            return exc.code
+@dataclass(frozen=True)
+class Live(LiveServer):
+    """``livesupport.LiveServer`` and the server process's peak memory."""
 
     def peak_rss(self) -> int:
         """VmHWM of the server process, in bytes."""
@@ -116,41 +90,5 @@ class Live:
 @contextmanager
 def live_server(**env: str) -> Iterator[Live]:
     """``tensorbits serve`` (uvicorn, httptools, uvloop) on a free loopback port."""
-    port = free_port()
-    executable = Path(sys.executable).parent / "tensorbits"
-    full_env = {
-        **os.environ,
-        "TENSORBITS_BACKEND": "numpy",
-        "TENSORBITS_LOG_LEVEL": "warning",
-        "TENSORBITS_CPU_THREADS": "2",
-        **env,
-    }
-    proc = subprocess.Popen(
-        [str(executable), "serve", "--host", "127.0.0.1", "--port", str(port)],
-        env=full_env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    live = Live(port, proc)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"tensorbits serve exited with {proc.returncode}")
-            try:
-                if live.get("/v2/health/ready", timeout=2) == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("tensorbits serve not ready in 60 s")
-            time.sleep(0.1)
-        yield live
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    with serve(env, stderr=subprocess.DEVNULL) as server:
+        yield Live(server.host, server.port, server.proc)
