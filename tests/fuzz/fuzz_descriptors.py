@@ -1,0 +1,198 @@
+"""Coverage-guided fuzz target: DirectML buffer tensor descriptions and the /v1 batch planner.
+
+Input layout (bytes missing at the end read as zero); byte [0] & 1 picks the part:
+
+0 — ``dml.plan_view`` on a ``TensorDesc`` built from the bytes::
+
+    [1] datatype (b % 12)   [2] rank 1 + b % 9   [3] flags:
+        0x01 strides given   0x02 total_size given   0x04 alignment given
+        0x10 offset in units of 16   0x20 buffer_size counted from offset + total_size
+    then integers, each a control byte c and (1, 2, 4, 8)[c & 3] little-endian bytes;
+    c & 4 negates; c >> 4 == 15 / 14 gives 2**32 - 1 / 2**64 - 1 plus (value % 5 - 2):
+    sizes[rank], strides[rank]?, total_size?, alignment?, offset, buffer_size
+
+    The property: ``plan_view`` raises ``InvalidRequest`` or returns a layout whose every element's
+    byte range (the extreme indices: offset + Σ (size_i - 1) · byte_stride_i + itemsize) lies in
+    [offset, offset + total_size) ⊆ [0, buffer_size).
+
+1 — the /v1 batch planner, ``api.v1._plan`` (which calls ``batch.plan_batch``)::
+
+    [1] b & 1: an Inference-Header-Content-Length, the decimal of [2:4] (little-endian)
+    rest: the body (a JSON BatchRequest, then the data buffers)
+
+    The property: it raises a ``TensorbitsError`` or returns a plan whose data buffers lie in the
+    body after the header and whose every bound tensor lies inside its buffer; the plan then runs
+    on the NumPy backend without any exception.
+
+By hand::
+
+    .venv/bin/python tests/fuzz/fuzz_descriptors.py -max_total_time=600 tests/fuzz/corpus_descriptors
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+try:
+    import atheris
+except ImportError:  # the plain pytest test calls TestOneInput without atheris
+    atheris = None
+
+_instrument = (
+    atheris.instrument_imports(include=["tensorbits", "tensorbits_protocol"])
+    if atheris is not None and __name__ == "__main__"
+    else contextlib.nullcontext()
+)
+with _instrument:
+    from tensorbits import batch
+    from tensorbits.api import v1
+    from tensorbits.backends.numpy_backend import NumpyBackend
+    from tensorbits.config import Settings
+    from tensorbits_protocol import codec, dml
+    from tensorbits_protocol.dtypes import DataType, itemsize
+    from tensorbits_protocol.errors import InvalidRequest, TensorbitsError
+
+DATATYPES = tuple(DataType)
+SETTINGS = Settings(
+    backend="numpy",
+    cpu_threads=1,
+    max_body_bytes=1 << 16,
+    max_inflight_bytes=1 << 20,
+    max_tensor_elements=4096,
+    max_tensors=8,
+    max_buffers=16,
+    max_dispatches=16,
+    max_json_depth=16,
+    max_json_elements=1024,
+)
+BACKEND = NumpyBackend(1)
+_WIDTHS = (1, 2, 4, 8)
+
+
+class Reader:
+    """Reads the fuzz input front to back; past its end every byte is zero."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 0
+
+    def byte(self) -> int:
+        value = self.data[self.pos] if self.pos < len(self.data) else 0
+        self.pos += 1
+        return value
+
+    def raw(self, n: int) -> bytes:
+        chunk = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return chunk
+
+    def integer(self) -> int:
+        control = self.byte()
+        value = int.from_bytes(self.raw(_WIDTHS[control & 3]), "little")
+        if control >> 4 == 15:
+            value = dml.UINT32_MAX + value % 5 - 2
+        elif control >> 4 == 14:
+            value = dml.UINT64_MAX + value % 5 - 2
+        return -value if control & 4 else value
+
+
+def _extent(offset: int, shape: tuple[int, ...], byte_strides: tuple[int, ...]) -> tuple[int, int]:
+    """[first byte, end) over every element of a strided view (strides of any sign)."""
+    low = high = offset
+    for size, stride in zip(shape, byte_strides, strict=True):
+        step = (size - 1) * stride
+        if step < 0:
+            low += step
+        else:
+            high += step
+    return low, high
+
+
+def check_layout(
+    layout: dml.ViewLayout, datatype: DataType, offset: int, buffer_size: int, total: int
+) -> None:
+    element = itemsize(datatype)
+    assert layout.offset == offset
+    assert layout.total_size == total
+    assert all(size >= 1 for size in layout.shape)
+    low, last = _extent(layout.offset, layout.shape, layout.byte_strides)
+    high = last + element
+    assert 0 <= layout.offset <= low, (layout, low)
+    assert high <= layout.offset + layout.total_size, (layout, high)
+    assert layout.offset + layout.total_size <= buffer_size, (layout, buffer_size)
+
+
+def fuzz_desc(reader: Reader) -> None:
+    datatype = DATATYPES[reader.byte() % len(DATATYPES)]
+    rank = 1 + reader.byte() % 9
+    flags = reader.byte()
+    sizes = tuple(reader.integer() for _ in range(rank))
+    strides = tuple(reader.integer() for _ in range(rank)) if flags & 0x01 else None
+    total_size = reader.integer() if flags & 0x02 else None
+    alignment = reader.integer() if flags & 0x04 else 0
+    offset = reader.integer()
+    if flags & 0x10:
+        offset *= 16
+    buffer_size = reader.integer()
+    if flags & 0x20:
+        buffer_size += offset + (total_size or 0)
+    desc = dml.TensorDesc(datatype, sizes, strides, total_size, alignment)
+    try:
+        layout = dml.plan_view("fuzz", desc, offset, buffer_size)
+    except InvalidRequest:
+        return
+    expected_total = dml.check_desc("fuzz", desc)
+    assert layout.shape == sizes
+    assert layout.byte_strides == tuple(s * itemsize(datatype) for s in desc.effective_strides())
+    check_layout(layout, datatype, offset, buffer_size, expected_total)
+
+
+def _check_tensor(plan: batch.BatchPlan, tensor: batch.BoundTensor) -> None:
+    buffer = plan.buffers[tensor.buffer]
+    layout = tensor.layout
+    check_layout(layout, tensor.datatype, layout.offset, buffer.byte_size, layout.total_size)
+    assert layout.total_size <= tensor.size, tensor
+    assert tensor.end <= buffer.byte_size, (tensor, buffer)
+
+
+def fuzz_batch(reader: Reader) -> None:
+    mode = reader.byte()
+    value = str(int.from_bytes(reader.raw(2), "little")) if mode & 1 else None
+    body = bytearray(reader.data[reader.pos :])
+    if len(body) > SETTINGS.max_body_bytes:  # read_body refuses it before any parsing
+        return
+    try:
+        header_length = codec.parse_header_length(value, len(body))
+        plan = v1._plan(body, header_length, SETTINGS)
+    except TensorbitsError:
+        return
+    data_start = len(body) if header_length is None else header_length
+    for buffer in plan.buffers:
+        assert buffer.byte_size >= 0
+        if buffer.body_offset is not None:
+            assert data_start <= buffer.body_offset, buffer
+            assert buffer.body_offset + buffer.byte_size <= len(body), buffer
+    for dispatch in plan.dispatches:
+        for tensor in (*dispatch.inputs, dispatch.output):
+            _check_tensor(plan, tensor)
+    sinks = [memoryview(bytearray(plan.buffers[i].byte_size)) for i in plan.outputs]
+    batch.run_batch(plan, body, BACKEND, sinks)
+
+
+def TestOneInput(data: bytes) -> None:  # noqa: N802 (the name atheris and libFuzzer use)
+    reader = Reader(data)
+    if reader.byte() & 1:
+        fuzz_batch(reader)
+    else:
+        fuzz_desc(reader)
+
+
+def main() -> None:
+    assert atheris is not None, "atheris is not installed"
+    atheris.Setup(sys.argv, TestOneInput)
+    atheris.Fuzz()
+
+
+if __name__ == "__main__":
+    main()

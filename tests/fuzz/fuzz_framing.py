@@ -1,0 +1,113 @@
+"""Coverage-guided fuzz target: the v2 binary framing and request planning (POST /v2/.../infer).
+
+Input layout (bytes missing at the end read as zero)::
+
+    [0]     model: OPERATORS[b % len(OPERATORS)]
+    [1]     how the Inference-Header-Content-Length value is made, by b % 4:
+              0  absent (the whole body is JSON)
+              1  the decimal of the next 2 bytes (little-endian)
+              2  raw: the next byte n, then n % 32 bytes decoded as latin-1 (as HTTP headers are)
+              3  " <len(body) - next byte>\t" (lengths near the end, negative ones included)
+    rest    the request body
+
+The target runs what the server runs on a request: ``codec.parse_header_length``,
+``codec.split_body`` and ``inference.plan`` (small limits, NumPy backend); when a plan comes back
+it also runs ``inference.execute`` and checks the framing of the response. The property: every
+call returns or raises a ``TensorbitsError``; any other exception is a finding and propagates.
+
+By hand::
+
+    .venv/bin/python tests/fuzz/fuzz_framing.py -max_total_time=600 tests/fuzz/corpus_framing
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+try:
+    import atheris
+except ImportError:  # the plain pytest test calls TestOneInput without atheris
+    atheris = None
+
+_instrument = (
+    atheris.instrument_imports(include=["tensorbits", "tensorbits_protocol"])
+    if atheris is not None and __name__ == "__main__"
+    else contextlib.nullcontext()
+)
+with _instrument:
+    from tensorbits import inference
+    from tensorbits.backends.numpy_backend import NumpyBackend
+    from tensorbits.config import Settings
+    from tensorbits_protocol import codec
+    from tensorbits_protocol.errors import TensorbitsError
+    from tensorbits_protocol.operators import OPERATORS
+
+SETTINGS = Settings(
+    backend="numpy",
+    cpu_threads=1,
+    max_body_bytes=1 << 16,
+    max_inflight_bytes=1 << 20,
+    max_tensor_elements=4096,
+    max_tensors=8,
+    max_json_depth=16,
+    max_json_elements=1024,
+)
+LIMITS = inference.Limits.from_settings(SETTINGS)
+BACKEND = NumpyBackend(1)
+
+
+def _byte(data: bytes, i: int) -> int:
+    return data[i] if i < len(data) else 0
+
+
+def decode(data: bytes) -> tuple[int, str | None, bytes]:
+    """The fuzz input as (operator index, header value, body)."""
+    op_index = _byte(data, 0) % len(OPERATORS)
+    mode = _byte(data, 1) % 4
+    value: str | None
+    if mode == 0:
+        value, rest = None, data[2:]
+    elif mode == 1:
+        value, rest = str(int.from_bytes(data[2:4], "little")), data[4:]
+    elif mode == 2:
+        n = _byte(data, 2) % 32
+        value, rest = data[3 : 3 + n].decode("latin-1"), data[3 + n :]
+    else:
+        value, rest = f" {len(data[3:]) - _byte(data, 2)}\t", data[3:]
+    return op_index, value, rest
+
+
+def TestOneInput(data: bytes) -> None:  # noqa: N802 (the name atheris and libFuzzer use)
+    op_index, value, raw = decode(data)
+    op = OPERATORS[op_index]
+    body = bytearray(raw)
+    if len(body) > SETTINGS.max_body_bytes:  # read_body refuses it before any parsing
+        return
+    try:
+        header_length = codec.parse_header_length(value, len(body))
+        head, tail = codec.split_body(memoryview(body), header_length)
+        assert len(head) + len(tail) == len(body)
+        plan = inference.plan(op, body, header_length, LIMITS)
+    except TensorbitsError:
+        return
+    assert len(plan.inputs) == len(op.inputs)
+    assert plan.output_nbytes >= 0
+    try:
+        encoded = inference.execute(plan, BACKEND)
+    except TensorbitsError:
+        return
+    if plan.binary_output:
+        length = int(encoded.headers[codec.HEADER_LENGTH])
+        assert length % codec.ALIGNMENT == 0
+        assert len(encoded.body) == length + plan.output_nbytes
+
+
+def main() -> None:
+    assert atheris is not None, "atheris is not installed"
+    atheris.Setup(sys.argv, TestOneInput)
+    atheris.Fuzz()
+
+
+if __name__ == "__main__":
+    main()
