@@ -98,3 +98,45 @@ def test_a_slow_body_gets_408_and_others_are_served() -> None:
             assert json.loads(body)["rule"] == "body_read_timeout"
             assert time.monotonic() - started < 5
         assert server.get("/v2/health/ready") == 200
+
+
+def _closed_within(sock: socket.socket, seconds: float, trickle: bytes = b"") -> float:
+    """Seconds until the server closes ``sock`` (sending ``trickle`` a byte at a time meanwhile);
+    fails if it stays open for ``seconds``."""
+    started = time.monotonic()
+    sock.settimeout(0.2)
+    sent = 0
+    while time.monotonic() - started < seconds:
+        if sent < len(trickle):
+            try:
+                sock.sendall(trickle[sent : sent + 1])
+            except OSError:
+                return time.monotonic() - started
+            sent += 1
+        try:
+            if sock.recv(4096) == b"":
+                return time.monotonic() - started
+        except TimeoutError:
+            continue
+        except OSError:
+            return time.monotonic() - started
+    raise AssertionError(f"connection still open after {seconds} s")
+
+
+def test_slow_request_heads_are_closed_and_others_are_served() -> None:
+    head = f"POST /v2/models/{NOT}/infer HTTP/1.1\r\nHost: x\r\nX-Padding: {'p' * 200}\r\n".encode()
+    with serve({"TENSORBITS_TIMEOUT_HEADER_READ": "1"}) as server:
+        with (
+            socket.create_connection(("127.0.0.1", server.port)) as idle,
+            socket.create_connection(("127.0.0.1", server.port)) as trickler,
+        ):
+            assert server.get("/v2/health/live") == 200  # served while both are held open
+            assert _closed_within(trickler, 5, trickle=head) < 3
+            assert _closed_within(idle, 5) < 3
+        assert server.get("/v2/health/ready") == 200
+        # A normal request on a keep-alive connection is not cut short by the deadline.
+        with socket.create_connection(("127.0.0.1", server.port)) as kept:
+            for _ in range(3):
+                kept.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert _read_response(kept)[0] == 200
+                time.sleep(0.6)

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from tensorbits import __version__
 from tensorbits.config import Settings
+from tensorbits.http_protocol import HeaderDeadlineProtocol
 from tensorbits.logs import configure_logging
 from tensorbits.runtime import DRAINING
 from tensorbits_protocol.operators import OPERATORS
@@ -51,7 +52,7 @@ def _uvicorn_kwargs(settings: Settings) -> dict[str, Any]:
         "port": settings.port,
         "workers": settings.workers,
         "loop": "uvloop",
-        "http": "httptools",
+        "http": HeaderDeadlineProtocol,  # httptools, with a deadline on each request head
         "log_config": None,  # configure_logging did it: JSON lines through one handler
         "log_level": settings.log_level,
         "access_log": False,  # the middleware logs each request, with its request id

@@ -43,6 +43,9 @@ class Settings(BaseSettings):
 
     # Connections.
     timeout_keep_alive: int = Field(65, ge=1)
+    timeout_header_read: float = Field(
+        30.0, gt=0, description="seconds a client may take to send a request line and headers"
+    )
     timeout_body_read: float = Field(
         60.0, gt=0, description="seconds a client may take to send a request body (408 past it)"
     )
