@@ -358,6 +358,7 @@ class _DeviceLike:
     through ``to_host(result, out)``. Exercises execute()'s device path without a GPU."""
 
     name = "device-like"
+    host_memory = False
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner

@@ -39,6 +39,21 @@ def run_call(
     return out
 
 
+def run_into_host(
+    backend: Backend,
+    call: ResolvedCall,
+    inputs: Sequence[np.ndarray[Any, Any]],
+    out: np.ndarray[Any, Any],
+) -> None:
+    """Run ``call`` on host arrays with the result landing in the host array ``out``: written
+    there directly by a host backend, copied back from the device otherwise."""
+    if backend.host_memory:
+        run_call(backend, call, inputs, out)
+        return
+    device_inputs = [backend.asarray(np.ascontiguousarray(x)) for x in inputs]
+    backend.to_host(run_call(backend, call, device_inputs), out)
+
+
 def compute(
     backend: Backend,
     model: str,
@@ -48,7 +63,7 @@ def compute(
 ) -> np.ndarray[Any, Any]:
     """Validate and run one operator on host arrays; the result comes back in host memory."""
     call = validate_arrays(model, arrays, parameters)
-    device_inputs = [backend.asarray(np.ascontiguousarray(arrays[n])) for n in call.op.inputs]
-    result = run_call(backend, call, device_inputs, None if backend.name != "numpy" else out)
-    host = backend.to_host(result, out if backend.name != "numpy" else None)
-    return host
+    if out is None:
+        out = np.empty(call.output_shape, numpy_dtype(call.output_datatype))
+    run_into_host(backend, call, [np.ascontiguousarray(arrays[n]) for n in call.op.inputs], out)
+    return out

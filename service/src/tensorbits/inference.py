@@ -22,7 +22,7 @@ from pydantic import BaseModel, ValidationError
 
 from tensorbits.backends.base import Backend
 from tensorbits.config import Settings
-from tensorbits.engine import run_call
+from tensorbits.engine import run_into_host
 from tensorbits_protocol import codec
 from tensorbits_protocol.dtypes import DataType, itemsize, numpy_dtype
 from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
@@ -322,17 +322,6 @@ def plan(op: OperatorSpec, body: bytearray, header_length: int | None, limits: L
 # --- running and encoding -----------------------------------------------------------------------
 
 
-def _run_into(backend: Backend, call: ResolvedCall, inputs: list[Array], out: Array) -> None:
-    """Run ``call`` with its result landing in the host array ``out``."""
-    if backend.name == "numpy":
-        # Host arrays are NumPy's own: the kernel writes straight into ``out``.
-        run_call(backend, call, inputs, out)
-        return
-    device_inputs = [backend.asarray(np.ascontiguousarray(x)) for x in inputs]
-    result = run_call(backend, call, device_inputs)
-    backend.to_host(result, out)
-
-
 def _response_document(plan: Plan, binary_size: int | None) -> dict[str, Any]:
     """The response header, in the shape of ``v2.InferenceResponse`` (exclude_none).
 
@@ -362,12 +351,12 @@ def execute(plan: Plan, backend: Backend) -> Encoded:
         layout = codec.BodyLayout(codec.dump_header(_response_document(plan, size)), (size,))
         body, (tail,) = layout.allocate()
         out = np.frombuffer(tail, dtype).reshape(call.output_shape)
-        _run_into(backend, call, plan.inputs, out)
+        run_into_host(backend, call, plan.inputs, out)
         return Encoded(
             body, codec.BINARY_CONTENT_TYPE, {codec.HEADER_LENGTH: str(layout.header_length)}
         )
     out = np.empty(call.output_shape, dtype)
-    _run_into(backend, call, plan.inputs, out)
+    run_into_host(backend, call, plan.inputs, out)
     document = _response_document(plan, None)
     document["outputs"][0]["data"] = encode_data(plan.op.output, out)
     return Encoded(codec.dump_header(document, align=False), codec.JSON_CONTENT_TYPE, {})

@@ -131,7 +131,7 @@ async def v1_batch(request: Request, runtime: RuntimeDep) -> Response:
             tuple(plan.buffers[i].byte_size for i in plan.outputs),
         )
         backend = runtime.selection.backend
-        needed = plan.memory_needed(device_copies=backend.name != "numpy") + layout.header_length
+        needed = plan.memory_needed(device_copies=not backend.host_memory) + layout.header_length
         if needed > runtime.admission.max_bytes:
             # Past the bound even with nothing else in flight: a 503 would be retried for ever.
             raise PayloadTooLarge(

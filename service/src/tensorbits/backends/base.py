@@ -15,6 +15,9 @@ class Backend(Protocol):
     """A compute backend. ``run`` writes the call's result into the preallocated ``out``."""
 
     name: str  # "numpy" or "cupy"
+    # True when the backend's arrays are host NumPy arrays: inputs need no transfer, and a kernel
+    # can write straight into a host buffer such as a response body.
+    host_memory: bool
     device: str  # e.g. "cpu (2 threads)" or "cuda:0 NVIDIA H100"
     xp: Any
 

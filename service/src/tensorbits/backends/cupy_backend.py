@@ -37,6 +37,7 @@ z = (O)(sizeof(T) == 8 ? __popcll((unsigned long long)x) : __popc((unsigned int)
 
 class CupyBackend:
     name = "cupy"
+    host_memory = False
 
     def __init__(self, device_id: int = 0) -> None:
         try:

@@ -164,6 +164,7 @@ class _Pieces:
 
 class NumpyBackend:
     name = "numpy"
+    host_memory = True
     xp: Any = np
 
     def __init__(self, threads: int | None = None) -> None:
