@@ -379,6 +379,31 @@ def test_non_integer_axis(axis: object) -> None:
     )
 
 
+def test_a_remembered_call_is_shared_read_only_and_keyed_by_parameter_type() -> None:
+    model = "openvino.BitwiseAnd-13"
+    inputs = {"input_1": spec(U8, 2, 3), "input_2": spec(U8, 3)}
+    pdpd = {"auto_broadcast": "pdpd", "axis": 1}
+    first = call(model, inputs, pdpd)
+    assert call(model, dict(inputs), dict(pdpd)) is first
+    with pytest.raises(TypeError):
+        first.parameters["axis"] = 0  # type: ignore[index]
+    # True == 1.0 == 1 in Python; a call remembered with 1 must not let the others through.
+    for axis in (True, 1.0):
+        rejected(
+            lambda axis=axis: call(model, inputs, {"auto_broadcast": "pdpd", "axis": axis}),
+            f"parameters.axis: {axis!r} is not an integer",
+            "parameters.axis",
+            "parameter_type",
+        )
+    # Another shape is another call, checked on its own.
+    rejected(
+        lambda: call(model, {"input_1": spec(U8, 2, 3), "input_2": spec(U8, 4)}, pdpd),
+        "input_2",
+        "input_2",
+        "broadcast",
+    )
+
+
 # --- broadcasting --------------------------------------------------------------------------------
 def test_numpy_broadcast_failure_onnx() -> None:
     rejected(

@@ -226,6 +226,25 @@ def test_versioned_infer(client: TestClient) -> None:
     assert_bits_equal(output_array(response), ~x)
 
 
+def test_fastapi_twin_routes_run_the_same_inference() -> None:
+    # The app matches v2_infer.ROUTES first; with them unmounted the FastAPI routes (kept for the
+    # OpenAPI schema) must still answer, the same way.
+    from tensorbits.api.routers import FAST_ROUTES
+
+    with v2_client() as twin:
+        routes = twin.app.router.routes  # type: ignore[attr-defined]
+        routes[:] = [r for r in routes if r not in FAST_ROUTES]
+        x = np.array([5, 250], np.uint8)
+        assert_bits_equal(output_array(infer_binary(twin, NOT, {"InputTensor": x})), ~x)
+        header = {"inputs": [json_input("X", x)]}
+        response = twin.post("/v2/models/onnx.BitwiseNot-18/versions/1/infer", json=header)
+        assert_bits_equal(output_array(response), ~x)
+        response = twin.post("/v2/models/onnx.BitwiseNot-18/versions/2/infer", json=header)
+        assert "has no version '2'" in error_of(response, 404)
+        admission = twin.app.state.runtime.admission  # type: ignore[attr-defined]
+        assert (admission.requests_in_flight, admission.bytes_in_flight) == (0, 0)
+
+
 @pytest.mark.parametrize(
     ("encoding", "compress"),
     [("gzip", gzip.compress), ("deflate", zlib.compress)],

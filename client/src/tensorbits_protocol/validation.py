@@ -11,17 +11,21 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
+from types import MappingProxyType
 
 import numpy as np
 
 from tensorbits_protocol.dtypes import DataType
 from tensorbits_protocol.errors import InvalidRequest
 from tensorbits_protocol.operators import (
+    REGISTRY,
     Function,
     OperatorSpec,
     ShapeRule,
     SupportRow,
     feature_level_index,
+    get_operator,
 )
 
 Shape = tuple[int, ...]
@@ -48,7 +52,7 @@ class ResolvedCall:
     shape, and the shape each input takes for the kernel (pdpd reshapes the second input)."""
 
     op: OperatorSpec
-    parameters: dict[str, str | int]
+    parameters: Mapping[str, str | int]  # read-only (a MappingProxyType): calls are shared
     input_datatype: DataType
     output_datatype: DataType
     output_shape: Shape
@@ -254,12 +258,49 @@ def _output_shape(
     return shapes[0], shapes
 
 
+# Calls remembered by validate_call: a server sees the same few operators, types, shapes and
+# parameters over and over (a batch of 100 dispatches often holds one distinct call).
+VALIDATED_CALLS_CACHED = 4096
+
+
 def validate_call(
     op: OperatorSpec,
     inputs: Mapping[str, TensorSpec],
     parameters: Mapping[str, object] | None = None,
 ) -> ResolvedCall:
-    """Check one call of ``op`` against its tables; return what execution needs to know."""
+    """Check one call of ``op`` against its tables; return what execution needs to know.
+
+    A call that passed once is remembered (by operator name, inputs and parameters, each
+    parameter with its type, as ``1``, ``1.0`` and ``True`` compare equal); a call that fails
+    is checked again each time. The result is shared, hence immutable throughout."""
+    if REGISTRY.get(op.name) is not op:  # an operator built outside the registry
+        return _validate_call(op, inputs, parameters)
+    try:
+        return _remembered_call(
+            op.name,
+            tuple(inputs.items()),
+            tuple((k, type(v), v) for k, v in parameters.items()) if parameters else (),
+        )
+    except TypeError:  # an unhashable value: not one a valid call could have had
+        return _validate_call(op, inputs, parameters)
+
+
+@lru_cache(maxsize=VALIDATED_CALLS_CACHED)
+def _remembered_call(
+    op_name: str,
+    inputs: tuple[tuple[str, TensorSpec], ...],
+    parameters: tuple[tuple[str, type, object], ...],
+) -> ResolvedCall:
+    return _validate_call(
+        get_operator(op_name), dict(inputs), {name: value for name, _, value in parameters}
+    )
+
+
+def _validate_call(
+    op: OperatorSpec,
+    inputs: Mapping[str, TensorSpec],
+    parameters: Mapping[str, object] | None,
+) -> ResolvedCall:
     params = resolve_parameters(op, parameters)
     row = support_row(op, params)
     where = _where(op, params)
@@ -292,7 +333,7 @@ def validate_call(
     }.get(op.function)
     return ResolvedCall(
         op=op,
-        parameters=params,
+        parameters=MappingProxyType(params),
         input_datatype=first,
         output_datatype=output_type,
         output_shape=output_shape,

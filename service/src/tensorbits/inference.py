@@ -25,7 +25,7 @@ from tensorbits.config import Settings
 from tensorbits.engine import run_into_host
 from tensorbits_protocol import codec
 from tensorbits_protocol.dtypes import DataType, itemsize, numpy_dtype
-from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
+from tensorbits_protocol.errors import InvalidRequest, OperatorNotFound, PayloadTooLarge
 from tensorbits_protocol.jsondata import (
     JsonLimits,
     decode_data,
@@ -33,11 +33,12 @@ from tensorbits_protocol.jsondata import (
     parse_json,
     require_json_form,
 )
-from tensorbits_protocol.operators import OperatorSpec
+from tensorbits_protocol.operators import OperatorSpec, get_operator
 from tensorbits_protocol.v2 import InferenceRequest, RequestInput
 from tensorbits_protocol.validation import ResolvedCall, TensorSpec, validate_call
 
 MODEL_VERSION = "1"
+MODEL_VERSIONS = (MODEL_VERSION,)
 # Room in the JSON value count for what surrounds tensor data: per tensor its keys, shape and
 # parameters; per request its id and parameters. max_json_elements then bounds the data itself.
 ENVELOPE_VALUES = 64
@@ -362,6 +363,19 @@ def execute(plan: Plan, backend: Backend) -> Encoded:
     return Encoded(codec.dump_header(document, align=False), codec.JSON_CONTENT_TYPE, {})
 
 
+def resolve_model(name: str, version: str | None) -> OperatorSpec:
+    """The operator a v2 model name (and optional version) names; 404 for any other."""
+    op = get_operator(name)
+    if version is not None and version not in MODEL_VERSIONS:
+        raise OperatorNotFound(
+            f"model '{op.name}' has no version '{version[:40]}' "
+            f"(versions: {', '.join(MODEL_VERSIONS)})",
+            field="model_version",
+            rule="unknown_version",
+        )
+    return op
+
+
 def model_metadata_types(op: OperatorSpec) -> tuple[DataType, DataType]:
     """The one input and output data type the v2 metadata reports for ``op``: the first type of
     its oldest support row, which every feature level and version accepts (UINT8 throughout),
@@ -373,11 +387,13 @@ def model_metadata_types(op: OperatorSpec) -> tuple[DataType, DataType]:
 
 __all__ = [
     "MODEL_VERSION",
+    "MODEL_VERSIONS",
     "Encoded",
     "Limits",
     "Plan",
     "execute",
     "model_metadata_types",
     "plan",
+    "resolve_model",
     "validate_document",
 ]

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from tensorbits.backends import Selection, select_backend
 from tensorbits.config import Settings
+from tensorbits.inference import Limits
 from tensorbits_protocol.errors import Overloaded
 
 
@@ -34,8 +35,9 @@ class Admission:
             )
         self.bytes_in_flight += nbytes
 
-    @asynccontextmanager
-    async def admit(self, nbytes: int) -> AsyncIterator[Grant]:
+    def acquire(self, nbytes: int) -> Grant:
+        """Admit one request for ``nbytes``, or raise Overloaded; the caller must ``release``
+        the grant (``admit`` does it for a block)."""
         if self.requests_in_flight >= self.max_requests:
             raise Overloaded(
                 f"server busy: {self.requests_in_flight} requests in flight "
@@ -43,25 +45,36 @@ class Admission:
             )
         self._take_bytes(nbytes)
         self.requests_in_flight += 1
-        grant = Grant(self, nbytes)
+        return Grant(self, nbytes)
+
+    @asynccontextmanager
+    async def admit(self, nbytes: int) -> AsyncIterator[Grant]:
+        grant = self.acquire(nbytes)
         try:
             yield grant
         finally:
-            self.requests_in_flight -= 1
-            self.bytes_in_flight -= grant.nbytes
+            grant.release()
 
 
-@dataclass
+@dataclass(slots=True)
 class Grant:
     """What one admitted request holds; ``grow`` asks for more, or raises Overloaded."""
 
     admission: Admission
     nbytes: int
+    released: bool = False
 
     def grow(self, extra: int) -> None:
         if extra > 0:
             self.admission._take_bytes(extra)
             self.nbytes += extra
+
+    def release(self) -> None:
+        """Give back the request and its bytes; once only, however often it is called."""
+        if not self.released:
+            self.released = True
+            self.admission.requests_in_flight -= 1
+            self.admission.bytes_in_flight -= self.nbytes
 
 
 # Set when the process is told to stop (SIGTERM): readiness turns false first, so a load balancer
@@ -74,6 +87,8 @@ class Runtime:
     settings: Settings
     selection: Selection
     admission: Admission
+    # The settings' request limits in the form inference checks them: built once, not per call.
+    limits: Limits
     started: bool = True
 
     @property
@@ -89,6 +104,7 @@ class Runtime:
             settings=settings,
             selection=selection,
             admission=Admission(settings.max_inflight_bytes, settings.max_inflight_requests),
+            limits=Limits.from_settings(settings),
         )
 
     def close(self) -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter
 from starlette.routing import BaseRoute
 
-from tensorbits.api import v1, v2
+from tensorbits.api import v1, v2, v2_infer
 
 # v2 first: routes are matched in order, and v2 inference is the hot path.
 ALL: list[APIRouter] = [v2.router, v1.router]
-# Plain Starlette routes matched before all of the above (see v2.FAST_ROUTES).
-FAST_ROUTES: list[BaseRoute] = [*v2.FAST_ROUTES]
+# Plain ASGI routes matched before all of the above: the hot path (see v2_infer).
+FAST_ROUTES: list[BaseRoute] = [*v2_infer.ROUTES]

@@ -108,7 +108,7 @@ async def v1_batch(request: Request, runtime: RuntimeDep) -> Response:
     settings = runtime.settings
     # Admitted for the declared body before a byte is read; the grant grows once the plan says
     # what the batch needs while it runs.
-    declared = declared_length(request, settings.max_body_bytes) or 0
+    declared = declared_length(request.headers.get("content-length"), settings.max_body_bytes) or 0
     async with runtime.admission.admit(declared) as grant:
         body = await read_body(request, settings.max_body_bytes, settings.timeout_body_read)
         header_length = parse_header_length(request.headers.get(HEADER_LENGTH), len(body))

@@ -1,32 +1,27 @@
 """The Open Inference Protocol (KServe v2 / Triton HTTP) endpoints, with Triton's binary tensor
 data and model repository extensions: the stock ``tritonclient.http`` works unchanged.
 
-Every operator is a model of the same name, at version ``"1"``. Handlers are thin: the infer
-handler reads the body into one buffer (``read_body``: bounded, decompressed), hands it to
-``inference.plan`` and ``inference.execute``, and sends what they return. It declares no body
-parameter, so FastAPI never parses (or copies) the body; ``openapi_extra`` documents the request
-schema instead.
+Every operator is a model of the same name, at version ``"1"``. Inference itself, the hot path,
+is a plain ASGI endpoint in ``v2_infer.py``; the FastAPI routes here declare no body parameter,
+so FastAPI never parses (or copies) a body, and ``openapi_extra`` documents the request schema.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from contextlib import AsyncExitStack
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Path, Request, Response
 from fastapi.responses import JSONResponse
-from starlette.routing import Match, Route
 from starlette.types import Receive, Scope, Send
 
 from tensorbits import __version__, inference
 from tensorbits.api import v2_openapi
-from tensorbits.api.body import declared_length, read_body
+from tensorbits.api.body import read_body
 from tensorbits.api.deps import runtime_of
-from tensorbits.api.offload import offload
+from tensorbits.api.v2_infer import run_inference
+from tensorbits.inference import resolve_model
 from tensorbits.runtime import Runtime
-from tensorbits_protocol import codec
-from tensorbits_protocol.errors import InvalidRequest, OperatorNotFound
+from tensorbits_protocol.errors import InvalidRequest
 from tensorbits_protocol.jsondata import JsonLimits, parse_json
 from tensorbits_protocol.operators import OPERATORS, OperatorSpec, get_operator
 from tensorbits_protocol.v2 import (
@@ -42,11 +37,6 @@ from tensorbits_protocol.v2 import (
 SERVER_NAME = "tensorbits"
 PLATFORM = "tensorbits"
 EXTENSIONS = ("binary_tensor_data", "model_repository")
-VERSIONS = (inference.MODEL_VERSION,)
-# Work below these sizes runs on the event loop: a hop to a worker thread costs more than it.
-# JSON is slow to parse per byte (about 20 ms per MiB), binary tensors fast (about 0.1 ms per MiB).
-JSON_INLINE_MAX_BYTES = 64 << 10
-COMPUTE_INLINE_MAX_BYTES = 1 << 20
 REPOSITORY_BODY_MAX_BYTES = 64 << 10
 REPOSITORY_JSON_LIMITS = JsonLimits(max_depth=4, max_values=16)
 
@@ -72,102 +62,28 @@ def _not_ready() -> JSONResponse:
     return JSONResponse(body.model_dump(exclude_none=True), status_code=503)
 
 
-def _model(model: str, version: str | None) -> OperatorSpec:
-    op = get_operator(model)
-    if version is not None and version not in VERSIONS:
-        raise OperatorNotFound(
-            f"model '{op.name}' has no version '{version[:40]}' (versions: {', '.join(VERSIONS)})",
-            field="model_version",
-            rule="unknown_version",
-        )
-    return op
-
-
 def _metadata(op: OperatorSpec) -> ModelMetadataResponse:
     input_type, output_type = inference.model_metadata_types(op)
     return ModelMetadataResponse(
         name=op.name,
-        versions=list(VERSIONS),
+        versions=list(inference.MODEL_VERSIONS),
         platform=PLATFORM,
         inputs=[MetadataTensor(name=n, datatype=input_type.value, shape=[-1]) for n in op.inputs],
         outputs=[MetadataTensor(name=op.output, datatype=output_type.value, shape=[-1])],
     )
 
 
-class _HeldResponse(Response):
-    """A response that keeps its admission until its last byte is handed to the server: the
-    response buffer is part of what admission bounds, and it lives until then."""
+class _Inference(Response):
+    """What the FastAPI twins of the infer routes return: ``run_inference``, run when the
+    response is sent (it sends its own). The app matches ``v2_infer.ROUTES`` first, so these
+    twins mostly serve the OpenAPI schema; they stay correct for an app mounted without them."""
 
-    def __init__(self, encoded: inference.Encoded, release: Callable[[], Awaitable[Any]]) -> None:
-        super().__init__(encoded.body, media_type=encoded.media_type, headers=encoded.headers)
-        self._release = release
+    def __init__(self, op: OperatorSpec, runtime: Runtime) -> None:
+        super().__init__()
+        self.op, self.runtime = op, runtime
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self._release()
-
-
-async def _infer(op: OperatorSpec, request: Request) -> Response:
-    # The runtime and the header are read here, not declared as a dependency and a Header
-    # parameter: FastAPI runs a plain-``def`` dependency (deps.RuntimeDep) on a worker thread, and
-    # its parameter machinery costs as much as the rest of a small inference. The header is
-    # documented through v2_openapi.INFER_OPENAPI instead.
-    runtime = runtime_of(request)
-    settings = runtime.settings
-    stack = AsyncExitStack()
-    # Admitted for the declared body before a byte is read: many clients declaring large bodies
-    # at once get 503s instead of each making the server allocate its body.
-    declared = declared_length(request, settings.max_body_bytes) or 0
-    grant = await stack.enter_async_context(runtime.admission.admit(declared))
-    try:
-        body = await read_body(request, settings.max_body_bytes, settings.timeout_body_read)
-        header_value = request.headers.get(codec.HEADER_LENGTH)
-        header_length = codec.parse_header_length(header_value, len(body))
-        json_bytes = len(body) if header_length is None else header_length
-        limits = inference.Limits.from_settings(settings)
-        plan = await offload(
-            json_bytes, JSON_INLINE_MAX_BYTES, inference.plan, op, body, header_length, limits
-        )
-        grant.grow(len(body) - declared + plan.output_nbytes)
-        backend = runtime.selection.backend
-        encoded = await offload(
-            plan.work_bytes, COMPUTE_INLINE_MAX_BYTES, inference.execute, plan, backend
-        )
-    except BaseException:
-        await stack.aclose()
-        raise
-    return _HeldResponse(encoded, stack.aclose)
-
-
-# --- inference (registered first: routes are matched in order, and this is the hot one) --------
-
-
-async def _infer_endpoint(request: Request) -> Response:
-    params = request.path_params
-    return await _infer(_model(params["model"], params.get("version")), request)
-
-
-# The hot path as plain Starlette routes, which the app puts ahead of every FastAPI route: they
-# skip FastAPI's per-request dependency and parameter solving, about half the cost of a small
-# inference. The FastAPI routes below, with the same paths, stay for the OpenAPI schema and the
-# docs (and answer only if these are not mounted).
-class _Route(Route):
-    """A Starlette route that records itself in the scope as FastAPI's routes do, so metrics and
-    logs label its requests by the route template."""
-
-    def matches(self, scope: Scope) -> tuple[Match, Scope]:
-        match, child_scope = super().matches(scope)
-        if match is not Match.NONE:
-            child_scope["route"] = self
-        return match, child_scope
-
-
-FAST_ROUTES = [
-    _Route("/v2/models/{model}/infer", _infer_endpoint, methods=["POST"]),
-    _Route("/v2/models/{model}/versions/{version}/infer", _infer_endpoint, methods=["POST"]),
-]
+        await run_inference(self.op, self.runtime, scope, receive, send)
 
 
 @router.post(
@@ -179,7 +95,7 @@ FAST_ROUTES = [
     summary="Run the operator",
 )
 async def model_infer(model: ModelName, request: Request) -> Response:
-    return await _infer(_model(model, None), request)
+    return _Inference(resolve_model(model, None), runtime_of(request))
 
 
 @router.post(
@@ -193,7 +109,7 @@ async def model_infer(model: ModelName, request: Request) -> Response:
 async def model_version_infer(
     model: ModelName, version: ModelVersion, request: Request
 ) -> Response:
-    return await _infer(_model(model, version), request)
+    return _Inference(resolve_model(model, version), runtime_of(request))
 
 
 # --- server --------------------------------------------------------------------------------------
@@ -301,7 +217,7 @@ async def repository_model_unload(model: ModelName) -> Response:
     summary="Model metadata: input and output names, a data type, shape [-1]",
 )
 async def model_metadata(model: ModelName) -> ModelMetadataResponse:
-    return _metadata(_model(model, None))
+    return _metadata(resolve_model(model, None))
 
 
 @router.get(
@@ -312,7 +228,7 @@ async def model_metadata(model: ModelName) -> ModelMetadataResponse:
     summary="Model metadata of one version",
 )
 async def model_version_metadata(model: ModelName, version: ModelVersion) -> ModelMetadataResponse:
-    return _metadata(_model(model, version))
+    return _metadata(resolve_model(model, version))
 
 
 @router.get(
@@ -322,7 +238,7 @@ async def model_version_metadata(model: ModelName, version: ModelVersion) -> Mod
     summary="Model readiness",
 )
 async def model_ready(model: ModelName, request: Request) -> Response:
-    _model(model, None)
+    resolve_model(model, None)
     return Response(status_code=200) if _is_ready(request) else _not_ready()
 
 
@@ -335,5 +251,5 @@ async def model_ready(model: ModelName, request: Request) -> Response:
 async def model_version_ready(
     model: ModelName, version: ModelVersion, request: Request
 ) -> Response:
-    _model(model, version)
+    resolve_model(model, version)
     return Response(status_code=200) if _is_ready(request) else _not_ready()
