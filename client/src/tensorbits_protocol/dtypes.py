@@ -36,11 +36,15 @@ class DataTypeInfo:
     numpy: np.dtype[np.generic]
     # The unsigned type of the same width: DML operators act on the stored bits through it.
     bits: np.dtype[np.generic]
+    # The type as it travels: little-endian whatever the host (``numpy`` is the host's order).
+    wire: np.dtype[np.generic]
 
 
 def _info(name: str, bits: str) -> DataTypeInfo:
     dtype = np.dtype(name)
-    return DataTypeInfo(itemsize=dtype.itemsize, numpy=dtype, bits=np.dtype(bits))
+    return DataTypeInfo(
+        itemsize=dtype.itemsize, numpy=dtype, bits=np.dtype(bits), wire=dtype.newbyteorder("<")
+    )
 
 
 DTYPES: dict[DataType, DataTypeInfo] = {
@@ -58,6 +62,9 @@ DTYPES: dict[DataType, DataTypeInfo] = {
     DataType.FP64: _info("float64", "uint64"),
 }
 
+# The data types by wire name: a dict lookup, where ``DataType(name)`` costs a microsecond.
+BY_NAME: dict[str, DataType] = {t.value: t for t in DataType}
+
 # DirectML's names for the float types (DML_TENSOR_DATA_TYPE_FLOAT32 ...).
 DML_ALIASES: dict[str, DataType] = {
     "FLOAT16": DataType.FP16,
@@ -74,6 +81,11 @@ def itemsize(datatype: DataType) -> int:
 
 def numpy_dtype(datatype: DataType) -> np.dtype[np.generic]:
     return DTYPES[datatype].numpy
+
+
+def wire_dtype(datatype: DataType) -> np.dtype[np.generic]:
+    """The NumPy dtype of a tensor on the wire: little-endian whatever the host."""
+    return DTYPES[datatype].wire
 
 
 def from_numpy(dtype: np.dtype[np.generic] | type) -> DataType:

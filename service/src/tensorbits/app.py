@@ -12,6 +12,7 @@ from fastapi_offline import FastAPIOffline
 from tensorbits import __version__
 from tensorbits.api import routers
 from tensorbits.api.errors import register_exception_handlers
+from tensorbits.api.fastpath import FastPathMiddleware
 from tensorbits.api.metrics import router as metrics_router
 from tensorbits.config import Settings, get_settings
 from tensorbits.observability import Metrics, ObservabilityMiddleware
@@ -52,7 +53,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     register_exception_handlers(app)
     for router in routers.ALL:
         app.include_router(router)
-    app.router.routes[0:0] = routers.FAST_ROUTES
     app.include_router(metrics_router)
+    # Added last is outermost: observability wraps the fast path, which wraps the framework.
+    app.add_middleware(FastPathMiddleware, routes=routers.FAST_ROUTES)
     app.add_middleware(ObservabilityMiddleware, metrics=lambda: metrics)
     return app

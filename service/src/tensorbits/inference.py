@@ -14,6 +14,7 @@ thread. Every failure is a ``TensorbitsError`` (400, 404, 413), never a bare exc
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -24,7 +25,7 @@ from tensorbits.backends.base import Backend
 from tensorbits.config import Settings
 from tensorbits.engine import run_into_host
 from tensorbits_protocol import codec
-from tensorbits_protocol.dtypes import DataType, itemsize, numpy_dtype
+from tensorbits_protocol.dtypes import BY_NAME, DataType, itemsize, wire_dtype
 from tensorbits_protocol.errors import InvalidRequest, OperatorNotFound, PayloadTooLarge
 from tensorbits_protocol.jsondata import (
     JsonLimits,
@@ -85,10 +86,7 @@ class Plan:
     request_id: str | None
     inputs: list[Array]  # in the operator's input order
     binary_output: bool
-
-    @property
-    def output_nbytes(self) -> int:
-        return math.prod(self.call.output_shape) * itemsize(self.call.output_datatype)
+    output_nbytes: int
 
     @property
     def work_bytes(self) -> int:
@@ -171,7 +169,7 @@ def _frame(tensor: RequestInput) -> codec.TensorFrame:
     extra = (parameters.model_extra or {}) if parameters is not None else {}
     return codec.TensorFrame(
         name=tensor.name,
-        datatype=DataType(tensor.datatype),
+        datatype=BY_NAME[tensor.datatype],  # a Literal of the names: always there
         shape=tuple(tensor.shape),
         binary_size=parameters.binary_data_size if parameters is not None else None,
         has_data="data" in tensor.model_fields_set,
@@ -275,16 +273,82 @@ def _check_output(call: ResolvedCall, binary: bool, limits: Limits) -> None:
         )
 
 
-def wire_dtype(datatype: DataType) -> np.dtype[Any]:
-    """The NumPy dtype of a tensor on the wire: little-endian whatever the host."""
-    return numpy_dtype(datatype).newbyteorder("<")
+@dataclass(frozen=True, slots=True)
+class _Template:
+    """What one all-binary request header decides: everything in a plan but the tensors' bytes,
+    and where those lie in the body's tail (per operator input: wire dtype, shape, start, end)."""
+
+    call: ResolvedCall
+    request_id: str | None
+    binary_output: bool
+    output_nbytes: int
+    inputs: tuple[tuple[np.dtype[Any], tuple[int, ...], int, int], ...]
+
+    def plan(self, op: OperatorSpec, tail: memoryview) -> Plan:
+        return Plan(
+            op=op,
+            call=self.call,
+            request_id=self.request_id,
+            inputs=[
+                np.frombuffer(tail[start:end], dtype).reshape(shape)
+                for dtype, shape, start, end in self.inputs
+            ],
+            binary_output=self.binary_output,
+            output_nbytes=self.output_nbytes,
+        )
 
 
-def plan(op: OperatorSpec, body: bytearray, header_length: int | None, limits: Limits) -> Plan:
+_TemplateKey = tuple[str, bytes, int]  # operator, header bytes, tail length
+
+
+class HeaderCache:
+    """Headers planned before, so a repeated one is not parsed and checked again.
+
+    Clients send the same header over and over: same model, shapes and types, binary data, and
+    (tritonclient's default) no request id. Planning such a header is a pure function of its
+    bytes, the body's length and the server's limits (one cache per runtime, so per limits), and
+    it is most of the server's work for a small tensor. Only headers that planned without error,
+    with every input binary, and at most ``max_header_bytes`` long are kept; at most ``entries``
+    of them, the oldest dropped first. A lookup is one dict access: a miss costs next to nothing.
+    """
+
+    def __init__(self, entries: int, max_header_bytes: int = 4096) -> None:
+        self.entries = entries
+        self.max_header_bytes = max_header_bytes
+        self._templates: dict[_TemplateKey, _Template] = {}
+        self._lock = threading.Lock()  # plans of large requests run on worker threads
+
+    def __len__(self) -> int:
+        return len(self._templates)
+
+    def get(self, key: _TemplateKey) -> _Template | None:
+        return self._templates.get(key)
+
+    def put(self, key: _TemplateKey, template: _Template) -> None:
+        with self._lock:
+            if len(self._templates) >= self.entries:
+                del self._templates[next(iter(self._templates))]
+            self._templates[key] = template
+
+
+def plan(
+    op: OperatorSpec,
+    body: bytearray,
+    header_length: int | None,
+    limits: Limits,
+    cache: HeaderCache | None = None,
+) -> Plan:
     """Parse and check one inference request for ``op``; raise on anything wrong with it."""
     head, tail = codec.split_body(memoryview(body), header_length)
+    header = bytes(head)
+    key: _TemplateKey | None = None
+    if cache is not None and header_length is not None and len(header) <= cache.max_header_bytes:
+        key = (op.name, header, len(tail))
+        template = cache.get(key)
+        if template is not None:
+            return template.plan(op, tail)
     what = "inference header" if header_length is not None else "request body"
-    document = parse_json(head, limits.json, what)
+    document = parse_json(header, limits.json, what)
     _count_tensors(document, limits)
     request = validate_document(InferenceRequest, document, what)
     frames = [_frame(tensor) for tensor in request.inputs]
@@ -311,12 +375,38 @@ def plan(op: OperatorSpec, body: bytearray, header_length: int | None, limits: L
             arrays[frame.name] = np.frombuffer(raw, wire_dtype(frame.datatype)).reshape(frame.shape)
         else:
             arrays[frame.name] = decode_data(frame.name, frame.datatype, frame.shape, tensor.data)
-    return Plan(
+    planned = Plan(
         op=op,
         call=call,
         request_id=request.id,
         inputs=[arrays[name] for name in op.inputs],
         binary_output=binary,
+        output_nbytes=math.prod(call.output_shape) * itemsize(call.output_datatype),
+    )
+    if cache is not None and key is not None and all(raw is not None for raw in slices):
+        cache.put(key, _template(planned, frames, slices, tail))
+    return planned
+
+
+def _template(
+    planned: Plan,
+    frames: list[codec.TensorFrame],
+    slices: list[memoryview | None],
+    tail: memoryview,
+) -> _Template:
+    # Where each input's slice lies in the tail, in the operator's input order.
+    where: dict[str, tuple[np.dtype[Any], tuple[int, ...], int, int]] = {}
+    start = 0
+    for frame, raw in zip(frames, slices, strict=True):
+        assert raw is not None  # all-binary headers only
+        where[frame.name] = (wire_dtype(frame.datatype), frame.shape, start, start + len(raw))
+        start += len(raw)
+    return _Template(
+        call=planned.call,
+        request_id=planned.request_id,
+        binary_output=planned.binary_output,
+        output_nbytes=planned.output_nbytes,
+        inputs=tuple(where[name] for name in planned.op.inputs),
     )
 
 
@@ -389,6 +479,7 @@ __all__ = [
     "MODEL_VERSION",
     "MODEL_VERSIONS",
     "Encoded",
+    "HeaderCache",
     "Limits",
     "Plan",
     "execute",

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from tensorbits.backends import Selection, select_backend
 from tensorbits.config import Settings
-from tensorbits.inference import Limits
+from tensorbits.inference import HeaderCache, Limits
 from tensorbits_protocol.errors import Overloaded
 
 
@@ -89,6 +89,8 @@ class Runtime:
     admission: Admission
     # The settings' request limits in the form inference checks them: built once, not per call.
     limits: Limits
+    # v2 request headers already planned (inference.HeaderCache); None when switched off.
+    header_cache: HeaderCache | None
     started: bool = True
 
     @property
@@ -105,6 +107,11 @@ class Runtime:
             selection=selection,
             admission=Admission(settings.max_inflight_bytes, settings.max_inflight_requests),
             limits=Limits.from_settings(settings),
+            header_cache=(
+                HeaderCache(settings.header_cache_entries)
+                if settings.header_cache_entries
+                else None
+            ),
         )
 
     def close(self) -> None:

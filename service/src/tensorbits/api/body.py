@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import zlib
-from collections.abc import AsyncIterator
 
 from starlette.requests import Request
-from starlette.types import Receive, Scope
+from starlette.types import Message, Receive, Scope
 
 from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge, RequestTimeout
 
@@ -98,29 +97,26 @@ async def receive_body(
     return inflate(buffer, encoding, limit)
 
 
-async def _chunks(receive: Receive) -> AsyncIterator[bytes]:
-    # The body messages of one request, as Starlette's Request.stream reads them.
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise InvalidRequest(
-                "client disconnected before the request body was complete",
-                field="body",
-                rule="truncated",
-            )
-        chunk: bytes = message.get("body", b"")
-        if chunk:
-            yield chunk
-        if not message.get("more_body", False):
-            return
+def _chunk(message: Message) -> tuple[bytes, bool]:
+    """A body message's bytes and whether more follow, as Starlette's Request.stream reads it
+    (a plain loop over this, not an async generator: it runs on every request)."""
+    if message["type"] == "http.disconnect":
+        raise InvalidRequest(
+            "client disconnected before the request body was complete",
+            field="body",
+            rule="truncated",
+        )
+    return message.get("body", b""), message.get("more_body", False)
 
 
 async def _receive_declared(receive: Receive, length: int) -> bytearray:
     # One allocation of the declared size; chunks are copied straight into place.
     buffer = bytearray(length)
     filled = 0
+    more = True
     with memoryview(buffer) as view:
-        async for chunk in _chunks(receive):
+        while more:
+            chunk, more = _chunk(await receive())
             end = filled + len(chunk)
             if end > length:
                 raise InvalidRequest(
@@ -142,7 +138,9 @@ async def _receive_declared(receive: Receive, length: int) -> bytearray:
 async def _receive_chunked(receive: Receive, limit: int) -> bytearray:
     # No length to size a buffer from: grow it, but never past the limit.
     buffer = bytearray()
-    async for chunk in _chunks(receive):
+    more = True
+    while more:
+        chunk, more = _chunk(await receive())
         if len(buffer) + len(chunk) > limit:
             raise _too_large("chunked request body", f"more than {limit}", limit)
         buffer += chunk

@@ -9,11 +9,13 @@ unexpected exception is a 500 whose body names no internals.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
 
 from tensorbits_protocol.errors import BackendFailure, Overloaded, TensorbitsError
 
@@ -72,9 +74,29 @@ async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"error": "internal server error", "code": "internal"}, status_code=500)
 
 
+Handler = Callable[[Request, Exception], Awaitable[Response]]
+
+# Exception class -> the handler that answers it; the most derived class listed wins.
+HANDLERS: dict[type[Exception], Handler] = {
+    TensorbitsError: _tensorbits_error,
+    RequestValidationError: _validation_error,
+    StarletteHTTPException: _http_error,
+    MemoryError: _out_of_memory,
+    Exception: _unexpected,
+}
+
+
+def handler_for(exc: Exception) -> Handler | None:
+    """The handler ``HANDLERS`` gives ``exc``, short of the catch-all for unexpected errors
+    (those propagate, so the server's error middleware answers 500 and logs them)."""
+    for cls in type(exc).__mro__:
+        if cls is Exception:
+            return None
+        if cls in HANDLERS:
+            return HANDLERS[cls]
+    return None
+
+
 def register_exception_handlers(app: FastAPI) -> None:
-    app.add_exception_handler(TensorbitsError, _tensorbits_error)
-    app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_exception_handler(MemoryError, _out_of_memory)
-    app.add_exception_handler(Exception, _unexpected)
+    for exc_class, handler in HANDLERS.items():
+        app.add_exception_handler(exc_class, handler)

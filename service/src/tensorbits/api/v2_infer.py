@@ -9,8 +9,9 @@ timed, decompressed), hands it to ``inference.plan`` and ``inference.execute``, 
 one response buffer they return. Every failure is a ``TensorbitsError`` raised before the first
 byte is sent, so the app's exception handlers (``api/errors.py``) shape it like any other.
 
-The app mounts ``ROUTES`` ahead of every FastAPI route; ``v2.py`` keeps FastAPI twins of the
-same paths for the OpenAPI schema and the docs, which run this same code if ever reached.
+The app serves ``ROUTES`` ahead of the framework (``api/fastpath.py``); ``v2.py`` keeps FastAPI
+twins of the same paths for the OpenAPI schema and the docs, which run this same code if ever
+reached.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ async def run_inference(
         json_bytes = len(body) if header_length is None else header_length
         plan = await offload(
             json_bytes, JSON_INLINE_MAX_BYTES, inference.plan, op, body, header_length,
-            runtime.limits,
+            runtime.limits, runtime.header_cache,
         )  # fmt: skip
         grant.grow(len(body) - (declared or 0) + plan.output_nbytes)
         encoded = await offload(
