@@ -6,9 +6,11 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from v2_support import NOT, TestClient, binary_input, framed, v2_client
 
+from tensorbits.observability import RequestTally
 from tensorbits.runtime import DRAINING
 
 
@@ -81,3 +83,27 @@ def test_readiness_turns_false_while_draining(client: TestClient) -> None:
     finally:
         DRAINING.clear()
     assert client.get("/v2/health/ready").status_code == 200
+
+
+def test_request_tally_exports_counters_and_a_cumulative_histogram() -> None:
+    tally = RequestTally(buckets=(0.1, 1.0))
+    for seconds in (0.05, 0.1, 0.5, 2.0):  # a bound is inclusive ("le"): 0.1 is in the first
+        tally.add("/r", "m", 200, seconds, 3, 5)
+    tally.add("/r", "m", 400, 0.01, 1, 1)
+    registry = CollectorRegistry()
+    registry.register(tally)
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(generate_latest(registry).decode())
+        for s in family.samples
+    }
+    route = (("route", "/r"),)
+    assert samples[("tensorbits_requests_total", (("model", "m"), *route, ("status", "200")))] == 4
+    assert samples[("tensorbits_requests_total", (("model", "m"), *route, ("status", "400")))] == 1
+    assert samples[("tensorbits_request_bytes_total", route)] == 13
+    assert samples[("tensorbits_response_bytes_total", route)] == 21
+    buckets = {le: samples[("tensorbits_request_duration_seconds_bucket", (("le", le), *route))]
+               for le in ("0.1", "1.0", "+Inf")}  # fmt: skip
+    assert buckets == {"0.1": 3, "1.0": 4, "+Inf": 5}
+    assert samples[("tensorbits_request_duration_seconds_count", route)] == 5
+    assert samples[("tensorbits_request_duration_seconds_sum", route)] == pytest.approx(2.66)

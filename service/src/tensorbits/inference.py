@@ -87,6 +87,9 @@ class Plan:
     inputs: list[Array]  # in the operator's input order
     binary_output: bool
     output_nbytes: int
+    # The binary response's JSON header when already known (a cached header's plan): it depends
+    # on nothing that running the plan decides.
+    response_header: bytes | None = None
 
     @property
     def work_bytes(self) -> int:
@@ -283,6 +286,7 @@ class _Template:
     binary_output: bool
     output_nbytes: int
     inputs: tuple[tuple[np.dtype[Any], tuple[int, ...], int, int], ...]
+    response_header: bytes | None  # for binary output
 
     def plan(self, op: OperatorSpec, tail: memoryview) -> Plan:
         return Plan(
@@ -295,6 +299,7 @@ class _Template:
             ],
             binary_output=self.binary_output,
             output_nbytes=self.output_nbytes,
+            response_header=self.response_header,
         )
 
 
@@ -407,6 +412,7 @@ def _template(
         binary_output=planned.binary_output,
         output_nbytes=planned.output_nbytes,
         inputs=tuple(where[name] for name in planned.op.inputs),
+        response_header=binary_response_header(planned) if planned.binary_output else None,
     )
 
 
@@ -433,13 +439,18 @@ def _response_document(plan: Plan, binary_size: int | None) -> dict[str, Any]:
     return document
 
 
+def binary_response_header(plan: Plan) -> bytes:
+    """The JSON header of the plan's response with its output as binary data."""
+    return codec.dump_header(_response_document(plan, plan.output_nbytes))
+
+
 def execute(plan: Plan, backend: Backend) -> Encoded:
     """Run a plan and encode the response (binary: one buffer, written in place)."""
     call = plan.call
     dtype = wire_dtype(call.output_datatype)
     if plan.binary_output:
-        size = plan.output_nbytes
-        layout = codec.BodyLayout(codec.dump_header(_response_document(plan, size)), (size,))
+        header = plan.response_header or binary_response_header(plan)
+        layout = codec.BodyLayout(header, (plan.output_nbytes,))
         body, (tail,) = layout.allocate()
         out = np.frombuffer(tail, dtype).reshape(call.output_shape)
         run_into_host(backend, call, plan.inputs, out)
