@@ -62,3 +62,16 @@ def test_v2_routes_are_documented(generated: str) -> None:
     assert "Inference-Header-Content-Length" in infer["responses"]["200"]["headers"]
     headers = [p["name"] for p in infer["parameters"] if p["in"] == "header"]
     assert headers == ["Inference-Header-Content-Length"]
+
+
+def test_the_document_lists_the_400_the_app_answers_not_fastapis_422(generated: str) -> None:
+    document = json.loads(generated)
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            assert "422" not in operation["responses"], (method, path)
+    schemas = document["components"]["schemas"]
+    assert "HTTPValidationError" not in schemas and "ValidationError" not in schemas
+    metadata = document["paths"]["/v2/models/{model}"]["get"]["responses"]
+    assert metadata["400"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/ErrorResponse"
+    }

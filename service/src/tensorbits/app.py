@@ -10,7 +10,7 @@ from fastapi.routing import APIRoute
 from fastapi_offline import FastAPIOffline
 
 from tensorbits import __version__
-from tensorbits.api import routers
+from tensorbits.api import openapi_doc, routers
 from tensorbits.api.errors import register_exception_handlers
 from tensorbits.api.fastpath import FastPathMiddleware
 from tensorbits.api.metrics import router as metrics_router
@@ -57,4 +57,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # Added last is outermost: observability wraps the fast path, which wraps the framework.
     app.add_middleware(FastPathMiddleware, routes=routers.FAST_ROUTES)
     app.add_middleware(ObservabilityMiddleware, metrics=lambda: metrics)
+    openapi_doc.install(app)
     return app

@@ -14,15 +14,16 @@ from pydantic import BaseModel
 from tensorbits_protocol import codec
 from tensorbits_protocol.v2 import ErrorResponse, InferenceRequest
 
+ERROR_DESCRIPTIONS = {
+    400: "Invalid request: the message names the input, parameter or header and the rule",
+    404: "Unknown model or version",
+    413: "Over a size limit (body, tensor elements, tensor count, JSON data)",
+    503: "Not ready, or overloaded (retry after `Retry-After` seconds)",
+}
+
 
 def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    words = {
-        400: "Invalid request: the message names the input, parameter or header and the rule",
-        404: "Unknown model or version",
-        413: "Over a size limit (body, tensor elements, tensor count, JSON data)",
-        503: "Not ready, or overloaded (retry after `Retry-After` seconds)",
-    }
-    return {s: {"model": ErrorResponse, "description": words[s]} for s in statuses}
+    return {s: {"model": ErrorResponse, "description": ERROR_DESCRIPTIONS[s]} for s in statuses}
 
 
 def _inline_refs(node: Any, defs: dict[str, Any]) -> Any:
