@@ -4,12 +4,16 @@ A description (data type, Sizes, optional Strides in elements, TotalTensorSizeIn
 GuaranteedBaseOffsetAlignment) bound at a byte offset of a caller's buffer becomes a strided view.
 ``plan_view`` checks everything first with Python's unbounded integers, so no product or sum can
 overflow, and only returns a layout whose every element lies inside the bound range.
+
+``plan_view`` is two steps that callers binding many tensors can take apart: ``describe`` checks a
+description on its own (the same description bound at many offsets is checked once) and
+``check_placement`` checks one offset into one buffer.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from tensorbits_protocol.dtypes import DataType, itemsize
@@ -55,6 +59,26 @@ class ViewLayout:
     @property
     def end(self) -> int:
         return self.offset + self.total_size
+
+
+@dataclass(frozen=True, slots=True)
+class DescLayout:
+    """A description that passed ``check_desc``: its elements' layout relative to the offset it is
+    bound at (shape, strides in bytes, the bytes it claims), and what binding it needs.
+
+    Equal layouts read the same elements from the same offset; the fields after ``total_size``
+    follow from the description and take no part in equality."""
+
+    datatype: DataType
+    shape: tuple[int, ...]
+    byte_strides: tuple[int, ...]
+    total_size: int  # TotalTensorSizeInBytes, given or implied
+    alignment: int = field(compare=False)  # a bound offset must be a multiple of this
+    itemsize: int = field(compare=False)
+    elements: int = field(compare=False)
+    # Row-major without gaps (the stride of a dimension of size 1 is never used): the elements
+    # are the ``elements`` consecutive ones from the bound offset, a plain slice of the buffer.
+    packed: bool = field(compare=False)
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -130,14 +154,40 @@ def check_desc(name: str, desc: TensorDesc) -> int:
     return total
 
 
-def plan_view(
-    name: str, desc: TensorDesc, offset: int, buffer_size: int, *, buffer_name: str = "buffer"
-) -> ViewLayout:
-    """Check a description bound at ``offset`` of a buffer of ``buffer_size`` bytes.
+def is_packed(shape: tuple[int, ...], byte_strides: tuple[int, ...], element: int) -> bool:
+    """Whether the elements are row-major and contiguous, as a plain slice reshaped would be."""
+    step = element
+    for size, stride in zip(reversed(shape), reversed(byte_strides), strict=True):
+        if size != 1:
+            if stride != step:
+                return False
+            step *= size
+    return True
 
-    On success every element's byte range lies in [offset, offset + total) ⊆ [0, buffer_size)."""
+
+def describe(name: str, desc: TensorDesc) -> DescLayout:
+    """Check a description on its own (``check_desc``, errors named after ``name``) and lay it out."""
     total = check_desc(name, desc)
-    alignment = max(DML_MINIMUM_BUFFER_TENSOR_ALIGNMENT, desc.alignment)
+    element = itemsize(desc.datatype)
+    byte_strides = tuple(s * element for s in desc.effective_strides())
+    return DescLayout(
+        datatype=desc.datatype,
+        shape=desc.sizes,
+        byte_strides=byte_strides,
+        total_size=total,
+        alignment=max(DML_MINIMUM_BUFFER_TENSOR_ALIGNMENT, desc.alignment),
+        itemsize=element,
+        elements=math.prod(desc.sizes),
+        packed=is_packed(desc.sizes, byte_strides, element),
+    )
+
+
+def check_placement(
+    name: str, layout: DescLayout, offset: int, buffer_size: int, *, buffer_name: str = "buffer"
+) -> None:
+    """Check a described tensor bound at ``offset`` of a buffer of ``buffer_size`` bytes: on
+    success every element's byte range lies in [offset, offset + total) ⊆ [0, buffer_size)."""
+    alignment = layout.alignment
     if offset < 0 or offset % alignment:
         raise InvalidRequest(
             f"{name}: byte offset {offset} into {buffer_name} is not a multiple of {alignment} "
@@ -145,6 +195,7 @@ def plan_view(
             field=f"{name}.offset",
             rule="offset_alignment",
         )
+    total = layout.total_size
     if offset + total > buffer_size:
         raise InvalidRequest(
             f"{name}: bound range [{offset}, {offset + total}) reaches past the end of "
@@ -153,13 +204,21 @@ def plan_view(
             field=f"{name}.offset",
             rule="buffer_bounds",
         )
-    element = itemsize(desc.datatype)
-    strides = desc.effective_strides()
+
+
+def plan_view(
+    name: str, desc: TensorDesc, offset: int, buffer_size: int, *, buffer_name: str = "buffer"
+) -> ViewLayout:
+    """Check a description bound at ``offset`` of a buffer of ``buffer_size`` bytes.
+
+    On success every element's byte range lies in [offset, offset + total) ⊆ [0, buffer_size)."""
+    layout = describe(name, desc)
+    check_placement(name, layout, offset, buffer_size, buffer_name=buffer_name)
     return ViewLayout(
         offset=offset,
-        shape=desc.sizes,
-        byte_strides=tuple(s * element for s in strides),
-        total_size=total,
+        shape=layout.shape,
+        byte_strides=layout.byte_strides,
+        total_size=layout.total_size,
     )
 
 

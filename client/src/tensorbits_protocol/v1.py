@@ -20,7 +20,18 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    TypeAdapter,
+    with_config,
+)
+from typing_extensions import TypedDict  # pydantic reads typing's TypedDict only from 3.12 on
 
 from tensorbits_protocol.dtypes import DataType
 from tensorbits_protocol.operators import Encoding, Function, ShapeRule
@@ -153,6 +164,56 @@ class BatchRequest(_Request):
     buffers: list[BufferDeclaration]
     dispatches: list[Dispatch]
     outputs: list[Name]
+
+
+# --- POST /v1/batch request, as the server reads it ----------------------------------------------
+# The same schema as plain dicts: pydantic builds a dict a third faster than a model, and a batch
+# of 100 small dispatches holds 700 of them (0.5 ms instead of 0.75 ms). Field for field the
+# models above, defaults filled in; the tests hold the two to the same JSON Schema. A header that
+# these refuse is read again by the models, whose errors are the documented ones.
+_STRICT = ConfigDict(extra="forbid", strict=True)
+
+
+@with_config(_STRICT)
+class TensorDescriptionData(TypedDict):
+    datatype: DataTypeName
+    sizes: list[StrictInt]
+    strides: Annotated[list[StrictInt] | None, Field(default=None)]
+    total_size: Annotated[StrictInt | None, Field(default=None)]
+    alignment: Annotated[StrictInt, Field(default=0)]
+
+
+@with_config(_STRICT)
+class BufferBindingData(TypedDict):
+    buffer: Name
+    offset: Annotated[StrictInt, Field(default=0)]
+    size: Annotated[StrictInt | None, Field(default=None)]
+    desc: TensorDescriptionData
+
+
+@with_config(_STRICT)
+class DispatchData(TypedDict):
+    operator: OperatorName
+    parameters: Annotated[dict[Name, ParameterValue], Field(default_factory=dict)]
+    bindings: dict[Name, BufferBindingData]
+
+
+@with_config(_STRICT)
+class BufferDeclarationData(TypedDict):
+    name: Name
+    byte_size: Annotated[StrictInt, Field(ge=0)]
+    init: Annotated[Literal["zeros"] | None, Field(default=None)]
+
+
+@with_config(_STRICT)
+class BatchRequestData(TypedDict):
+    id: Annotated[Annotated[str, Field(max_length=256)] | None, Field(default=None)]
+    buffers: list[BufferDeclarationData]
+    dispatches: list[DispatchData]
+    outputs: list[Name]
+
+
+BATCH_REQUEST_DATA: TypeAdapter[BatchRequestData] = TypeAdapter(BatchRequestData)
 
 
 # --- POST /v1/batch response --------------------------------------------------------------------

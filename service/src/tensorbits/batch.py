@@ -13,21 +13,27 @@ earlier one wrote) and copies only the output buffers to the host, into the call
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from functools import cache
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from tensorbits.backends.base import Backend
 from tensorbits.config import Settings
 from tensorbits.kernels import Array
-from tensorbits_protocol.dml import TensorDesc, ViewLayout, plan_view
-from tensorbits_protocol.dtypes import DataType, itemsize, numpy_dtype, parse_datatype
+from tensorbits_protocol.dml import DescLayout, TensorDesc, ViewLayout, check_placement, describe
+from tensorbits_protocol.dtypes import DataType, numpy_dtype, parse_datatype
 from tensorbits_protocol.errors import InvalidRequest, OperatorNotFound, PayloadTooLarge
 from tensorbits_protocol.operators import OperatorSpec, get_operator
-from tensorbits_protocol.v1 import BatchRequest, BufferBinding, BufferDeclaration, Dispatch
+from tensorbits_protocol.v1 import (
+    BatchRequestData,
+    BufferBindingData,
+    BufferDeclarationData,
+    DispatchData,
+    TensorDescriptionData,
+)
 from tensorbits_protocol.validation import (
     ResolvedCall,
     TensorSpec,
@@ -46,28 +52,33 @@ class BufferPlan:
     body_offset: int | None  # where its bytes start in the request body; None: zero-filled
 
 
-@dataclass(frozen=True, slots=True)
-class BoundTensor:
-    """A tensor bound to [layout.offset, layout.offset + size) of a buffer, proven inside it.
+class BoundTensor(NamedTuple):
+    """A tensor bound to [offset, offset + size) of a buffer, proven inside it.
 
     Two bindings are equal exactly when they are the same range of the same buffer read through
-    the same layout and data type: the in-place condition."""
+    the same layout and data type: the in-place condition. (A NamedTuple rather than a frozen
+    dataclass: a batch makes one per binding, and this one is built in a third of the time.)"""
 
     buffer: int
+    offset: int
     size: int
-    layout: ViewLayout
-    datatype: DataType
+    desc: DescLayout
+
+    @property
+    def datatype(self) -> DataType:
+        return self.desc.datatype
+
+    @property
+    def layout(self) -> ViewLayout:
+        desc = self.desc
+        return ViewLayout(self.offset, desc.shape, desc.byte_strides, desc.total_size)
 
     @property
     def end(self) -> int:
-        return self.layout.offset + self.size
+        return self.offset + self.size
 
     def overlaps(self, other: BoundTensor) -> bool:
-        return (
-            self.buffer == other.buffer
-            and self.layout.offset < other.end
-            and other.layout.offset < self.end
-        )
+        return self.buffer == other.buffer and self.offset < other.end and other.offset < self.end
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,12 +163,12 @@ def _listed(names: Sequence[str], most: int = 20) -> str:
 
 
 # --- planning: buffers --------------------------------------------------------------------------
-def _check_counts(request: BatchRequest, settings: Settings) -> None:
+def _check_counts(request: BatchRequestData, settings: Settings) -> None:
     limits = (
-        ("buffers", len(request.buffers), settings.max_buffers, "TENSORBITS_MAX_BUFFERS"),
+        ("buffers", len(request["buffers"]), settings.max_buffers, "TENSORBITS_MAX_BUFFERS"),
         (
             "dispatches",
-            len(request.dispatches),
+            len(request["dispatches"]),
             settings.max_dispatches,
             "TENSORBITS_MAX_DISPATCHES",
         ),
@@ -172,7 +183,7 @@ def _check_counts(request: BatchRequest, settings: Settings) -> None:
 
 
 def _plan_buffers(
-    declarations: Sequence[BufferDeclaration], data_start: int, body_length: int, limit: int
+    declarations: Sequence[BufferDeclarationData], data_start: int, body_length: int, limit: int
 ) -> tuple[BufferPlan, ...]:
     """Buffers with their place in the body, checked against it the way Triton checks inputs:
     each data buffer must find all its bytes, and no byte may be left over."""
@@ -180,26 +191,27 @@ def _plan_buffers(
     plans: list[BufferPlan] = []
     position = data_start
     for i, decl in enumerate(declarations):
-        if decl.name in first_seen:
+        name, byte_size = decl["name"], decl["byte_size"]
+        if name in first_seen:
             raise _invalid(
                 f"buffers[{i}].name",
-                f"duplicate buffer name '{decl.name}' (first declared at buffers[{first_seen[decl.name]}])",
+                f"duplicate buffer name '{name}' (first declared at buffers[{first_seen[name]}])",
                 "duplicate_buffer",
             )
-        first_seen[decl.name] = i
-        if decl.init is not None:
-            plans.append(BufferPlan(decl.name, decl.byte_size, None))
+        first_seen[name] = i
+        if decl["init"] is not None:
+            plans.append(BufferPlan(name, byte_size, None))
             continue
         remaining = body_length - position
-        if decl.byte_size > remaining:
+        if byte_size > remaining:
             raise _invalid(
                 f"buffers[{i}].byte_size",
-                f"unexpected size for buffer '{decl.name}', expecting {decl.byte_size} "
+                f"unexpected size for buffer '{name}', expecting {byte_size} "
                 f"additional bytes but the body has {remaining} left",
                 "body_short",
             )
-        plans.append(BufferPlan(decl.name, decl.byte_size, position))
-        position += decl.byte_size
+        plans.append(BufferPlan(name, byte_size, position))
+        position += byte_size
     if position != body_length:
         raise _invalid(
             "body",
@@ -240,79 +252,137 @@ def _plan_outputs(outputs: Sequence[str], index: Mapping[str, int]) -> tuple[int
 
 
 # --- planning: bindings -------------------------------------------------------------------------
-def _bind(
-    at: str,
-    name: str,
-    binding: BufferBinding,
-    buffers: Sequence[BufferPlan],
-    index: Mapping[str, int],
-    max_elements: int,
-) -> BoundTensor:
-    path = f"{at}.bindings.{name}"
-    if binding.buffer not in index:
-        raise _invalid(
-            f"{path}.buffer",
-            f"no buffer named '{binding.buffer}' (declared: {_listed(list(index))})",
-            "unknown_buffer",
-        )
-    buffer_index = index[binding.buffer]
-    buffer = buffers[buffer_index]
-    desc = binding.desc
-    datatype = parse_datatype(desc.datatype)
-    assert datatype is not None  # the wire model's Literal admits only names parse_datatype reads
-    tensor_desc = TensorDesc(
-        datatype=datatype,
-        sizes=tuple(desc.sizes),
-        strides=None if desc.strides is None else tuple(desc.strides),
-        total_size=desc.total_size,
-        alignment=desc.alignment,
+# A description as the header writes it: (datatype, sizes, strides, total_size, alignment). The
+# wire model has read every one of these strictly, so equal keys are equal descriptions.
+DescKey = tuple[str, tuple[int, ...], tuple[int, ...] | None, int | None, int]
+# What decides a dispatch's checks beyond its bindings' offsets and sizes: the operator, its
+# parameters (each value with its type: 1, 1.0 and True compare equal but are not the same
+# parameter) and the description bound to each tensor, in the operator's order.
+Signature = tuple[object, ...]
+
+
+def _desc_key(desc: TensorDescriptionData) -> DescKey:
+    strides = desc["strides"]
+    return (
+        desc["datatype"],
+        tuple(desc["sizes"]),
+        None if strides is None else tuple(strides),
+        desc["total_size"],
+        desc["alignment"],
     )
-    try:
-        layout = plan_view(
-            name,
-            tensor_desc,
-            binding.offset,
-            buffer.byte_size,
-            buffer_name=f"buffer '{buffer.name}'",
-        )
-    except InvalidRequest as exc:
-        raise _relocated(exc, at) from None
-    elements = math.prod(layout.shape)
-    if elements > max_elements:
-        raise PayloadTooLarge(
-            f"{path}.desc.sizes: {elements} elements, more than the limit of {max_elements} per "
-            "tensor (TENSORBITS_MAX_TENSOR_ELEMENTS)",
-            field=f"{path}.desc.sizes",
-            rule="max_tensor_elements",
-        )
-    size = layout.total_size if binding.size is None else binding.size
-    if size < layout.total_size:
-        raise _invalid(
-            f"{path}.size",
-            f"bound size {size} is less than the desc's TotalTensorSizeInBytes "
-            f"{layout.total_size} (allowed: at least {layout.total_size})",
-            "binding_size",
-        )
-    if layout.offset + size > buffer.byte_size:
-        raise _invalid(
-            f"{path}.size",
-            f"bound range [{layout.offset}, {layout.offset + size}) reaches past the end of "
-            f"buffer '{buffer.name}' ({buffer.byte_size} bytes) (allowed: offset + size "
-            f"≤ {buffer.byte_size})",
-            "buffer_bounds",
-        )
-    return BoundTensor(buffer_index, size, layout, datatype)
 
 
-def _check_distinct_elements(path: str, tensor: BoundTensor) -> None:
+class _Planner:
+    """The checks of one batch's dispatches, each rule in the order docs/batch-api.md gives.
+
+    A batch of many small dispatches repeats a few descriptions and a few calls at many offsets,
+    so what depends only on a description (``dml.describe``) or only on a dispatch's signature
+    (the operator's tables, the output layout) is checked once per batch and remembered when it
+    passes; what depends on where a tensor is bound is checked for every binding. A failure is
+    never remembered: the first one in request order raises, with the message it always had."""
+
+    def __init__(self, buffers: Sequence[BufferPlan], max_elements: int) -> None:
+        self.buffers = buffers
+        self.index = {b.name: i for i, b in enumerate(buffers)}
+        self.labels = [f"buffer '{b.name}'" for b in buffers]  # as errors name them
+        self.max_elements = max_elements
+        self.layouts: dict[DescKey, DescLayout] = {}
+        self.calls: dict[Signature, ResolvedCall] = {}
+
+    def layout(self, at: str, name: str, desc: TensorDescriptionData, key: DescKey) -> DescLayout:
+        layout = self.layouts.get(key)
+        if layout is None:
+            datatype = parse_datatype(desc["datatype"])
+            assert datatype is not None  # the wire model's Literal admits only names it reads
+            tensor_desc = TensorDesc(datatype, key[1], key[2], key[3], key[4])
+            try:
+                layout = describe(name, tensor_desc)
+            except InvalidRequest as exc:
+                raise _relocated(exc, at) from None
+            self.layouts[key] = layout
+        return layout
+
+    def bind(self, at: str, name: str, binding: BufferBindingData, key: DescKey) -> BoundTensor:
+        buffer_index = self.index.get(binding["buffer"])
+        if buffer_index is None:
+            raise _invalid(
+                f"{at}.bindings.{name}.buffer",
+                f"no buffer named '{binding['buffer']}' (declared: {_listed(list(self.index))})",
+                "unknown_buffer",
+            )
+        byte_size = self.buffers[buffer_index].byte_size
+        layout = self.layout(at, name, binding["desc"], key)
+        offset = binding["offset"]
+        try:
+            check_placement(name, layout, offset, byte_size, buffer_name=self.labels[buffer_index])
+        except InvalidRequest as exc:
+            raise _relocated(exc, at) from None
+        if layout.elements > self.max_elements:
+            path = f"{at}.bindings.{name}.desc.sizes"
+            raise PayloadTooLarge(
+                f"{path}: {layout.elements} elements, more than the limit of "
+                f"{self.max_elements} per tensor (TENSORBITS_MAX_TENSOR_ELEMENTS)",
+                field=path,
+                rule="max_tensor_elements",
+            )
+        size = binding["size"]
+        if size is None:
+            size = layout.total_size
+        if size < layout.total_size:
+            raise _invalid(
+                f"{at}.bindings.{name}.size",
+                f"bound size {size} is less than the desc's TotalTensorSizeInBytes "
+                f"{layout.total_size} (allowed: at least {layout.total_size})",
+                "binding_size",
+            )
+        if offset + size > byte_size:
+            raise _invalid(
+                f"{at}.bindings.{name}.size",
+                f"bound range [{offset}, {offset + size}) reaches past the end of "
+                f"{self.labels[buffer_index]} ({byte_size} bytes) (allowed: offset + size "
+                f"≤ {byte_size})",
+                "buffer_bounds",
+            )
+        return BoundTensor(buffer_index, offset, size, layout)
+
+    def dispatch(self, at: str, dispatch: DispatchData) -> DispatchPlan:
+        op = _operator(at, dispatch["operator"])
+        tensors = _check_binding_names(at, op, dispatch)
+        bindings = dispatch["bindings"]
+        keys = [_desc_key(bindings[name]["desc"]) for name in tensors]
+        bound = [
+            self.bind(at, name, bindings[name], key)
+            for name, key in zip(tensors, keys, strict=True)
+        ]
+        parameters = dispatch["parameters"]
+        signature = (
+            op.name,
+            tuple(parameters.items()),
+            tuple(map(type, parameters.values())),
+            *keys,
+        )
+        call = self.calls.get(signature)
+        if call is None:
+            call = _checked_call(at, op, dict(zip(tensors, bound, strict=True)), parameters)
+            self.calls[signature] = call
+        inputs, out = tuple(bound[:-1]), bound[-1]
+        for tensor in inputs:
+            if out.overlaps(tensor):  # rare: only then is it worth naming the tensors
+                _check_aliasing(at, op, dict(zip(tensors, bound, strict=True)), self.buffers)
+                break
+        return DispatchPlan(call, inputs, out)
+
+
+def _check_distinct_elements(path: str, layout: DescLayout) -> None:
     """Refuse an output layout in which two elements share bytes (stride 0, or strides that
     interleave), since the result of writing both would depend on the order of the writes.
 
     Sorted by stride, each dimension's stride must reach past everything the smaller ones span.
     That is sufficient for distinct elements, and it admits every packed, padded or permuted
     layout."""
-    layout = tensor.layout
-    width = itemsize(tensor.datatype)
+    if layout.packed:
+        return  # row-major without gaps: every element at its own place
+    width = layout.itemsize
     extent = width
     for stride, size in sorted(
         (stride, size)
@@ -330,6 +400,24 @@ def _check_distinct_elements(path: str, tensor: BoundTensor) -> None:
                 "output_overlap",
             )
         extent += stride * (size - 1)
+
+
+def _checked_call(
+    at: str, op: OperatorSpec, bound: Mapping[str, BoundTensor], parameters: Mapping[str, object]
+) -> ResolvedCall:
+    """The operator's tables on the bound descriptions, then the output's own layout."""
+    out = bound[op.output].desc
+    try:
+        call = validate_call(
+            op,
+            {n: TensorSpec(bound[n].desc.datatype, bound[n].desc.shape) for n in op.inputs},
+            parameters,
+        )
+        validate_output(call, out.datatype, out.shape)
+    except InvalidRequest as exc:
+        raise _relocated(exc, at) from None
+    _check_distinct_elements(f"{at}.bindings.{op.output}", out)
+    return call
 
 
 def _check_aliasing(
@@ -350,9 +438,9 @@ def _check_aliasing(
         )
         raise _invalid(
             f"{at}.bindings.{op.output}",
-            f"bound range [{out.layout.offset}, {out.end}) of buffer "
+            f"bound range [{out.offset}, {out.end}) of buffer "
             f"'{buffers[out.buffer].name}' overlaps {name}'s bound range "
-            f"[{tensor.layout.offset}, {tensor.end}) ({allowed})",
+            f"[{tensor.offset}, {tensor.end}) ({allowed})",
             "output_aliasing",
         )
 
@@ -366,9 +454,13 @@ def _operator(at: str, name: str) -> OperatorSpec:
         raise _invalid(f"{at}.operator", exc.message, "unknown_operator") from None
 
 
-def _check_binding_names(at: str, op: OperatorSpec, dispatch: Dispatch) -> tuple[str, ...]:
-    tensors = (*op.inputs, op.output)
-    for name in dispatch.bindings:
+def _check_binding_names(at: str, op: OperatorSpec, dispatch: DispatchData) -> tuple[str, ...]:
+    """The operator's tensors, inputs first then the output: exactly the names bound."""
+    tensors, names = _tensors(op.name)
+    bindings = dispatch["bindings"]
+    if bindings.keys() == names:
+        return tensors
+    for name in bindings:
         if name not in tensors:
             raise _invalid(
                 f"{at}.bindings.{name}",
@@ -376,7 +468,7 @@ def _check_binding_names(at: str, op: OperatorSpec, dispatch: Dispatch) -> tuple
                 "unknown_binding",
             )
     for name in tensors:
-        if name not in dispatch.bindings:
+        if name not in bindings:
             raise _invalid(
                 f"{at}.bindings.{name}",
                 f"missing binding of {op.name}'s tensor {name} (tensors: {', '.join(tensors)})",
@@ -385,50 +477,28 @@ def _check_binding_names(at: str, op: OperatorSpec, dispatch: Dispatch) -> tuple
     return tensors
 
 
-def _plan_dispatch(
-    at: str,
-    dispatch: Dispatch,
-    buffers: Sequence[BufferPlan],
-    index: Mapping[str, int],
-    max_elements: int,
-) -> DispatchPlan:
-    op = _operator(at, dispatch.operator)
-    tensors = _check_binding_names(at, op, dispatch)
-    bound = {
-        name: _bind(at, name, dispatch.bindings[name], buffers, index, max_elements)
-        for name in tensors
-    }
-    out = bound[op.output]
-    try:
-        call = validate_call(
-            op,
-            {n: TensorSpec(bound[n].datatype, bound[n].layout.shape) for n in op.inputs},
-            dispatch.parameters,
-        )
-        validate_output(call, out.datatype, out.layout.shape)
-    except InvalidRequest as exc:
-        raise _relocated(exc, at) from None
-    _check_distinct_elements(f"{at}.bindings.{op.output}", out)
-    _check_aliasing(at, op, bound, buffers)
-    return DispatchPlan(call, tuple(bound[n] for n in op.inputs), out)
+@cache  # one entry per operator of the registry (the only operators a batch can name)
+def _tensors(name: str) -> tuple[tuple[str, ...], frozenset[str]]:
+    op = get_operator(name)
+    tensors = (*op.inputs, op.output)
+    return tensors, frozenset(tensors)
 
 
 def plan_batch(
-    request: BatchRequest, *, data_start: int, body_length: int, settings: Settings
+    request: BatchRequestData, *, data_start: int, body_length: int, settings: Settings
 ) -> BatchPlan:
     """Check the whole batch; the plan it returns can run without another check."""
     _check_counts(request, settings)
-    buffers = _plan_buffers(request.buffers, data_start, body_length, settings.max_body_bytes)
-    index = {b.name: i for i, b in enumerate(buffers)}
+    buffers = _plan_buffers(request["buffers"], data_start, body_length, settings.max_body_bytes)
+    planner = _Planner(buffers, settings.max_tensor_elements)
     dispatches = tuple(
-        _plan_dispatch(f"dispatches[{i}]", d, buffers, index, settings.max_tensor_elements)
-        for i, d in enumerate(request.dispatches)
+        planner.dispatch(f"dispatches[{i}]", d) for i, d in enumerate(request["dispatches"])
     )
     return BatchPlan(
-        id=request.id,
+        id=request["id"],
         buffers=buffers,
         dispatches=dispatches,
-        outputs=_plan_outputs(request.outputs, index),
+        outputs=_plan_outputs(request["outputs"], planner.index),
         body_bytes=body_length,
     )
 
@@ -443,15 +513,48 @@ def _place(backend: Backend, body: bytearray, buffer: BufferPlan) -> Array:
     return backend.asarray(host)
 
 
-def _view(xp: Any, buffer: Array, tensor: BoundTensor) -> Array:
-    """The strided view of a bound tensor. It starts from the slice [offset, offset + total size)
-    of the buffer cut to whole elements, which plan_view proved holds every element the strides
-    reach, so the unchecked ``as_strided`` never reads or writes outside the bound range."""
-    layout = tensor.layout
-    dtype = numpy_dtype(tensor.datatype)
-    whole = layout.total_size // dtype.itemsize * dtype.itemsize
-    base = buffer[layout.offset : layout.offset + whole].view(dtype)
-    return xp.lib.stride_tricks.as_strided(base, shape=layout.shape, strides=layout.byte_strides)
+class _Views:
+    """The arrays a batch's dispatches work on, as views of the placed buffers.
+
+    A packed tensor (``DescLayout.packed``, the common case) is a slice of its buffer viewed as
+    its data type, reshaped: a few hundred nanoseconds, and the typed view of each buffer is made
+    once per data type. Any other layout goes through ``as_strided``, ten times slower. Both stay
+    within the bytes [offset, offset + total size) that the planner proved hold every element
+    (``dml.describe`` and ``dml.check_placement``, the two halves of ``plan_view``), so neither
+    reads or writes outside the bound range: the unchecked ``as_strided`` included."""
+
+    def __init__(self, xp: Any, buffers: Sequence[Array]) -> None:
+        self.xp = xp
+        self.buffers = buffers
+        self.typed: dict[tuple[int, DataType], Array] = {}
+
+    def of(self, tensor: BoundTensor) -> Array:
+        desc = tensor.desc
+        if not desc.packed:
+            return self.strided(tensor)
+        typed = self.typed.get((tensor.buffer, desc.datatype))
+        if typed is None:
+            typed = self.typed_buffer(tensor.buffer, desc.datatype)
+        start = tensor.offset // desc.itemsize  # offsets are multiples of 16: whole elements
+        flat = typed[start : start + desc.elements]
+        return flat if len(desc.shape) == 1 else flat.reshape(desc.shape)
+
+    def typed_buffer(self, index: int, datatype: DataType) -> Array:
+        dtype = numpy_dtype(datatype)
+        buffer = self.buffers[index]
+        whole = buffer.shape[0] // dtype.itemsize * dtype.itemsize
+        typed = buffer[:whole].view(dtype)
+        self.typed[(index, datatype)] = typed
+        return typed
+
+    def strided(self, tensor: BoundTensor) -> Array:
+        desc = tensor.desc
+        dtype = numpy_dtype(desc.datatype)
+        whole = desc.total_size // dtype.itemsize * dtype.itemsize
+        base = self.buffers[tensor.buffer][tensor.offset : tensor.offset + whole].view(dtype)
+        return self.xp.lib.stride_tricks.as_strided(
+            base, shape=desc.shape, strides=desc.byte_strides
+        )
 
 
 def run_batch(
@@ -461,10 +564,9 @@ def run_batch(
 
     Blocking (it waits for the device): call it off the event loop."""
     arrays = [_place(backend, body, b) for b in plan.buffers]
-    xp = backend.xp
+    views = _Views(backend.xp, arrays)
     for dispatch in plan.dispatches:
-        inputs = [_view(xp, arrays[t.buffer], t) for t in dispatch.inputs]
-        out = _view(xp, arrays[dispatch.output.buffer], dispatch.output)
-        backend.run(dispatch.call, inputs, out)
+        inputs = [views.of(t) for t in dispatch.inputs]
+        backend.run(dispatch.call, inputs, views.of(dispatch.output))
     for i, sink in zip(plan.outputs, sinks, strict=True):
         backend.to_host(arrays[i], np.frombuffer(sink, dtype=_UINT8))

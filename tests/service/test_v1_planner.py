@@ -1,0 +1,398 @@
+"""The /v1 planner's and executor's shortcuts against the long way round: packed views against
+``as_strided``, checks remembered within a batch against checks made every time, the dict reader
+of the header against the wire models."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from pydantic import TypeAdapter, ValidationError
+from service.v1_support import (
+    TestClient,
+    batch,
+    bind,
+    data,
+    dispatch,
+    error,
+    frame,
+    outputs,
+    post,
+    v1_client,
+    zeros,
+)
+
+from tensorbits import batch as planner
+from tensorbits.api import v1
+from tensorbits.backends.numpy_backend import NumpyBackend
+from tensorbits.config import Settings
+from tensorbits_protocol.dml import TensorDesc, describe, is_packed, plan_view
+from tensorbits_protocol.dtypes import DataType
+from tensorbits_protocol.v1 import BATCH_REQUEST_DATA, BatchRequest
+
+RNG = np.random.default_rng(7)
+SETTINGS = Settings(backend="numpy")
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[TestClient]:
+    with v1_client() as c:
+        yield c
+
+
+# --- packed views against as_strided --------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("sizes", "strides", "packed"),
+    [
+        ((16,), None, True),
+        ((2, 3, 4), None, True),
+        ((2, 3, 4), (12, 4, 1), True),
+        ((2, 1, 8), (8, 999, 1), True),  # a dimension of size 1 never uses its stride
+        ((1, 1), (0, 0), True),
+        ((4, 1), (1, 0), True),
+        ((3, 4), (8, 1), False),  # padded rows
+        ((4, 4), (1, 4), False),  # transposed
+        ((4, 16), (0, 1), False),  # broadcast rows
+        ((4,), (2,), False),
+    ],
+)
+def test_packed_means_a_plain_slice(
+    sizes: tuple[int, ...], strides: tuple[int, ...] | None, packed: bool
+) -> None:
+    layout = describe("ATensor", TensorDesc(DataType.UINT16, sizes, strides))
+    assert layout.packed is packed
+    assert is_packed(layout.shape, layout.byte_strides, 2) is packed
+    if packed:
+        # What NumPy itself calls C-contiguous for the same shape and byte strides.
+        view = np.lib.stride_tricks.as_strided(
+            np.zeros(64, np.uint16), shape=layout.shape, strides=layout.byte_strides
+        )
+        assert view.flags.c_contiguous
+
+
+def test_describe_and_check_placement_are_plan_view() -> None:
+    desc = TensorDesc(DataType.FP32, (2, 3), (4, 1), total_size=32, alignment=32)
+    layout = describe("ATensor", desc)
+    view = plan_view("ATensor", desc, 64, 128)
+    assert (layout.shape, layout.byte_strides, layout.total_size) == (
+        view.shape,
+        view.byte_strides,
+        view.total_size,
+    )
+    assert (layout.alignment, layout.itemsize, layout.elements, layout.packed) == (32, 4, 6, False)
+
+
+def _rich_batch() -> tuple[dict[str, Any], bytes]:
+    """Every kind of binding: packed at offsets, in place, a size-1 dimension with an odd stride,
+    padded, transposed and broadcast views, other data types, and a chain through a buffer."""
+    a = RNG.integers(0, 256, 512, dtype=np.uint8)
+    b = RNG.integers(0, 256, 512, dtype=np.uint8)
+    flags = RNG.integers(0, 2, 64, dtype=np.uint8)  # BOOL elements are bytes 0 or 1
+    return batch(
+        [data("a", a), data("b", b), data("flags", flags), zeros("z", 1024)],
+        [
+            dispatch(
+                "BIT_XOR",
+                ATensor=bind("a", "UINT32", [4, 4], offset=16),
+                BTensor=bind("b", "UINT32", [4, 4], offset=32),
+                OutputTensor=bind("z", "UINT32", [4, 4]),
+            ),
+            dispatch(
+                "BIT_OR",
+                ATensor=bind("a", "UINT64", [8], offset=128),
+                BTensor=bind("b", "UINT64", [8], offset=128),
+                OutputTensor=bind("a", "UINT64", [8], offset=128),
+            ),
+            dispatch(
+                "BIT_NOT",
+                InputTensor=bind("a", "UINT16", [2, 1, 8], offset=256, strides=[8, 999, 1]),
+                OutputTensor=bind("z", "UINT16", [2, 1, 8], offset=64, strides=[8, 999, 1]),
+            ),
+            dispatch(
+                "BIT_AND",
+                ATensor=bind("a", "INT16", [3, 4], strides=[8, 1]),
+                BTensor=bind("b", "INT16", [3, 4], offset=320),
+                OutputTensor=bind("z", "INT16", [3, 4], offset=128, strides=[8, 1]),
+            ),
+            dispatch(
+                "BIT_XOR",
+                ATensor=bind("a", "UINT8", [4, 16], offset=384),
+                BTensor=bind("b", "UINT8", [4, 16], offset=448, strides=[0, 1]),
+                OutputTensor=bind("z", "UINT8", [4, 16], offset=256),
+            ),
+            dispatch(
+                "BIT_COUNT",
+                {"output_datatype": "UINT32"},
+                InputTensor=bind("b", "FP16", [4, 4], strides=[1, 4]),
+                OutputTensor=bind("z", "UINT32", [4, 4], offset=320),
+            ),
+            dispatch(  # reads what the first dispatch wrote, in place
+                "BIT_SHIFT_LEFT",
+                ATensor=bind("z", "UINT32", [16]),
+                BTensor=bind("b", "UINT32", [16], offset=480, strides=[0]),
+                OutputTensor=bind("z", "UINT32", [16]),
+            ),
+            dispatch(
+                "openvino.BitwiseXor-13",
+                input_1=bind("flags", "BOOL", [4, 16]),
+                input_2=bind("flags", "BOOL", [1, 16], offset=48),
+                output_1=bind("z", "BOOL", [4, 16], offset=512),
+            ),
+            dispatch(
+                "onnx.BitShift-11",
+                {"direction": "RIGHT"},
+                X=bind("b", "UINT64", [2, 2, 2], offset=64),
+                Y=bind("a", "UINT64", [2, 2, 2], offset=192, strides=[0, 0, 1]),
+                Z=bind("z", "UINT64", [2, 2, 2], offset=576),
+            ),
+        ],
+        ["a", "b", "z"],
+    )
+
+
+def _run(header: dict[str, Any], payload: bytes) -> bytes:
+    body, headers = frame(header, payload)
+    request = bytearray(body)
+    plan = v1._plan(request, int(headers["Inference-Header-Content-Length"]), SETTINGS)
+    sinks = [bytearray(plan.buffers[i].byte_size) for i in plan.outputs]
+    planner.run_batch(plan, request, NumpyBackend(1), [memoryview(s) for s in sinks])
+    return b"".join(sinks)
+
+
+def test_packed_views_equal_strided_views(monkeypatch: pytest.MonkeyPatch) -> None:
+    header, payload = _rich_batch()
+    body, headers = frame(header, payload)
+    plan = v1._plan(bytearray(body), int(headers["Inference-Header-Content-Length"]), SETTINGS)
+    tensors = [t for d in plan.dispatches for t in (*d.inputs, d.output)]
+    assert sum(t.desc.packed for t in tensors) >= 14  # both paths are exercised
+    assert sum(not t.desc.packed for t in tensors) >= 6
+
+    fast = _run(header, payload)
+    monkeypatch.setattr(planner._Views, "of", planner._Views.strided)
+    strided = _run(header, payload)
+    assert fast == strided
+
+
+def test_rich_batch_over_http_matches_numpy(client: TestClient) -> None:
+    header, payload = _rich_batch()
+    _, got = outputs(post(client, header, payload))
+    a = np.frombuffer(payload[:512], np.uint8)
+    b = np.frombuffer(payload[512:1024], np.uint8)
+    z = np.frombuffer(got["z"], np.uint8)
+    first = a[16:80].view(np.uint32) ^ b[32:96].view(np.uint32)
+    shift = b[480:484].view(np.uint32)[0]
+    np.testing.assert_array_equal(z[:64].view(np.uint32), first << shift)
+    np.testing.assert_array_equal(z[64:96].view(np.uint16), ~a[256:288].view(np.uint16))
+    np.testing.assert_array_equal(
+        np.frombuffer(got["a"], np.uint64)[16:24],
+        a[128:192].view(np.uint64) | b[128:192].view(np.uint64),
+    )
+    rows = a[384:448].reshape(4, 16) ^ b[448:464]
+    np.testing.assert_array_equal(z[256:320].reshape(4, 16), rows)
+
+
+# --- checks remembered within a batch ----------------------------------------------------------------
+def _xor(offset: int, buffer_bytes: int = 128) -> tuple[dict[str, Any], bytes]:
+    """Two identical XORs, the second with its A tensor at ``offset``."""
+    x = np.zeros(buffer_bytes, np.uint8)
+    return batch(
+        [data("x", x), zeros("y", 64)],
+        [
+            dispatch(
+                "BIT_XOR",
+                ATensor=bind("x", "UINT32", [4], offset=off),
+                BTensor=bind("x", "UINT32", [4]),
+                OutputTensor=bind("y", "UINT32", [4], offset=16 * i),
+            )
+            for i, off in enumerate((0, offset))
+        ],
+        ["y"],
+    )
+
+
+@pytest.mark.parametrize(
+    ("offset", "rule", "phrase"),
+    [
+        (8, "offset_alignment", "byte offset 8 into buffer 'x' is not a multiple of 16"),
+        (128, "buffer_bounds", "bound range [128, 144) reaches past the end of buffer 'x'"),
+    ],
+)
+def test_a_repeated_description_is_still_placed_each_time(
+    client: TestClient, offset: int, rule: str, phrase: str
+) -> None:
+    body = error(post(client, *_xor(offset)))
+    assert body["field"] == "dispatches[1].bindings.ATensor.offset"
+    assert body["rule"] == rule
+    assert phrase in body["error"]
+
+
+def test_remembered_calls_tell_parameter_types_apart(client: TestClient) -> None:
+    # axis 0 passes; false compares equal to 0 but is not an integer.
+    def shift(i: int, axis: object) -> dict[str, Any]:
+        return dispatch(
+            "openvino.BitwiseAnd-13",
+            {"auto_broadcast": "pdpd", "axis": axis},
+            input_1=bind("x", "UINT8", [4, 16]),
+            input_2=bind("x", "UINT8", [4], offset=64),
+            output_1=bind("y", "UINT8", [4, 16], offset=64 * i),
+        )
+
+    header, payload = batch(
+        [data("x", np.arange(80, dtype=np.uint8)), zeros("y", 128)],
+        [shift(0, 0), shift(1, False)],
+        ["y"],
+    )
+    body = error(post(client, header, payload))
+    assert body["field"] == "dispatches[1].parameters.axis"
+    assert body["rule"] == "parameter_type"
+
+
+def test_in_place_compares_descriptions_after_normalisation(client: TestClient) -> None:
+    bits = np.array([1, 2, 3, 4], np.uint32)
+    # FP32 / FLOAT32 and absent / explicit packed strides: the same binding, so in place is fine.
+    a = bind("x", "FP32", [2, 2])
+    out = bind("x", "FLOAT32", [2, 2], strides=[2, 1])
+    header, payload = batch(
+        [data("x", bits)], [dispatch("BIT_NOT", InputTensor=a, OutputTensor=out)], ["x"]
+    )
+    _, got = outputs(post(client, header, payload))
+    np.testing.assert_array_equal(np.frombuffer(got["x"], np.uint32), ~bits)
+    # Same range, but a TotalTensorSizeInBytes that differs makes it another binding: refused.
+    given = bind("x", "FP32", [2, 2], total_size=32, size=32)
+    implied = bind("x", "FP32", [2, 2], size=32)
+    header, payload = batch(
+        [data("x", np.arange(8, dtype=np.uint32))],
+        [dispatch("BIT_NOT", InputTensor=implied, OutputTensor=given)],
+        ["x"],
+    )
+    assert error(post(client, header, payload))["rule"] == "output_aliasing"
+
+
+# --- the dict reader against the wire models ---------------------------------------------------
+def _normalised(schema: Any) -> Any:
+    """A JSON Schema without its names and prose: the definitions' names lose ``Data``."""
+    if isinstance(schema, dict):
+        return {
+            k.removesuffix("Data"): _normalised(v)
+            for k, v in schema.items()
+            if k not in ("title", "description", "examples")
+        }
+    if isinstance(schema, list):
+        return [_normalised(v) for v in schema]
+    if isinstance(schema, str) and schema.startswith("#/$defs/"):
+        return schema.removesuffix("Data")
+    return schema
+
+
+def test_the_dict_reader_has_the_models_schema() -> None:
+    assert _normalised(BATCH_REQUEST_DATA.json_schema()) == _normalised(
+        BatchRequest.model_json_schema()
+    )
+
+
+VALID_BINDING = {"buffer": "a", "desc": {"datatype": "UINT8", "sizes": [4]}}
+HEADERS = [
+    {"buffers": [], "dispatches": [], "outputs": []},
+    {
+        "id": "x",
+        "buffers": [{"name": "a", "byte_size": 4, "init": None}],
+        "dispatches": [{"operator": "X", "bindings": {"A": VALID_BINDING}}],
+        "outputs": ["a"],
+    },
+    {
+        "id": None,
+        "buffers": [{"name": "a", "byte_size": 4, "init": "zeros"}],
+        "dispatches": [
+            {
+                "operator": "X",
+                "parameters": {"s": "t", "i": 2**70, "f": 1.5, "b": True},
+                "bindings": {
+                    "A": {
+                        "buffer": "a",
+                        "offset": 16,
+                        "size": None,
+                        "desc": {
+                            "datatype": "FLOAT16",
+                            "sizes": [2, 2],
+                            "strides": None,
+                            "total_size": None,
+                            "alignment": 0,
+                        },
+                    },
+                    "B": {**VALID_BINDING, "size": 8},
+                },
+            }
+        ],
+        "outputs": [],
+    },
+]
+BAD_HEADERS = [
+    {"buffers": [], "dispatches": []},
+    {"buffers": [], "dispatches": [], "outputs": [], "extra": 1},
+    {"buffers": [{"name": "a", "byte_size": "4"}], "dispatches": [], "outputs": []},
+    {"buffers": [{"name": "a", "byte_size": 4.0}], "dispatches": [], "outputs": []},
+    {"buffers": [{"name": "a", "byte_size": True}], "dispatches": [], "outputs": []},
+    {"buffers": [{"name": "a", "byte_size": -1}], "dispatches": [], "outputs": []},
+    {"buffers": [{"name": "", "byte_size": 1}], "dispatches": [], "outputs": []},
+    {"buffers": [{"name": "a" * 129, "byte_size": 1}], "dispatches": [], "outputs": []},
+    {"buffers": [{"name": "a", "byte_size": 1, "init": "ones"}], "dispatches": [], "outputs": []},
+    {"id": "x" * 257, "buffers": [], "dispatches": [], "outputs": []},
+    {"buffers": [], "dispatches": [{"operator": "", "bindings": {}}], "outputs": []},
+    {"buffers": [], "dispatches": [{"operator": "X"}], "outputs": []},
+    {"buffers": [], "dispatches": [{"operator": "X", "bindings": {}, "parameters": None}]},
+    {"buffers": [], "dispatches": [{"operator": "X", "bindings": {"A": {}}}], "outputs": []},
+    *(
+        {
+            "buffers": [],
+            "dispatches": [{"operator": "X", "bindings": {"A": {**VALID_BINDING, **change}}}],
+            "outputs": [],
+        }
+        for change in (
+            {"offset": None},
+            {"offset": 1.0},
+            {"stride": [1]},
+            {"desc": {"datatype": "uint8", "sizes": [4]}},
+            {"desc": {"datatype": "UINT8", "sizes": [4.0]}},
+            {"desc": {"datatype": "UINT8", "sizes": [4], "strides": [True]}},
+            {"desc": {"datatype": "UINT8", "sizes": [4], "alignment": None}},
+            {"desc": {"datatype": "UINT8"}},
+        )
+    ),
+    {"buffers": [], "dispatches": [{"operator": "X", "bindings": {}, "parameters": {"p": []}}]},
+    {"buffers": [], "dispatches": [{"operator": "X", "bindings": {}, "parameters": {"": 1}}]},
+]
+
+
+@pytest.mark.parametrize("header", HEADERS)
+def test_the_dict_reader_reads_what_the_models_read(header: dict[str, Any]) -> None:
+    raw = json.dumps(header).encode()
+    assert (
+        BATCH_REQUEST_DATA.validate_json(raw) == BatchRequest.model_validate_json(raw).model_dump()
+    )
+
+
+@pytest.mark.parametrize("header", BAD_HEADERS)
+def test_the_dict_reader_refuses_what_the_models_refuse(header: dict[str, Any]) -> None:
+    raw = json.dumps(header).encode()
+    with pytest.raises(ValidationError):
+        BatchRequest.model_validate_json(raw)
+    with pytest.raises(ValidationError):
+        BATCH_REQUEST_DATA.validate_json(raw)
+
+
+def test_what_the_dict_reader_refuses_is_read_by_the_models(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Were the two ever to differ, the models decide: a refusal by the fast reader alone is not
+    # an error, and the models' error is the one reported.
+    raw = json.dumps(HEADERS[2]).encode()
+    expected = v1.decode_header(raw)
+    monkeypatch.setattr(v1, "BATCH_REQUEST_DATA", TypeAdapter(int))
+    assert v1.decode_header(raw) == expected
+    with pytest.raises(v1.InvalidRequest) as info:
+        v1.decode_header(json.dumps(BAD_HEADERS[2]).encode())
+    assert info.value.field == "buffers[0].byte_size"
+    assert info.value.rule == "int_type"
