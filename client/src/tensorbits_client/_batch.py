@@ -14,37 +14,39 @@ import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Generic, Literal, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
+from tensorbits_client._batch_wire import buffer_binding, encode_dispatch, encode_header
 from tensorbits_client._codec import Body, EncodedBody, raw_bytes, wire_array
 from tensorbits_client._families import CountType, FeatureLevel
 from tensorbits_client._types import NOT_GIVEN, Array, NotGiven, ParameterValue, TimeoutTypes
 from tensorbits_protocol.dml import TensorDesc
 from tensorbits_protocol.dtypes import DataType, from_numpy, itemsize, numpy_dtype, parse_datatype
-from tensorbits_protocol.v1 import (
-    BatchRequest,
-    BufferBinding,
-    BufferDeclaration,
-    Dispatch,
-    TensorDescription,
-)
+from tensorbits_protocol.v1 import BufferBinding, BufferDeclaration, Dispatch
 
 R = TypeVar("R")
 DataTypeLike = DataType | str | np.dtype[Any] | type[np.generic]
 _DML = "DML_OPERATOR_ELEMENT_WISE_"
+_DML_INPUTS = {1: ("InputTensor",), 2: ("ATensor", "BTensor")}  # by the number of inputs
 
 
 def as_datatype(value: DataTypeLike) -> DataType:
     """A wire data type from its v2 or DirectML name, or from a NumPy dtype."""
     if isinstance(value, str):
-        parsed = parse_datatype(value)
-        if parsed is None:
-            raise ValueError(f"unknown data type {value!r}")
-        return parsed
+        return _parsed_datatype(value)
     return from_numpy(np.dtype(value))
+
+
+@lru_cache(maxsize=64)  # a batch names the same data type for each of its tensors
+def _parsed_datatype(name: str) -> DataType:
+    parsed = parse_datatype(name)
+    if parsed is None:
+        raise ValueError(f"unknown data type {name!r}")
+    return parsed
 
 
 def _round4(nbytes: int) -> int:
@@ -62,19 +64,7 @@ class Binding:
     size: int | None = None
 
     def to_wire(self) -> BufferBinding:
-        desc = self.desc
-        return BufferBinding(
-            buffer=self.buffer,
-            offset=self.offset,
-            size=self.size,
-            desc=TensorDescription(
-                datatype=str(desc.datatype),  # type: ignore[arg-type]  # a DataTypeName
-                sizes=list(desc.sizes),
-                strides=None if desc.strides is None else list(desc.strides),
-                total_size=desc.total_size,
-                alignment=desc.alignment,
-            ),
-        )
+        return buffer_binding(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,14 +101,44 @@ class Buffer:
                 sizes = self.shape or (1,)  # DML tensors have rank 1 to 8
             else:
                 sizes = ((self.nbytes - offset) // itemsize(dt),)
-        desc = TensorDesc(
-            datatype=dt,
-            sizes=tuple(int(s) for s in sizes),
-            strides=None if strides is None else tuple(int(s) for s in strides),
-            total_size=total_size,
-            alignment=alignment,
+        desc = _description(
+            dt,
+            tuple(map(int, sizes)),
+            None if strides is None else tuple(map(int, strides)),
+            total_size,
+            alignment,
         )
         return Binding(self.name, desc, offset=offset, size=size)
+
+
+# One TensorDesc per distinct description made by ``Buffer.tensor``, so that its JSON is found by
+# identity when a batch binds the same description at many offsets (``_batch_wire.desc_json``).
+# Only plain values are keys: NumPy's 64 == 64 would otherwise share an entry with a plain 64.
+_DESCRIPTIONS: dict[tuple[object, ...], TensorDesc] = {}
+_DESCRIPTIONS_MAX = 4096
+_OPTIONAL_INT = frozenset({int, type(None)})
+
+
+def _description(
+    datatype: DataType,
+    sizes: tuple[int, ...],
+    strides: tuple[int, ...] | None,
+    total_size: int | None,
+    alignment: int,
+) -> TensorDesc:
+    if (
+        type(datatype) is not DataType
+        or type(total_size) not in _OPTIONAL_INT
+        or type(alignment) is not int
+    ):
+        return TensorDesc(datatype, sizes, strides, total_size, alignment)
+    key = (datatype, sizes, strides, total_size, alignment)
+    desc = _DESCRIPTIONS.get(key)
+    if desc is None:
+        if len(_DESCRIPTIONS) >= _DESCRIPTIONS_MAX:
+            _DESCRIPTIONS.clear()
+        desc = _DESCRIPTIONS[key] = TensorDesc(datatype, sizes, strides, total_size, alignment)
+    return desc
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +192,7 @@ class Batch(Generic[R]):
         self._buffers: dict[str, Buffer] = {}
         self._declarations: list[BufferDeclaration] = []
         self._data: list[memoryview] = []
-        self._dispatches: list[Dispatch] = []
+        self._dispatches: list[str | Dispatch] = []
         self._outputs: dict[str, _OutputView] = {}
         self._last_output: Binding | None = None
         self._counter = itertools.count()
@@ -231,22 +251,21 @@ class Batch(Generic[R]):
 
         Dispatches run in the order they are added; an output may be bound to exactly an input's
         range and description (in place)."""
+        self._add(operator, parameters or {}, bindings)
+
+    def _add(
+        self,
+        operator: str,
+        parameters: Mapping[str, ParameterValue],
+        bindings: Mapping[str, Binding],
+    ) -> None:
         for binding in bindings.values():
             if binding.buffer not in self._buffers:
                 raise ValueError(f"{operator}: no buffer named {binding.buffer!r} in this batch")
-        self._dispatches.append(
-            Dispatch(
-                operator=operator,
-                parameters=dict(parameters or {}),
-                bindings={name: b.to_wire() for name, b in bindings.items()},
-            )
-        )
+        self._dispatches.append(encode_dispatch(operator, parameters, bindings))
         output = bindings.get("OutputTensor")
         if output is not None:
             self._last_output = output
-
-    def _as_binding(self, value: Buffer | Binding) -> Binding:
-        return value.tensor() if isinstance(value, Buffer) else value
 
     def _output_binding(
         self,
@@ -254,7 +273,7 @@ class Batch(Generic[R]):
         datatype: DataType,
         out: Buffer | Binding | str | None,
         in_place: bool,
-        stem: str,
+        suffix: str,
     ) -> Binding:
         if in_place:
             if out is not None:
@@ -264,7 +283,8 @@ class Batch(Generic[R]):
             return out
         if isinstance(out, Buffer):
             return out.tensor(datatype, first.desc.sizes)
-        return self.empty(out or self._auto_name(stem), first.desc.sizes, datatype).tensor()
+        name = out or self._auto_name(suffix.lower())
+        return self.empty(name, first.desc.sizes, datatype).tensor()
 
     def _dml(
         self,
@@ -275,12 +295,12 @@ class Batch(Generic[R]):
         in_place: bool,
         output_datatype: DataType | None = None,
     ) -> Binding:
-        bound = [self._as_binding(x) for x in inputs]
-        names = ("ATensor", "BTensor") if len(bound) == 2 else ("InputTensor",)
+        bound = [x.tensor() if isinstance(x, Buffer) else x for x in inputs]
         datatype = output_datatype or bound[0].desc.datatype
-        output = self._output_binding(bound[0], datatype, out, in_place, suffix.lower())
-        tensors = dict(zip(names, bound, strict=True))
-        self.dispatch(_DML + suffix, parameters, **tensors, OutputTensor=output)
+        output = self._output_binding(bound[0], datatype, out, in_place, suffix)
+        tensors = dict(zip(_DML_INPUTS[len(bound)], bound, strict=True))
+        tensors["OutputTensor"] = output
+        self._add(_DML + suffix, parameters, tensors)
         return output
 
     def bit_and(
@@ -430,13 +450,7 @@ class Batch(Generic[R]):
             views[last.buffer] = self._view(self._buffers[last.buffer], last, None, None)
         if not views:
             raise ValueError("nothing to return: name a buffer with batch.output(...)")
-        request = BatchRequest(
-            id=self.request_id,
-            buffers=self._declarations,
-            dispatches=self._dispatches,
-            outputs=list(views),
-        )
-        header = request.model_dump_json(exclude_none=True).encode()
+        header = encode_header(self.request_id, self._declarations, self._dispatches, list(views))
         return BatchPlan(EncodedBody.framed(header, self._data), views)
 
     def run(self, *, timeout: TimeoutTypes | NotGiven = NOT_GIVEN) -> R:
