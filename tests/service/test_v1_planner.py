@@ -26,7 +26,7 @@ from service.v1_support import (
 )
 
 from tensorbits import batch as planner
-from tensorbits.api import v1
+from tensorbits.api import routers, v1
 from tensorbits.backends.numpy_backend import NumpyBackend
 from tensorbits.config import Settings
 from tensorbits_protocol.dml import TensorDesc, describe, is_packed, plan_view
@@ -396,3 +396,43 @@ def test_what_the_dict_reader_refuses_is_read_by_the_models(
         v1.decode_header(json.dumps(BAD_HEADERS[2]).encode())
     assert info.value.field == "buffers[0].byte_size"
     assert info.value.rule == "int_type"
+
+
+# --- the batch ahead of the framework -------------------------------------------------------------
+@pytest.fixture
+def fast_client(monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
+    """An app that serves ``v1.ROUTES`` ahead of FastAPI, as ``routers.FAST_ROUTES`` can list it."""
+    monkeypatch.setattr(routers, "FAST_ROUTES", [*routers.FAST_ROUTES, *v1.ROUTES])
+    with v1_client() as c:
+        yield c
+
+
+def test_the_route_ahead_of_the_framework_answers_as_the_fastapi_route(
+    client: TestClient, fast_client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    served = []
+    endpoint = v1.BatchEndpoint.__call__
+
+    async def counted(self: v1.BatchEndpoint, scope: Any, receive: Any, send: Any) -> None:
+        served.append(scope["path"])
+        await endpoint(self, scope, receive, send)
+
+    monkeypatch.setattr(v1.BatchEndpoint, "__call__", counted)
+    header, payload = _rich_batch()
+    unknown = json.loads(json.dumps(header))
+    unknown["dispatches"][3]["operator"] = "DML_OPERATOR_NOPE"
+    cases = [
+        (header, payload),
+        (unknown, payload),  # 400 from the planner
+        (header, payload[:-1]),  # 400 from the body's framing
+        ({**header, "stray": 1}, payload),  # 400 from the models
+    ]
+    for case in cases:
+        slow, fast = post(client, *case), post(fast_client, *case)
+        assert (fast.status_code, fast.content) == (slow.status_code, slow.content)
+        assert {k: v for k, v in fast.headers.items() if k != "x-request-id"} == {
+            k: v for k, v in slow.headers.items() if k != "x-request-id"
+        }
+    assert served == ["/v1/batch"] * len(cases)
+    metrics = fast_client.get("/metrics").text
+    assert 'route="/v1/batch"' in metrics
