@@ -81,8 +81,7 @@ class BoundTensor(NamedTuple):
         return self.buffer == other.buffer and self.offset < other.end and other.offset < self.end
 
 
-@dataclass(frozen=True, slots=True)
-class DispatchPlan:
+class DispatchPlan(NamedTuple):  # one per dispatch: a NamedTuple is built fastest
     call: ResolvedCall
     inputs: tuple[BoundTensor, ...]  # in the operator's input order
     output: BoundTensor
@@ -257,7 +256,8 @@ def _plan_outputs(outputs: Sequence[str], index: Mapping[str, int]) -> tuple[int
 DescKey = tuple[str, tuple[int, ...], tuple[int, ...] | None, int | None, int]
 # What decides a dispatch's checks beyond its bindings' offsets and sizes: the operator, its
 # parameters (each value with its type: 1, 1.0 and True compare equal but are not the same
-# parameter) and the description bound to each tensor, in the operator's order.
+# parameter) and the description bound to each tensor, in the operator's order (as the id of its
+# DescLayout).
 Signature = tuple[object, ...]
 
 
@@ -289,7 +289,8 @@ class _Planner:
         self.layouts: dict[DescKey, DescLayout] = {}
         self.calls: dict[Signature, ResolvedCall] = {}
 
-    def layout(self, at: str, name: str, desc: TensorDescriptionData, key: DescKey) -> DescLayout:
+    def layout(self, at: str, name: str, desc: TensorDescriptionData) -> DescLayout:
+        key = _desc_key(desc)
         layout = self.layouts.get(key)
         if layout is None:
             datatype = parse_datatype(desc["datatype"])
@@ -302,7 +303,7 @@ class _Planner:
             self.layouts[key] = layout
         return layout
 
-    def bind(self, at: str, name: str, binding: BufferBindingData, key: DescKey) -> BoundTensor:
+    def bind(self, at: str, name: str, binding: BufferBindingData) -> BoundTensor:
         buffer_index = self.index.get(binding["buffer"])
         if buffer_index is None:
             raise _invalid(
@@ -311,12 +312,17 @@ class _Planner:
                 "unknown_buffer",
             )
         byte_size = self.buffers[buffer_index].byte_size
-        layout = self.layout(at, name, binding["desc"], key)
+        layout = self.layout(at, name, binding["desc"])
         offset = binding["offset"]
-        try:
-            check_placement(name, layout, offset, byte_size, buffer_name=self.labels[buffer_index])
-        except InvalidRequest as exc:
-            raise _relocated(exc, at) from None
+        total = layout.total_size
+        # check_placement's rules, tested inline first: this runs for every binding.
+        if offset < 0 or offset % layout.alignment or offset + total > byte_size:
+            try:
+                check_placement(
+                    name, layout, offset, byte_size, buffer_name=self.labels[buffer_index]
+                )
+            except InvalidRequest as exc:
+                raise _relocated(exc, at) from None
         if layout.elements > self.max_elements:
             path = f"{at}.bindings.{name}.desc.sizes"
             raise PayloadTooLarge(
@@ -327,12 +333,12 @@ class _Planner:
             )
         size = binding["size"]
         if size is None:
-            size = layout.total_size
-        if size < layout.total_size:
+            size = total
+        elif size < total:
             raise _invalid(
                 f"{at}.bindings.{name}.size",
                 f"bound size {size} is less than the desc's TotalTensorSizeInBytes "
-                f"{layout.total_size} (allowed: at least {layout.total_size})",
+                f"{total} (allowed: at least {total})",
                 "binding_size",
             )
         if offset + size > byte_size:
@@ -349,17 +355,15 @@ class _Planner:
         op = _operator(at, dispatch["operator"])
         tensors = _check_binding_names(at, op, dispatch)
         bindings = dispatch["bindings"]
-        keys = [_desc_key(bindings[name]["desc"]) for name in tensors]
-        bound = [
-            self.bind(at, name, bindings[name], key)
-            for name, key in zip(tensors, keys, strict=True)
-        ]
+        bound = [self.bind(at, name, bindings[name]) for name in tensors]
         parameters = dispatch["parameters"]
+        # The layouts stand for their descriptions by identity: one object per description and
+        # batch, alive (in self.layouts) as long as this table.
         signature = (
             op.name,
             tuple(parameters.items()),
             tuple(map(type, parameters.values())),
-            *keys,
+            *[id(tensor.desc) for tensor in bound],
         )
         call = self.calls.get(signature)
         if call is None:
