@@ -436,3 +436,35 @@ def test_the_route_ahead_of_the_framework_answers_as_the_fastapi_route(
     assert served == ["/v1/batch"] * len(cases)
     metrics = fast_client.get("/metrics").text
     assert 'route="/v1/batch"' in metrics
+
+
+RAW_HEADERS = [
+    b'{"buffers":[],"dispatches":[],"outputs":[],"outputs":["x"]}',  # the last key wins
+    b'{"buffers":[{"name":"a","byte_size":4,"byte_size":8}],"dispatches":[],"outputs":[]}',
+    b'{"buffers":[],"dispatches":[{"operator":"X","parameters":{"f":Infinity},"bindings":{}}],'
+    b'"outputs":[]}',
+    b'{"buffers":[{"name":"a","byte_size":1e2}],"dispatches":[],"outputs":[]}',
+    b'{"buffers":[{"name":"a","byte_size":-0}],"dispatches":[],"outputs":[]}',
+    b'{"buffers":[{"name":"\\u00e9\\ud83d\\ude00","byte_size":1}],"dispatches":[],"outputs":[]}',
+    b'{"buffers":[{"name":"\\ud800","byte_size":1}],"dispatches":[],"outputs":[]}',
+    b'{"buffers":[{"name":"a","byte_size":100000000000000000000000000}],"dispatches":[],'
+    b'"outputs":[]}',
+    b'  {"buffers":[],"dispatches":[],"outputs":[]}   ',
+    b'{"buffers":[],"dispatches":[],"outputs":[]} x',
+    b"[]",
+    b"",
+    b"null",
+]
+
+
+@pytest.mark.parametrize("raw", RAW_HEADERS)
+def test_the_dict_reader_agrees_with_the_models_on_raw_json(raw: bytes) -> None:
+    try:
+        expected: Any = BatchRequest.model_validate_json(raw).model_dump()
+    except ValidationError:
+        expected = ValidationError
+    try:
+        got: Any = BATCH_REQUEST_DATA.validate_json(raw)
+    except ValidationError:
+        got = ValidationError
+    assert got == expected
