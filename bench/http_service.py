@@ -198,7 +198,7 @@ def small_requests(seconds: int) -> tuple[float, float, float, float]:
     path = f"/v2/models/{NOT}/infer"
     with (
         tensorbits_server() as port,
-        tensorbits_server(TENSORBITS_HEADER_CACHE_ENTRIES="0") as uncached_port,
+        tensorbits_server(TENSORBITS_HEADER_CACHE_BYTES="0") as uncached_port,
         baseline_server() as base,
     ):
         ping = wrk_rps(base, "/ping", "GET", b"", {}, seconds)

@@ -30,8 +30,8 @@ from tensorbits_protocol.operators import get_operator
 XOR = "onnx.BitwiseXor-18"
 
 
-def _cache(client: TestClient) -> HeaderCache:
-    cache = client.app.state.runtime.header_cache  # type: ignore[attr-defined]
+def _cache(client: TestClient) -> HeaderCache[Any]:
+    cache = client.app.state.runtime.v2_plans  # type: ignore[attr-defined]
     assert isinstance(cache, HeaderCache)
     return cache
 
@@ -106,23 +106,37 @@ def test_failed_and_json_headers_are_not_remembered() -> None:
         assert len(_cache(client)) == 0
 
 
-def test_the_cache_is_bounded_and_can_be_switched_off() -> None:
-    with v2_client(header_cache_entries=2) as client:
-        for n in range(1, 6):
-            x = np.arange(n, dtype=np.uint8)
-            header = {"inputs": [binary_input("InputTensor", x)]}
-            assert_bits_equal(output_array(_post(client, NOT, header, x.tobytes())), ~x)
-        assert len(_cache(client)) == 2
-    with v2_client(header_cache_entries=0) as client:
-        assert client.app.state.runtime.header_cache is None  # type: ignore[attr-defined]
+def test_the_cache_holds_at_most_its_budget_of_header_bytes_oldest_dropped_first() -> None:
+    cache: HeaderCache[str] = HeaderCache(budget=100, max_header_bytes=60)
+    cache.put("a", "plan a", 40)
+    cache.put("b", "plan b", 40)
+    assert (len(cache), cache.held) == (2, 80)
+    cache.put("c", "plan c", 30)  # 110 > 100: "a" goes
+    assert (cache.get("a"), cache.get("b"), cache.get("c")) == (None, "plan b", "plan c")
+    assert cache.held == 70
+    cache.put("d", "plan d", 61)  # longer than any header kept
+    assert cache.get("d") is None
+    assert not cache.keeps(b"x" * 61)
+    assert cache.keeps(b"x" * 60)
+    cache.put("b", "another plan", 40)  # a key kept once keeps its first plan
+    assert cache.get("b") == "plan b"
+    assert cache.held == 70
+
+
+def test_the_cache_can_be_switched_off() -> None:
+    with v2_client(header_cache_bytes=0) as client:
+        runtime = client.app.state.runtime  # type: ignore[attr-defined]
+        assert runtime.v2_plans is None
+        assert runtime.batch_plans is None
         x = np.arange(3, dtype=np.uint8)
         header = {"inputs": [binary_input("InputTensor", x)]}
-        assert_bits_equal(output_array(_post(client, NOT, header, x.tobytes())), ~x)
+        for _ in range(2):
+            assert_bits_equal(output_array(_post(client, NOT, header, x.tobytes())), ~x)
 
 
 @pytest.mark.parametrize("header_length", [200, 4096, 4097])
 def test_only_headers_up_to_the_bound_are_remembered(header_length: int) -> None:
-    cache = HeaderCache(entries=8, max_header_bytes=4096)
+    cache: HeaderCache[inference.PlanTemplate] = HeaderCache(1 << 20, max_header_bytes=4096)
     x = np.arange(4, dtype=np.uint8)
     head = json.dumps({"inputs": [binary_input("InputTensor", x)]}).encode()
     head += b" " * (header_length - len(head))  # JSON whitespace, part of the header

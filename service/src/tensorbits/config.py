@@ -36,8 +36,8 @@ class Settings(BaseSettings):
     max_dispatches: int = Field(4096, ge=1, description="dispatches of one /v1 batch")
     max_json_depth: int = Field(64, ge=2, description="nesting depth of a JSON document")
     max_json_elements: int = Field(1 << 22, ge=1, description="elements of JSON tensor data")
-    header_cache_entries: int = Field(
-        256, ge=0, description="v2 request headers remembered once planned (0: none)"
+    header_cache_bytes: int = Field(
+        4 * MiB, ge=0, description="request header bytes remembered once planned, per API (0: none)"
     )
 
     # Admission (503 + Retry-After past them): bounds memory under load.

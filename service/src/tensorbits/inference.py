@@ -14,7 +14,6 @@ thread. Every failure is a ``TensorbitsError`` (400, 404, 413), never a bare exc
 from __future__ import annotations
 
 import math
-import threading
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -24,6 +23,7 @@ from pydantic import BaseModel, ValidationError
 from tensorbits.backends.base import Backend
 from tensorbits.config import Settings
 from tensorbits.engine import run_into_host
+from tensorbits.header_cache import HeaderCache
 from tensorbits_protocol import codec
 from tensorbits_protocol.dtypes import BY_NAME, DataType, itemsize, wire_dtype
 from tensorbits_protocol.errors import InvalidRequest, OperatorNotFound, PayloadTooLarge
@@ -277,7 +277,7 @@ def _check_output(call: ResolvedCall, binary: bool, limits: Limits) -> None:
 
 
 @dataclass(frozen=True, slots=True)
-class _Template:
+class PlanTemplate:
     """What one all-binary request header decides: everything in a plan but the tensors' bytes,
     and where those lie in the body's tail (per operator input: wire dtype, shape, start, end)."""
 
@@ -303,37 +303,8 @@ class _Template:
         )
 
 
-_TemplateKey = tuple[str, bytes, int]  # operator, header bytes, tail length
-
-
-class HeaderCache:
-    """Headers planned before, so a repeated one is not parsed and checked again.
-
-    Clients send the same header over and over: same model, shapes and types, binary data, and
-    (tritonclient's default) no request id. Planning such a header is a pure function of its
-    bytes, the body's length and the server's limits (one cache per runtime, so per limits), and
-    it is most of the server's work for a small tensor. Only headers that planned without error,
-    with every input binary, and at most ``max_header_bytes`` long are kept; at most ``entries``
-    of them, the oldest dropped first. A lookup is one dict access: a miss costs next to nothing.
-    """
-
-    def __init__(self, entries: int, max_header_bytes: int = 4096) -> None:
-        self.entries = entries
-        self.max_header_bytes = max_header_bytes
-        self._templates: dict[_TemplateKey, _Template] = {}
-        self._lock = threading.Lock()  # plans of large requests run on worker threads
-
-    def __len__(self) -> int:
-        return len(self._templates)
-
-    def get(self, key: _TemplateKey) -> _Template | None:
-        return self._templates.get(key)
-
-    def put(self, key: _TemplateKey, template: _Template) -> None:
-        with self._lock:
-            if len(self._templates) >= self.entries:
-                del self._templates[next(iter(self._templates))]
-            self._templates[key] = template
+# The longest v2 header worth remembering: a few inputs' names, shapes and parameters.
+CACHED_HEADER_MAX_BYTES = 4096
 
 
 def plan(
@@ -341,13 +312,16 @@ def plan(
     body: bytearray,
     header_length: int | None,
     limits: Limits,
-    cache: HeaderCache | None = None,
+    cache: HeaderCache[PlanTemplate] | None = None,
 ) -> Plan:
-    """Parse and check one inference request for ``op``; raise on anything wrong with it."""
+    """Parse and check one inference request for ``op``; raise on anything wrong with it.
+
+    With a ``cache``, an all-binary header planned before is not parsed again (header_cache.py):
+    the plan is rebuilt from what it decided, with views of this body's bytes."""
     head, tail = codec.split_body(memoryview(body), header_length)
     header = bytes(head)
-    key: _TemplateKey | None = None
-    if cache is not None and header_length is not None and len(header) <= cache.max_header_bytes:
+    key: tuple[str, bytes, int] | None = None
+    if cache is not None and header_length is not None and cache.keeps(header):
         key = (op.name, header, len(tail))
         template = cache.get(key)
         if template is not None:
@@ -389,16 +363,13 @@ def plan(
         output_nbytes=math.prod(call.output_shape) * itemsize(call.output_datatype),
     )
     if cache is not None and key is not None and all(raw is not None for raw in slices):
-        cache.put(key, _template(planned, frames, slices, tail))
+        cache.put(key, _template(planned, frames, slices), len(header))
     return planned
 
 
 def _template(
-    planned: Plan,
-    frames: list[codec.TensorFrame],
-    slices: list[memoryview | None],
-    tail: memoryview,
-) -> _Template:
+    planned: Plan, frames: list[codec.TensorFrame], slices: list[memoryview | None]
+) -> PlanTemplate:
     # Where each input's slice lies in the tail, in the operator's input order.
     where: dict[str, tuple[np.dtype[Any], tuple[int, ...], int, int]] = {}
     start = 0
@@ -406,7 +377,7 @@ def _template(
         assert raw is not None  # all-binary headers only
         where[frame.name] = (wire_dtype(frame.datatype), frame.shape, start, start + len(raw))
         start += len(raw)
-    return _Template(
+    return PlanTemplate(
         call=planned.call,
         request_id=planned.request_id,
         binary_output=planned.binary_output,
@@ -490,9 +461,9 @@ __all__ = [
     "MODEL_VERSION",
     "MODEL_VERSIONS",
     "Encoded",
-    "HeaderCache",
     "Limits",
     "Plan",
+    "PlanTemplate",
     "execute",
     "model_metadata_types",
     "plan",

@@ -8,8 +8,10 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from tensorbits.backends import Selection, select_backend
+from tensorbits.batch import BatchPlan
 from tensorbits.config import Settings
-from tensorbits.inference import HeaderCache, Limits
+from tensorbits.header_cache import HeaderCache, Plan
+from tensorbits.inference import CACHED_HEADER_MAX_BYTES, Limits, PlanTemplate
 from tensorbits_protocol.errors import Overloaded
 
 
@@ -89,8 +91,9 @@ class Runtime:
     admission: Admission
     # The settings' request limits in the form inference checks them: built once, not per call.
     limits: Limits
-    # v2 request headers already planned (inference.HeaderCache); None when switched off.
-    header_cache: HeaderCache | None
+    # Request headers already planned (header_cache.py), v2 and /v1; None when switched off.
+    v2_plans: HeaderCache[PlanTemplate] | None
+    batch_plans: HeaderCache[BatchPlan] | None
     started: bool = True
 
     @property
@@ -107,13 +110,16 @@ class Runtime:
             selection=selection,
             admission=Admission(settings.max_inflight_bytes, settings.max_inflight_requests),
             limits=Limits.from_settings(settings),
-            header_cache=(
-                HeaderCache(settings.header_cache_entries)
-                if settings.header_cache_entries
-                else None
-            ),
+            v2_plans=_cache(settings, CACHED_HEADER_MAX_BYTES),
+            # A batch header is as long as its dispatches are many: keep up to 1/16 of the budget.
+            batch_plans=_cache(settings, settings.header_cache_bytes // 16),
         )
 
     def close(self) -> None:
         self.started = False
         self.selection.backend.close()
+
+
+def _cache(settings: Settings, max_header_bytes: int) -> HeaderCache[Plan] | None:
+    budget = settings.header_cache_bytes
+    return HeaderCache(budget, max_header_bytes) if budget and max_header_bytes else None

@@ -24,6 +24,7 @@ from tensorbits.api.body import declared_length, header_values, receive_body
 from tensorbits.api.deps import runtime_of, runtime_of_app
 from tensorbits.api.offload import offload
 from tensorbits.config import Settings
+from tensorbits.header_cache import HeaderCache
 from tensorbits.runtime import Runtime
 from tensorbits_protocol.catalog import describe, listing
 from tensorbits_protocol.codec import (
@@ -83,11 +84,26 @@ PLAN_INLINE_MAX_BYTES = 64 << 10
 RUN_INLINE_MAX_BYTES = 1 << 20
 
 
-def _plan(body: bytearray, header_length: int | None, settings: Settings) -> batch.BatchPlan:
-    header, _ = split_body(memoryview(body), header_length)
-    return batch.plan_batch(
+def _plan(
+    body: bytearray,
+    header_length: int | None,
+    settings: Settings,
+    cache: HeaderCache[batch.BatchPlan] | None = None,
+) -> batch.BatchPlan:
+    """The batch's plan; with a ``cache``, a header planned before (for a body of this length)
+    is not decoded and checked again (header_cache.py): a plan holds no byte of the body."""
+    header = bytes(split_body(memoryview(body), header_length)[0])
+    key = (header, len(body))
+    if cache is not None and cache.keeps(header):
+        remembered = cache.get(key)
+        if remembered is not None:
+            return remembered
+    plan = batch.plan_batch(
         decode_header(header), data_start=len(header), body_length=len(body), settings=settings
     )
+    if cache is not None:
+        cache.put(key, plan, len(header))
+    return plan
 
 
 # --- routes -------------------------------------------------------------------------------------
@@ -138,8 +154,9 @@ async def run_batch_request(runtime: Runtime, scope: Scope, receive: Receive, se
         # off the event loop then, like a large run. A small batch is done inline: the hop to a
         # worker thread and back costs more than the work.
         plan = await offload(
-            header_length or len(body), PLAN_INLINE_MAX_BYTES, _plan, body, header_length, settings
-        )
+            header_length or len(body), PLAN_INLINE_MAX_BYTES, _plan, body, header_length,
+            settings, runtime.batch_plans,
+        )  # fmt: skip
         layout = _response_layout(plan)
         backend = runtime.selection.backend
         needed = plan.memory_needed(device_copies=not backend.host_memory) + layout.header_length

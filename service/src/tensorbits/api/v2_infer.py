@@ -64,7 +64,7 @@ async def run_inference(
         json_bytes = len(body) if header_length is None else header_length
         plan = await offload(
             json_bytes, JSON_INLINE_MAX_BYTES, inference.plan, op, body, header_length,
-            runtime.limits, runtime.header_cache,
+            runtime.limits, runtime.v2_plans,
         )  # fmt: skip
         grant.grow(len(body) - (declared or 0) + plan.output_nbytes)
         encoded = await offload(
