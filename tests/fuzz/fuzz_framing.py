@@ -98,7 +98,8 @@ def TestOneInput(data: bytes) -> None:  # noqa: N802 (the name atheris and libFu
     except TensorbitsError:
         return
     if plan.binary_output:
-        length = int(encoded.headers[codec.HEADER_LENGTH])
+        length = encoded.header_length
+        assert length is not None
         assert length % codec.ALIGNMENT == 0
         assert len(encoded.body) == length + plan.output_nbytes
 

@@ -414,7 +414,8 @@ def test_non_numpy_backends_copy_back_into_the_response(numpy_backend: Any, bina
     assert backend.copies_in == 2
     raw = bytes(encoded.body)
     if binary:
-        length = int(encoded.headers[HEADER])
+        length = encoded.header_length
+        assert length is not None
         got = np.frombuffer(raw[length:], np.uint32).reshape(5, 3)
     else:
         got = np.array(json.loads(raw)["outputs"][0]["data"], np.uint32).reshape(5, 3)

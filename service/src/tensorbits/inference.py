@@ -106,7 +106,7 @@ class Encoded:
 
     body: bytes | memoryview
     media_type: str
-    headers: dict[str, str]
+    header_length: int | None  # of the JSON header before binary data; None: all JSON
 
 
 # --- parsing ------------------------------------------------------------------------------------
@@ -425,14 +425,12 @@ def execute(plan: Plan, backend: Backend) -> Encoded:
         body, (tail,) = layout.allocate()
         out = np.frombuffer(tail, dtype).reshape(call.output_shape)
         run_into_host(backend, call, plan.inputs, out)
-        return Encoded(
-            body, codec.BINARY_CONTENT_TYPE, {codec.HEADER_LENGTH: str(layout.header_length)}
-        )
+        return Encoded(body, codec.BINARY_CONTENT_TYPE, layout.header_length)
     out = np.empty(call.output_shape, dtype)
     run_into_host(backend, call, plan.inputs, out)
     document = _response_document(plan, None)
     document["outputs"][0]["data"] = encode_data(plan.op.output, out)
-    return Encoded(codec.dump_header(document, align=False), codec.JSON_CONTENT_TYPE, {})
+    return Encoded(codec.dump_header(document, align=False), codec.JSON_CONTENT_TYPE, None)
 
 
 def resolve_model(name: str, version: str | None) -> OperatorSpec:

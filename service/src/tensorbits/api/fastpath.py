@@ -14,10 +14,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from starlette.requests import Request
-from starlette.routing import BaseRoute, Match
+from starlette.routing import BaseRoute, Match, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tensorbits.api.errors import handler_for
+
+
+class FastRoute(Route):
+    """A route for ``FastPathMiddleware``: it records itself in the scope as FastAPI's routes do,
+    so metrics and logs label its requests by the route template."""
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        match, child_scope = super().matches(scope)
+        if match is not Match.NONE:
+            child_scope["route"] = self
+        return match, child_scope
 
 
 class FastPathMiddleware:

@@ -16,12 +16,12 @@ from typing import Any, cast
 
 from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
-from starlette.routing import Match, Route
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from tensorbits import batch
-from tensorbits.api.body import declared_length, header_values, receive_body
 from tensorbits.api.deps import runtime_of, runtime_of_app
+from tensorbits.api.fastpath import FastRoute
+from tensorbits.api.framed import Exchange
 from tensorbits.api.offload import offload
 from tensorbits.config import Settings
 from tensorbits.header_cache import HeaderCache
@@ -32,7 +32,6 @@ from tensorbits_protocol.codec import (
     HEADER_LENGTH,
     BodyLayout,
     dump_header,
-    parse_header_length,
     split_body,
 )
 from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
@@ -138,18 +137,11 @@ async def run_batch_request(runtime: Runtime, scope: Scope, receive: Receive, se
     """One batch, from the request's body to the response's last byte. Every failure is raised
     before the first byte is sent, so the app's exception handlers answer it."""
     settings = runtime.settings
-    length_value, encoding, header_length_value = header_values(
-        scope, b"content-length", b"content-encoding", _HEADER_LENGTH
-    )
     # Admitted for the declared body before a byte is read; the grant grows once the plan says
     # what the batch needs while it runs.
-    declared = declared_length(length_value, settings.max_body_bytes)
-    grant = runtime.admission.acquire(declared or 0)
+    exchange = Exchange(runtime, scope)
     try:
-        body = await receive_body(
-            receive, declared, encoding, settings.max_body_bytes, settings.timeout_body_read
-        )
-        header_length = parse_header_length(header_length_value, len(body))
+        body, header_length = await exchange.receive(receive)
         # Decoding and planning a batch of thousands of dispatches takes a good part of a second:
         # off the event loop then, like a large run. A small batch is done inline: the hop to a
         # worker thread and back costs more than the work.
@@ -169,18 +161,12 @@ async def run_batch_request(runtime: Runtime, scope: Scope, receive: Receive, se
                 field="buffers",
                 rule="max_inflight_bytes",
             )
-        grant.grow(needed - (declared or 0))
+        exchange.grow(needed)
         response, sinks = layout.allocate()
         await offload(needed, RUN_INLINE_MAX_BYTES, batch.run_batch, plan, body, backend, sinks)
-        await send(_response_start(len(response), layout.header_length))
-        await send({"type": "http.response.body", "body": response})
+        await exchange.send(send, response, BINARY_CONTENT_TYPE, layout.header_length)
     finally:
-        # Held until the last byte is handed to the server: the response buffer is part of
-        # what admission bounds.
-        grant.release()
-
-
-_HEADER_LENGTH = HEADER_LENGTH.lower().encode()
+        exchange.release()
 
 
 def _response_layout(plan: batch.BatchPlan) -> BodyLayout:
@@ -196,16 +182,6 @@ def _response_layout(plan: batch.BatchPlan) -> BodyLayout:
         dump_header(reply.model_dump(mode="json", exclude_none=True)),
         tuple(plan.buffers[i].byte_size for i in plan.outputs),
     )
-
-
-def _response_start(content_length: int, header_length: int) -> Message:
-    # The headers a Starlette Response(media_type=BINARY_CONTENT_TYPE) sends, in its order.
-    headers = [
-        (_HEADER_LENGTH, str(header_length).encode()),
-        (b"content-length", str(content_length).encode()),
-        (b"content-type", BINARY_CONTENT_TYPE.encode()),
-    ]
-    return {"type": "http.response.start", "status": 200, "headers": headers}
 
 
 class _Batch(Response):
@@ -238,19 +214,8 @@ class BatchEndpoint:
         await run_batch_request(runtime_of_app(scope["app"]), scope, receive, send)
 
 
-class _Route(Route):
-    """A Starlette route that records itself in the scope as FastAPI's routes do, so metrics and
-    logs label its requests by the route template (as ``v2_infer``'s)."""
-
-    def matches(self, scope: Scope) -> tuple[Match, Scope]:
-        match, child_scope = super().matches(scope)
-        if match is not Match.NONE:
-            child_scope["route"] = self
-        return match, child_scope
-
-
 # For ``routers.FAST_ROUTES``: FastAPI's layers cost about 0.15 ms a batch.
-ROUTES = [_Route("/v1/batch", BatchEndpoint(), methods=["POST"])]
+ROUTES = [FastRoute("/v1/batch", BatchEndpoint(), methods=["POST"])]
 
 
 _LISTING = listing()

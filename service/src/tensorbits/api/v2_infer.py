@@ -16,15 +16,14 @@ reached.
 
 from __future__ import annotations
 
-from starlette.routing import Match, Route
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from tensorbits import inference
-from tensorbits.api.body import declared_length, header_values, receive_body
 from tensorbits.api.deps import runtime_of_app
+from tensorbits.api.fastpath import FastRoute
+from tensorbits.api.framed import Exchange
 from tensorbits.api.offload import offload
 from tensorbits.runtime import Runtime
-from tensorbits_protocol import codec
 from tensorbits_protocol.operators import OperatorSpec
 
 # Work below these sizes runs on the event loop: a hop to a worker thread costs more than it.
@@ -32,51 +31,27 @@ from tensorbits_protocol.operators import OperatorSpec
 JSON_INLINE_MAX_BYTES = 64 << 10
 COMPUTE_INLINE_MAX_BYTES = 1 << 20
 
-_HEADER_LENGTH = codec.HEADER_LENGTH.lower().encode()
-
-
-def _response_start(encoded: inference.Encoded) -> Message:
-    headers = [
-        (b"content-type", encoded.media_type.encode()),
-        (b"content-length", str(len(encoded.body)).encode()),
-    ]
-    headers += [(k.lower().encode(), v.encode()) for k, v in encoded.headers.items()]
-    return {"type": "http.response.start", "status": 200, "headers": headers}
-
 
 async def run_inference(
     op: OperatorSpec, runtime: Runtime, scope: Scope, receive: Receive, send: Send
 ) -> None:
     """One inference of ``op``, from the request's body to the response's last byte."""
-    settings = runtime.settings
-    length_value, encoding, header_length_value = header_values(
-        scope, b"content-length", b"content-encoding", _HEADER_LENGTH
-    )
-    # Admitted for the declared body before a byte is read: many clients declaring large bodies
-    # at once get 503s instead of each making the server allocate its body.
-    declared = declared_length(length_value, settings.max_body_bytes)
-    grant = runtime.admission.acquire(declared or 0)
+    exchange = Exchange(runtime, scope)
     try:
-        body = await receive_body(
-            receive, declared, encoding, settings.max_body_bytes, settings.timeout_body_read
-        )
-        header_length = codec.parse_header_length(header_length_value, len(body))
+        body, header_length = await exchange.receive(receive)
         json_bytes = len(body) if header_length is None else header_length
         plan = await offload(
             json_bytes, JSON_INLINE_MAX_BYTES, inference.plan, op, body, header_length,
             runtime.limits, runtime.v2_plans,
         )  # fmt: skip
-        grant.grow(len(body) - (declared or 0) + plan.output_nbytes)
+        exchange.grow(len(body) + plan.output_nbytes)
         encoded = await offload(
             plan.work_bytes, COMPUTE_INLINE_MAX_BYTES, inference.execute, plan,
             runtime.selection.backend,
         )  # fmt: skip
-        await send(_response_start(encoded))
-        await send({"type": "http.response.body", "body": encoded.body})
+        await exchange.send(send, encoded.body, encoded.media_type, encoded.header_length)
     finally:
-        # Held until the last byte is handed to the server: the response buffer is part of
-        # what admission bounds.
-        grant.release()
+        exchange.release()
 
 
 class InferEndpoint:
@@ -89,19 +64,8 @@ class InferEndpoint:
         await run_inference(op, runtime_of_app(scope["app"]), scope, receive, send)
 
 
-class _Route(Route):
-    """A Starlette route that records itself in the scope as FastAPI's routes do, so metrics and
-    logs label its requests by the route template."""
-
-    def matches(self, scope: Scope) -> tuple[Match, Scope]:
-        match, child_scope = super().matches(scope)
-        if match is not Match.NONE:
-            child_scope["route"] = self
-        return match, child_scope
-
-
 _ENDPOINT = InferEndpoint()
 ROUTES = [
-    _Route("/v2/models/{model}/infer", _ENDPOINT, methods=["POST"]),
-    _Route("/v2/models/{model}/versions/{version}/infer", _ENDPOINT, methods=["POST"]),
+    FastRoute("/v2/models/{model}/infer", _ENDPOINT, methods=["POST"]),
+    FastRoute("/v2/models/{model}/versions/{version}/infer", _ENDPOINT, methods=["POST"]),
 ]
