@@ -32,6 +32,8 @@ class FastRoute(Route):
 
 
 class FastPathMiddleware:
+    """Serves ``routes`` on a full match; passes everything else on to ``app``."""
+
     def __init__(self, app: ASGIApp, routes: Sequence[BaseRoute]) -> None:
         self.app = app
         self.routes = tuple(routes)
@@ -51,8 +53,8 @@ class FastPathMiddleware:
         try:
             await route.handle(scope, receive, send)
         except Exception as exc:
-            # The routes raise before they send a byte (v2_infer says why), so an error can
-            # still be answered as a whole response.
+            # The routes send only once all their work is done (api/framed.py), so an error is
+            # raised before any byte went out and can still be answered as a whole response.
             handler = handler_for(exc)
             if handler is None:
                 raise
