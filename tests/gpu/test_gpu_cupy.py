@@ -10,10 +10,11 @@ from typing import Any
 import numpy as np
 import pytest
 from core.bitref import OP_TYPES, SPECIAL_BITS, cases, check, from_bits, np_dtype, width
+from gpu.gpu_support import cupy_backend_or_skip
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tensorbits.backends import Backend, BackendUnavailable, select_backend
+from tensorbits.backends import Backend
 from tensorbits.engine import compute
 from tensorbits_protocol.dtypes import DTYPES, DataType
 from tensorbits_protocol.operators import get_operator
@@ -25,14 +26,7 @@ SIGNED = [DataType.INT8, DataType.INT16, DataType.INT32, DataType.INT64]
 UNSIGNED = [DataType.UINT8, DataType.UINT16, DataType.UINT32, DataType.UINT64]
 
 
-def _cupy_backend_or_skip() -> Backend:
-    try:
-        return select_backend("cupy").backend
-    except BackendUnavailable as exc:
-        pytest.skip(f"CuPy backend unavailable: {exc}", allow_module_level=True)
-
-
-BACKEND = _cupy_backend_or_skip()
+BACKEND = cupy_backend_or_skip()
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,8 @@ from service.v1_support import (
     frame,
     outputs,
     post,
+    rich_batch,
+    run_planned,
     v1_client,
     zeros,
 )
@@ -87,99 +89,22 @@ def test_describe_and_check_placement_are_plan_view() -> None:
     assert (layout.alignment, layout.itemsize, layout.elements, layout.packed) == (32, 4, 6, False)
 
 
-def _rich_batch() -> tuple[dict[str, Any], bytes]:
-    """Every kind of binding: packed at offsets, in place, a size-1 dimension with an odd stride,
-    padded, transposed and broadcast views, other data types, and a chain through a buffer."""
-    a = RNG.integers(0, 256, 512, dtype=np.uint8)
-    b = RNG.integers(0, 256, 512, dtype=np.uint8)
-    flags = RNG.integers(0, 2, 64, dtype=np.uint8)  # BOOL elements are bytes 0 or 1
-    return batch(
-        [data("a", a), data("b", b), data("flags", flags), zeros("z", 1024)],
-        [
-            dispatch(
-                "BIT_XOR",
-                ATensor=bind("a", "UINT32", [4, 4], offset=16),
-                BTensor=bind("b", "UINT32", [4, 4], offset=32),
-                OutputTensor=bind("z", "UINT32", [4, 4]),
-            ),
-            dispatch(
-                "BIT_OR",
-                ATensor=bind("a", "UINT64", [8], offset=128),
-                BTensor=bind("b", "UINT64", [8], offset=128),
-                OutputTensor=bind("a", "UINT64", [8], offset=128),
-            ),
-            dispatch(
-                "BIT_NOT",
-                InputTensor=bind("a", "UINT16", [2, 1, 8], offset=256, strides=[8, 999, 1]),
-                OutputTensor=bind("z", "UINT16", [2, 1, 8], offset=64, strides=[8, 999, 1]),
-            ),
-            dispatch(
-                "BIT_AND",
-                ATensor=bind("a", "INT16", [3, 4], strides=[8, 1]),
-                BTensor=bind("b", "INT16", [3, 4], offset=320),
-                OutputTensor=bind("z", "INT16", [3, 4], offset=128, strides=[8, 1]),
-            ),
-            dispatch(
-                "BIT_XOR",
-                ATensor=bind("a", "UINT8", [4, 16], offset=384),
-                BTensor=bind("b", "UINT8", [4, 16], offset=448, strides=[0, 1]),
-                OutputTensor=bind("z", "UINT8", [4, 16], offset=256),
-            ),
-            dispatch(
-                "BIT_COUNT",
-                {"output_datatype": "UINT32"},
-                InputTensor=bind("b", "FP16", [4, 4], strides=[1, 4]),
-                OutputTensor=bind("z", "UINT32", [4, 4], offset=320),
-            ),
-            dispatch(  # reads what the first dispatch wrote, in place
-                "BIT_SHIFT_LEFT",
-                ATensor=bind("z", "UINT32", [16]),
-                BTensor=bind("b", "UINT32", [16], offset=480, strides=[0]),
-                OutputTensor=bind("z", "UINT32", [16]),
-            ),
-            dispatch(
-                "openvino.BitwiseXor-13",
-                input_1=bind("flags", "BOOL", [4, 16]),
-                input_2=bind("flags", "BOOL", [1, 16], offset=48),
-                output_1=bind("z", "BOOL", [4, 16], offset=512),
-            ),
-            dispatch(
-                "onnx.BitShift-11",
-                {"direction": "RIGHT"},
-                X=bind("b", "UINT64", [2, 2, 2], offset=64),
-                Y=bind("a", "UINT64", [2, 2, 2], offset=192, strides=[0, 0, 1]),
-                Z=bind("z", "UINT64", [2, 2, 2], offset=576),
-            ),
-        ],
-        ["a", "b", "z"],
-    )
-
-
-def _run(header: dict[str, Any], payload: bytes) -> bytes:
-    body, headers = frame(header, payload)
-    request = bytearray(body)
-    plan = v1._plan(request, int(headers["Inference-Header-Content-Length"]), SETTINGS)
-    sinks = [bytearray(plan.buffers[i].byte_size) for i in plan.outputs]
-    planner.run_batch(plan, request, NumpyBackend(1), [memoryview(s) for s in sinks])
-    return b"".join(sinks)
-
-
 def test_packed_views_equal_strided_views(monkeypatch: pytest.MonkeyPatch) -> None:
-    header, payload = _rich_batch()
+    header, payload = rich_batch(RNG)
     body, headers = frame(header, payload)
     plan = v1._plan(bytearray(body), int(headers["Inference-Header-Content-Length"]), SETTINGS)
     tensors = [t for d in plan.dispatches for t in (*d.inputs, d.output)]
     assert sum(t.desc.packed for t in tensors) >= 14  # both paths are exercised
     assert sum(not t.desc.packed for t in tensors) >= 6
 
-    fast = _run(header, payload)
+    fast = run_planned(header, payload, NumpyBackend(1))
     monkeypatch.setattr(planner._Views, "of", planner._Views.strided)
-    strided = _run(header, payload)
+    strided = run_planned(header, payload, NumpyBackend(1))
     assert fast == strided
 
 
 def test_rich_batch_over_http_matches_numpy(client: TestClient) -> None:
-    header, payload = _rich_batch()
+    header, payload = rich_batch(RNG)
     _, got = outputs(post(client, header, payload))
     a = np.frombuffer(payload[:512], np.uint8)
     b = np.frombuffer(payload[512:1024], np.uint8)
@@ -424,7 +349,7 @@ def test_the_route_ahead_of_the_framework_answers_as_the_fastapi_route(
         await endpoint(self, scope, receive, send)
 
     monkeypatch.setattr(v1.BatchEndpoint, "__call__", counted)
-    header, payload = _rich_batch()
+    header, payload = rich_batch(RNG)
     unknown = json.loads(json.dumps(header))
     unknown["dispatches"][3]["operator"] = "DML_OPERATOR_NOPE"
     cases = [

@@ -18,7 +18,10 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", StarletteDeprecationWarning)
     from fastapi.testclient import TestClient
 
+from tensorbits.api import v1
 from tensorbits.app import create_app
+from tensorbits.backends import Backend
+from tensorbits.batch import run_batch
 from tensorbits.config import Settings
 
 HEADER = "Inference-Header-Content-Length"
@@ -28,8 +31,11 @@ __all__ = ["HEADER", "TestClient"]
 
 @contextmanager
 def v1_client(**settings: Any) -> Iterator[TestClient]:
-    """A TestClient on an app with the NumPy backend (lifespan run) and the given settings."""
-    with TestClient(create_app(Settings(backend="numpy", cpu_threads=2, **settings))) as client:
+    """A TestClient on an app (lifespan run) with the given settings, by default the NumPy
+    backend on two threads."""
+    with TestClient(
+        create_app(Settings(**{"backend": "numpy", "cpu_threads": 2, **settings}))
+    ) as client:
         yield client
 
 
@@ -115,3 +121,82 @@ def error(response: Response, status: int = 400) -> dict[str, Any]:
     assert response.status_code == status, response.text
     body: dict[str, Any] = response.json()
     return body
+
+
+def rich_batch(rng: np.random.Generator) -> tuple[dict[str, Any], bytes]:
+    """Every kind of binding: packed at offsets, in place, a size-1 dimension with an odd stride,
+    padded, transposed and broadcast views, other data types, and a chain through a buffer."""
+    a = rng.integers(0, 256, 512, dtype=np.uint8)
+    b = rng.integers(0, 256, 512, dtype=np.uint8)
+    flags = rng.integers(0, 2, 64, dtype=np.uint8)  # BOOL elements are bytes 0 or 1
+    return batch(
+        [data("a", a), data("b", b), data("flags", flags), zeros("z", 1024)],
+        [
+            dispatch(
+                "BIT_XOR",
+                ATensor=bind("a", "UINT32", [4, 4], offset=16),
+                BTensor=bind("b", "UINT32", [4, 4], offset=32),
+                OutputTensor=bind("z", "UINT32", [4, 4]),
+            ),
+            dispatch(
+                "BIT_OR",
+                ATensor=bind("a", "UINT64", [8], offset=128),
+                BTensor=bind("b", "UINT64", [8], offset=128),
+                OutputTensor=bind("a", "UINT64", [8], offset=128),
+            ),
+            dispatch(
+                "BIT_NOT",
+                InputTensor=bind("a", "UINT16", [2, 1, 8], offset=256, strides=[8, 999, 1]),
+                OutputTensor=bind("z", "UINT16", [2, 1, 8], offset=64, strides=[8, 999, 1]),
+            ),
+            dispatch(
+                "BIT_AND",
+                ATensor=bind("a", "INT16", [3, 4], strides=[8, 1]),
+                BTensor=bind("b", "INT16", [3, 4], offset=320),
+                OutputTensor=bind("z", "INT16", [3, 4], offset=128, strides=[8, 1]),
+            ),
+            dispatch(
+                "BIT_XOR",
+                ATensor=bind("a", "UINT8", [4, 16], offset=384),
+                BTensor=bind("b", "UINT8", [4, 16], offset=448, strides=[0, 1]),
+                OutputTensor=bind("z", "UINT8", [4, 16], offset=256),
+            ),
+            dispatch(
+                "BIT_COUNT",
+                {"output_datatype": "UINT32"},
+                InputTensor=bind("b", "FP16", [4, 4], strides=[1, 4]),
+                OutputTensor=bind("z", "UINT32", [4, 4], offset=320),
+            ),
+            dispatch(  # reads what the first dispatch wrote, in place
+                "BIT_SHIFT_LEFT",
+                ATensor=bind("z", "UINT32", [16]),
+                BTensor=bind("b", "UINT32", [16], offset=480, strides=[0]),
+                OutputTensor=bind("z", "UINT32", [16]),
+            ),
+            dispatch(
+                "openvino.BitwiseXor-13",
+                input_1=bind("flags", "BOOL", [4, 16]),
+                input_2=bind("flags", "BOOL", [1, 16], offset=48),
+                output_1=bind("z", "BOOL", [4, 16], offset=512),
+            ),
+            dispatch(
+                "onnx.BitShift-11",
+                {"direction": "RIGHT"},
+                X=bind("b", "UINT64", [2, 2, 2], offset=64),
+                Y=bind("a", "UINT64", [2, 2, 2], offset=192, strides=[0, 0, 1]),
+                Z=bind("z", "UINT64", [2, 2, 2], offset=576),
+            ),
+        ],
+        ["a", "b", "z"],
+    )
+
+
+def run_planned(header: dict[str, Any], payload: bytes, backend: Backend) -> bytes:
+    """A batch planned and run in process on ``backend``: its output buffers' bytes, joined."""
+    body, headers = frame(header, payload)
+    request = bytearray(body)
+    settings = Settings(backend="numpy")
+    plan = v1._plan(request, int(headers[HEADER]), settings)
+    sinks = [bytearray(plan.buffers[i].byte_size) for i in plan.outputs]
+    run_batch(plan, request, backend, [memoryview(s) for s in sinks])
+    return b"".join(sinks)

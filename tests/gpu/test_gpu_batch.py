@@ -1,0 +1,53 @@
+"""/v1 batches on the CuPy backend: byte for byte what the NumPy backend computes, for a batch
+of every binding kind (packed and strided views, in place, chains through a buffer, BOOL, FP16),
+with the packed fast path and with every view strided, in process and over HTTP. Skipped, with
+the reason, where CuPy or a working CUDA device is missing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from gpu.gpu_support import cupy_backend_or_skip
+from service.v1_support import outputs, post, rich_batch, run_planned, v1_client
+
+from tensorbits import batch as planner
+from tensorbits.backends import Backend
+from tensorbits.backends.numpy_backend import NumpyBackend
+
+pytestmark = pytest.mark.gpu
+
+BACKEND = cupy_backend_or_skip()
+
+
+@pytest.fixture(scope="module")
+def cupy_backend() -> Iterator[Backend]:
+    yield BACKEND
+    BACKEND.close()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_rich_batch_on_cupy_equals_numpy(cupy_backend: Backend, seed: int) -> None:
+    header, payload = rich_batch(np.random.default_rng(seed))
+    expected = run_planned(header, payload, NumpyBackend(1))
+    assert run_planned(header, payload, cupy_backend) == expected
+
+
+def test_strided_views_on_cupy_equal_numpy(
+    cupy_backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    header, payload = rich_batch(np.random.default_rng(99))
+    expected = run_planned(header, payload, NumpyBackend(1))
+    monkeypatch.setattr(planner._Views, "of", planner._Views.strided)
+    assert run_planned(header, payload, cupy_backend) == expected
+
+
+def test_rich_batch_over_http_on_cupy(cupy_backend: Backend) -> None:
+    header, payload = rich_batch(np.random.default_rng(5))
+    answers: list[dict[str, Any]] = []
+    for backend in ("numpy", "cupy"):
+        with v1_client(backend=backend) as client:
+            answers.append(outputs(post(client, header, payload))[1])
+    assert answers[0] == answers[1]
