@@ -18,15 +18,15 @@ import threading
 from collections.abc import Hashable
 from typing import Generic, TypeVar
 
-Plan = TypeVar("Plan")
+PlanT = TypeVar("PlanT")
 
 
-class HeaderCache(Generic[Plan]):
+class HeaderCache(Generic[PlanT]):
     def __init__(self, budget: int, max_header_bytes: int) -> None:
         self.budget = budget
         self.max_header_bytes = min(max_header_bytes, budget)
         self.held = 0  # header bytes kept
-        self._plans: dict[Hashable, tuple[Plan, int]] = {}
+        self._plans: dict[Hashable, tuple[PlanT, int]] = {}
         self._lock = threading.Lock()  # large requests are planned on worker threads
 
     def __len__(self) -> int:
@@ -36,11 +36,11 @@ class HeaderCache(Generic[Plan]):
         """Whether a header of this length may be kept (and so is worth looking up)."""
         return len(header) <= self.max_header_bytes
 
-    def get(self, key: Hashable) -> Plan | None:
+    def get(self, key: Hashable) -> PlanT | None:
         found = self._plans.get(key)
         return None if found is None else found[0]
 
-    def put(self, key: Hashable, plan: Plan, header_bytes: int) -> None:
+    def put(self, key: Hashable, plan: PlanT, header_bytes: int) -> None:
         if header_bytes > self.max_header_bytes:
             return
         with self._lock:

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from tensorbits.backends import Selection, select_backend
 from tensorbits.batch import BatchPlan
 from tensorbits.config import Settings
-from tensorbits.header_cache import HeaderCache, Plan
+from tensorbits.header_cache import HeaderCache, PlanT
 from tensorbits.inference import CACHED_HEADER_MAX_BYTES, Limits, PlanTemplate
 from tensorbits_protocol.errors import Overloaded
 
@@ -39,7 +37,7 @@ class Admission:
 
     def acquire(self, nbytes: int) -> Grant:
         """Admit one request for ``nbytes``, or raise Overloaded; the caller must ``release``
-        the grant (``admit`` does it for a block)."""
+        the grant (``api/framed.py`` does, once the response is sent)."""
         if self.requests_in_flight >= self.max_requests:
             raise Overloaded(
                 f"server busy: {self.requests_in_flight} requests in flight "
@@ -48,14 +46,6 @@ class Admission:
         self._take_bytes(nbytes)
         self.requests_in_flight += 1
         return Grant(self, nbytes)
-
-    @asynccontextmanager
-    async def admit(self, nbytes: int) -> AsyncIterator[Grant]:
-        grant = self.acquire(nbytes)
-        try:
-            yield grant
-        finally:
-            grant.release()
 
 
 @dataclass(slots=True)
@@ -120,6 +110,6 @@ class Runtime:
         self.selection.backend.close()
 
 
-def _cache(settings: Settings, max_header_bytes: int) -> HeaderCache[Plan] | None:
+def _cache(settings: Settings, max_header_bytes: int) -> HeaderCache[PlanT] | None:
     budget = settings.header_cache_bytes
     return HeaderCache(budget, max_header_bytes) if budget and max_header_bytes else None
