@@ -38,7 +38,7 @@ check: lint typecheck
 
 test: check unit ## every check: lint, types, the whole test suite
 
-bench: install ## operator core on the CPU; bench/http_service.py, bench/client.py and bench/load.py measure the rest
+bench: install ## operator core on the CPU; bench/http_service.py, bench/in_process.py, bench/client.py and bench/load.py measure the rest
 	$(BIN)/python bench/ops.py
 
 openapi: install ## regenerate openapi/openapi.json from the app

@@ -1,0 +1,167 @@
+"""Where the time of a small request goes, in process (no sockets): what bench/http_service.py's
+(b) and (c) are made of, measured the same way before and after a change.
+
+  v2     one 16-element BIT_NOT in v2 binary through the whole ASGI app (middleware, routing,
+         body, plan, run, response), header cache on and off, against a bare FastAPI GET /ping
+  batch  one /v1 batch of 100 16-element UINT32 XORs (bench/http_service.py's (c)): the SDK
+         building and encoding it, the server decoding and planning it (cache off and on), and
+         running the plan on the NumPy backend
+
+Best of several rounds of many calls; every figure is per call. Usage:
+.venv/bin/python bench/in_process.py [--rounds N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import uvloop
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._baseline_app import app as bare_app
+from bench.http_service import NOT, v2_binary_request
+from tensorbits import batch as planner
+from tensorbits.api import v1
+from tensorbits.app import create_app
+from tensorbits.backends.numpy_backend import NumpyBackend
+from tensorbits.config import Settings
+from tensorbits.header_cache import HeaderCache
+from tensorbits_client import Client
+
+MiB = 1 << 20
+Scope = dict[str, Any]
+
+
+def _scope(method: str, path: str, headers: list[tuple[bytes, bytes]]) -> Scope:
+    return {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
+        "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+        "scheme": "http", "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 1234),
+        "headers": [(b"host", b"bench"), *headers],
+    }  # fmt: skip
+
+
+async def _per_call(app: Any, scope: Scope, body: bytes, rounds: int, calls: int) -> float:
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    statuses: list[int] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            statuses.append(message["status"])
+
+    for _ in range(200):  # warm: caches, first-call imports
+        await app(dict(scope), receive, send)
+    if set(statuses) != {200}:
+        raise RuntimeError(f"{scope['path']} answered {sorted(set(statuses))}")
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            await app(dict(scope), receive, send)
+        best = min(best, (time.perf_counter() - start) / calls)
+    return best
+
+
+async def v2_small(rounds: int) -> dict[str, float]:
+    head, parts = v2_binary_request({"InputTensor": np.full(16, 65, np.uint8)}, "OutputTensor")
+    body = b"".join(bytes(p) for p in parts)
+    headers = [
+        (b"content-length", str(len(body)).encode()),
+        (b"inference-header-content-length", str(len(head)).encode()),
+    ]
+    infer = _scope("POST", f"/v2/models/{NOT}/infer", headers)
+    times = {"bare FastAPI GET /ping": await _per_call(bare_app, _scope("GET", "/ping", []), b"",
+                                                        rounds, 4000)}  # fmt: skip
+    for label, cache_bytes in (("v2 infer, header cache on", 4 * MiB), ("v2 infer, cache off", 0)):
+        app = create_app(Settings(backend="numpy", log_level="warning",
+                                  header_cache_bytes=cache_bytes))  # fmt: skip
+        async with app.router.lifespan_context(app):
+            times[label] = await _per_call(app, infer, body, rounds, 4000)
+    return times
+
+
+def _best(fn: Callable[[], object], rounds: int, calls: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - start) / calls)
+    return best
+
+
+def batch_small(rounds: int, dispatches: int = 100) -> dict[str, float]:
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 2**32, (dispatches, 16), dtype=np.uint32)
+    b = rng.integers(0, 2**32, (dispatches, 16), dtype=np.uint32)
+    row = 16 * a.itemsize
+    client = Client("http://127.0.0.1:1", local_validation=False)  # never connects
+
+    def build() -> Any:
+        batch = client.batch()
+        buf_a, buf_b = batch.input("a", a), batch.input("b", b)
+        buf_c = batch.empty("c", a.shape, "UINT32")
+        for i in range(dispatches):
+            batch.bit_xor(
+                buf_a.tensor("UINT32", (16,), offset=i * row),
+                buf_b.tensor("UINT32", (16,), offset=i * row),
+                out=buf_c.tensor("UINT32", (16,), offset=i * row),
+            )
+        batch.output(buf_c)
+        return batch.plan()
+
+    encoded = build().body
+    body = bytearray(b"".join(bytes(part) for part in encoded.parts))
+    header_length = int(encoded.headers["Inference-Header-Content-Length"])
+    settings = Settings(backend="numpy")
+    cache: HeaderCache[planner.BatchPlan] = HeaderCache(4 * MiB, 256 << 10)
+    plan = v1._plan(body, header_length, settings)
+    sinks = [memoryview(bytearray(plan.buffers[i].byte_size)) for i in plan.outputs]
+    backend = NumpyBackend(1)
+    times = {
+        "SDK: build and encode the batch": _best(build, rounds, 50),
+        "server: decode and plan, cache off": _best(
+            lambda: v1._plan(body, header_length, settings), rounds, 50
+        ),
+        "server: decode and plan, cache on": _best(
+            lambda: v1._plan(body, header_length, settings, cache), rounds, 50
+        ),
+        "server: run the plan (NumPy)": _best(
+            lambda: planner.run_batch(plan, body, backend, sinks), rounds, 50
+        ),
+    }
+    client.close()
+    backend.close()
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+    logging.getLogger().setLevel(logging.WARNING)
+    small = uvloop.run(v2_small(args.rounds))  # the event loop the server runs on
+    ping = small["bare FastAPI GET /ping"]
+    print(f"v2, one 16-element BIT_NOT through the ASGI app, best of {args.rounds}")
+    for label, seconds in small.items():
+        print(f"  {label:<34} {seconds * 1e6:7.1f} µs  ({seconds / ping:.2f}x the ping)")
+    print(f"\n/v1, one batch of 100 16-element XORs, best of {args.rounds}")
+    for label, seconds in batch_small(args.rounds).items():
+        print(f"  {label:<34} {seconds * 1e3:7.2f} ms")
+
+
+if __name__ == "__main__":
+    main()
