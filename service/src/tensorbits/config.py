@@ -26,7 +26,13 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
     log_json: bool = True
 
-    # Request limits (413 past them).
+    # Request limits (413 past them; 431 for the request head).
+    max_head_bytes: int = Field(
+        64 * 1024,
+        ge=1024,
+        le=16 * MiB,
+        description="request line and headers of one request (431 past it, 414 for the URL)",
+    )
     max_body_bytes: int = Field(
         256 * MiB, ge=1024, description="request body, before and after decompression"
     )
@@ -34,6 +40,11 @@ class Settings(BaseSettings):
     max_tensors: int = Field(64, ge=1, description="inputs + outputs of one v2 request")
     max_buffers: int = Field(256, ge=1, description="named buffers of one /v1 batch")
     max_dispatches: int = Field(4096, ge=1, description="dispatches of one /v1 batch")
+    max_batch_header_bytes: int = Field(
+        16 * MiB,
+        ge=1024,
+        description="JSON header of one /v1 batch (the largest the count limits allow fits)",
+    )
     max_json_depth: int = Field(64, ge=2, description="nesting depth of a JSON document")
     max_json_elements: int = Field(1 << 22, ge=1, description="elements of JSON tensor data")
     header_cache_bytes: int = Field(
