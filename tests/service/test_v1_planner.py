@@ -39,6 +39,7 @@ from tensorbits_protocol.v1 import BATCH_REQUEST_DATA, BatchRequest
 
 RNG = np.random.default_rng(7)
 SETTINGS = Settings(backend="numpy")
+LIMITS = planner.header_limits(SETTINGS)
 
 
 @pytest.fixture(scope="module")
@@ -316,11 +317,11 @@ def test_what_the_dict_reader_refuses_is_read_by_the_models(
     # Were the two ever to differ, the models decide: a refusal by the fast reader alone is not
     # an error, and the models' error is the one reported.
     raw = json.dumps(HEADERS[2]).encode()
-    expected = v1.decode_header(raw)
+    expected = v1.decode_header(raw, LIMITS)
     monkeypatch.setattr(v1, "BATCH_REQUEST_DATA", TypeAdapter(int))
-    assert v1.decode_header(raw) == expected
+    assert v1.decode_header(raw, LIMITS) == expected
     with pytest.raises(v1.InvalidRequest) as info:
-        v1.decode_header(json.dumps(BAD_HEADERS[2]).encode())
+        v1.decode_header(json.dumps(BAD_HEADERS[2]).encode(), LIMITS)
     assert info.value.field == "buffers[0].byte_size"
     assert info.value.rule == "int_type"
 

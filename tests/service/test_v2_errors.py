@@ -282,7 +282,7 @@ def test_unknown_content_encoding_is_400(client: TestClient) -> None:
 def test_too_many_tensors_is_413(client: TestClient) -> None:
     header = {"inputs": [tensor(name=f"t{i}") for i in range(3)], "outputs": [{"name": "x"}] * 2}
     message = error_of(post(client, json.dumps(header).encode()), 413)
-    assert "request lists 5 inputs and outputs, more than the limit of 4" in message
+    assert "5 inputs and outputs listed, more than the limit of 4" in message
 
 
 def test_huge_shape_is_413_not_an_overflow(client: TestClient) -> None:

@@ -18,11 +18,11 @@ from functools import lru_cache
 
 from tensorbits_protocol.dtypes import DataType, itemsize
 from tensorbits_protocol.errors import InvalidRequest
+from tensorbits_protocol.integers import UINT32_MAX as UINT32_MAX
+from tensorbits_protocol.integers import UINT64_MAX as UINT64_MAX
 
 DML_MINIMUM_BUFFER_TENSOR_ALIGNMENT = 16
 MAX_DIMENSIONS = 8
-UINT32_MAX = 2**32 - 1
-UINT64_MAX = 2**64 - 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,9 +2,12 @@
 
     TensorbitsError                  (status 500)
     ├── InvalidRequest               (400) names the field and the rule broken
+    ├── Unauthorized                 (401) no API key, or not one the server accepts
     ├── OperatorNotFound             (404) unknown model / operator name
     ├── RequestTimeout               (408) the body did not arrive in time
     ├── PayloadTooLarge              (413) a size limit of the server was passed
+    ├── UriTooLong                   (414) the request line's target passed the head limit
+    ├── HeadTooLarge                 (431) the request line and headers passed the head limit
     ├── Overloaded                   (503) too much work in flight; retry later
     └── BackendFailure               (503) the compute backend failed (e.g. GPU out of memory)
 
@@ -46,6 +49,15 @@ class InvalidRequest(TensorbitsError):
     code = "invalid_request"
 
 
+class Unauthorized(TensorbitsError):
+    """Raised when a server with API keys gets a request without one of them (401).
+
+    The message never repeats the key that was sent."""
+
+    status_code = 401
+    code = "unauthorized"
+
+
 class OperatorNotFound(TensorbitsError):
     """Raised when a model or operator name is not one of ours (404)."""
 
@@ -65,6 +77,20 @@ class PayloadTooLarge(TensorbitsError):
 
     status_code = 413
     code = "payload_too_large"
+
+
+class UriTooLong(TensorbitsError):
+    """Raised by the HTTP layer when a request's target alone passes the head limit (414)."""
+
+    status_code = 414
+    code = "uri_too_long"
+
+
+class HeadTooLarge(TensorbitsError):
+    """Raised by the HTTP layer when a request line and headers pass the head limit (431)."""
+
+    status_code = 431
+    code = "request_header_fields_too_large"
 
 
 class Overloaded(TensorbitsError):

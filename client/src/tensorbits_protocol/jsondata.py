@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import json
 import math
-import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any, Literal
@@ -26,40 +25,247 @@ from typing import Any, Literal
 import numpy as np
 
 from tensorbits_protocol.dtypes import DataType, numpy_dtype
-from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
+from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge, TensorbitsError
 
 # --- parsing ------------------------------------------------------------------------------------
 
-# A JSON string, escapes included; unrolled so that long strings match without backtracking.
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-# ``bytes.translate`` tables: keep only brackets, with ``{}`` folded onto ``[]``.
-_FOLD_BRACES = bytes.maketrans(b"{}", b"[]")
-_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
-_OPEN = ord("[")
+# Scanning works on the document's structure: brackets (``{}`` folded onto ``[]``), commas and
+# colons outside strings, and a marker byte (1, 2, ...) where a counted member's name begins.
+_QUOTE, _BACKSLASH, _COMMA, _COLON = ord('"'), ord("\\"), ord(","), ord(":")
+_STRUCTURAL = np.zeros(256, np.bool_)
+_STRUCTURAL[list(b"[]{},:")] = True
+_FOLD = np.arange(256, dtype=np.uint8)
+_FOLD[ord("{")], _FOLD[ord("}")] = ord("["), ord("]")
+_STEP = np.zeros(256, np.int8)
+_STEP[ord("[")], _STEP[ord("]")] = 1, -1
+# The document is scanned this many bytes at a time: memory stays bounded (about 20 bytes per
+# byte of a block) whatever its length, and a limit stops the scan at the block that passes it.
+_SCAN_BLOCK = 1 << 20
+_MAX_COUNTED = 31  # markers are the bytes 1 to 31: never structure
+
+
+@dataclass(frozen=True, slots=True)
+class MemberLimit:
+    """A bound on the elements of top-level array members (``inputs`` + ``outputs``, say), counted
+    on the raw bytes before anything is parsed."""
+
+    names: tuple[str, ...]
+    limit: int
+    setting: str  # the environment variable that sets ``limit``
+    rule: str
+    noun: str  # what the elements are, for the message: "inputs and outputs"
+
+    def count(self, document: object) -> int:
+        """The elements of these members in a parsed document (or a request's plain dicts)."""
+        if not isinstance(document, dict):
+            return 0
+        return sum(len(v) for n in self.names if isinstance(v := document.get(n), list))
+
+    def refusal(self, what: str, count: int, *, exact: bool = True) -> PayloadTooLarge:
+        listed = f"{count} {self.noun}" if exact else f"more than {self.limit + 1} {self.noun}"
+        return PayloadTooLarge(
+            f"{what}: {listed} listed, more than the limit of {self.limit} ({self.setting})",
+            field=self.names[0],
+            rule=self.rule,
+        )
 
 
 @dataclass(frozen=True, slots=True)
 class JsonLimits:
-    """Bounds on a JSON document: nesting depth, and values (array elements and object members)."""
+    """Bounds on a JSON document, checked on its bytes before it is parsed into any object: its
+    length, its nesting depth, its values (array elements and object members), and the elements
+    of named top-level members."""
 
     max_depth: int
     max_values: int
+    max_bytes: int | None = None
+    bytes_setting: str = ""
+    members: tuple[MemberLimit, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.names) > _MAX_COUNTED or not all(n.isascii() for n in self.names):
+            raise ValueError(f"at most {_MAX_COUNTED} counted member names, in ASCII")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(name for member in self.members for name in member.names)
 
 
-def _scan(doc: bytes) -> tuple[int, int]:
-    """The nesting depth and an upper bound on the number of values of ``doc``.
+@dataclass(frozen=True, slots=True)
+class Structure:
+    """What ``scan`` found so far: the nesting depth, an upper bound on the number of values
+    (each value after the first of an array or object needs a comma: commas + 1), and the
+    elements of each counted member (exact for a valid document; an empty array counts 1)."""
 
-    Strings are blanked first (a ``[`` inside a string is not nesting), then only the brackets are
-    kept and their running depth is summed by NumPy: C-speed passes, no recursion, no per-byte
-    Python. Each value after the first of an array or object needs a comma, so commas + 1 bounds
-    the values. A malformed document may scan oddly; the parser then refuses it anyway."""
-    bare = _STRING.sub(b'""', doc)
-    values = bare.count(b",") + 1
-    brackets = np.frombuffer(bare.translate(_FOLD_BRACES, _NOT_BRACKETS), np.uint8)
-    if brackets.size == 0:
-        return 0, values
-    steps = np.where(brackets == _OPEN, np.int32(1), np.int32(-1))
-    return int(np.cumsum(steps).max()), values
+    depth: int
+    values: int
+    members: dict[str, int]
+
+
+@dataclass(slots=True)
+class _Carry:
+    """What one block of the scan hands the next."""
+
+    backslashes: int = 0  # the run of backslashes that ended the last block
+    in_string: int = 0  # 1: the last block ended inside a string
+    level: int = 0  # nesting depth at the end of the last block
+    owner: int = 0  # marker of the top-level member open at its end (0: an uncounted one)
+    last: int = 0  # the last byte of its structure
+
+
+def _structure(
+    doc: np.ndarray[Any, Any], start: int, stop: int, names: tuple[bytes, ...], carry: _Carry
+) -> np.ndarray[Any, Any]:
+    """The structure of ``doc[start:stop]``: its brackets (folded), commas and colons outside
+    strings, and the marker of each counted name, in order. A quote is escaped when an odd run
+    of backslashes precedes it; the string parity is the running count of the other quotes."""
+    block = doc[start:stop]
+    index = np.arange(block.size, dtype=np.int32)
+    slash = block == _BACKSLASH
+    last_other = np.maximum.accumulate(np.where(slash, np.int32(-1), index))
+    quotes = np.flatnonzero(block == _QUOTE)
+    before = np.maximum(quotes - 1, 0)
+    run = np.where(quotes > 0, before - last_other[before], 0)
+    run = np.where((quotes > 0) & (last_other[before] < 0), run + carry.backslashes, run)
+    run = np.where(quotes == 0, carry.backslashes, run)
+    real = quotes[(run & 1) == 0]
+    toggles = np.zeros(block.size, np.int8)
+    toggles[real] = 1
+    inside = (np.cumsum(toggles, dtype=np.int32) + carry.in_string) & 1  # counting the byte
+    opened = real[inside[real] == 1] + start  # quotes that begin a string, in the document
+    carry.in_string = int(inside[-1])
+    if last_other[-1] < 0:
+        carry.backslashes += block.size
+    else:
+        carry.backslashes = int(block.size - 1 - last_other[-1])
+    keep = _STRUCTURAL[block] & (inside == 0)
+    folded = _FOLD[block]
+    for marker, name in enumerate(names, 1):
+        # A string that is exactly ``name``: compared on the whole document (it may run past the
+        # block), and only where a string begins, so never inside one.
+        candidates = opened[opened + 1 + len(name) < doc.size]
+        match = doc[candidates + 1 + len(name)] == _QUOTE
+        for offset, char in enumerate(name, 1):
+            match &= doc[candidates + offset] == char
+        hits = candidates[match] - start
+        keep[hits] = True
+        folded[hits] = marker
+    structure: np.ndarray[Any, Any] = folded[keep]
+    return structure
+
+
+def _count_members(
+    structure: np.ndarray[Any, Any], level: np.ndarray[Any, Any], carry: _Carry, n: int
+) -> np.ndarray[Any, Any]:
+    """Per marker, the elements of counted members within one block's ``structure``.
+
+    A top-level member begins at a colon of depth 1, its name's marker just before it; its
+    elements are that one plus each comma of depth 2 until the next member."""
+    colons = np.flatnonzero((structure == _COLON) & (level == 1))
+    previous = structure[np.maximum(colons - 1, 0)]
+    if colons.size and colons[0] == 0:
+        previous[0] = carry.last
+    owners = np.where(previous <= n, previous, 0).astype(np.intp)
+    commas = np.flatnonzero((structure == _COMMA) & (level == 2))
+    if colons.size:
+        latest = np.searchsorted(colons, commas) - 1  # -1: the member open from an earlier block
+        comma_owners = np.where(latest >= 0, owners[np.maximum(latest, 0)], carry.owner)
+        carry.owner = int(owners[-1])
+    else:
+        comma_owners = np.full(commas.size, carry.owner, np.intp)
+    counts: np.ndarray[Any, Any] = np.bincount(comma_owners, minlength=n + 1)
+    counts += np.bincount(owners, minlength=n + 1)
+    return counts
+
+
+def scan_blocks(doc: bytes, names: tuple[str, ...] = ()) -> Iterator[Structure]:
+    """The structure of ``doc`` so far, after each block: vectorised passes (NumPy), no
+    recursion, no per-byte or per-string Python, no object built for anything in the document.
+    A malformed document may scan oddly; the parser then refuses it anyway."""
+    array = np.frombuffer(doc, np.uint8)
+    encoded = tuple(name.encode() for name in names)
+    counts = np.zeros(len(names) + 1, np.int64)
+    carry = _Carry()
+    depth, values = 0, 1
+    for start in range(0, array.size, _SCAN_BLOCK):
+        structure = _structure(array, start, start + _SCAN_BLOCK, encoded, carry)
+        if structure.size:
+            level = np.cumsum(_STEP[structure], dtype=np.int32)
+            level += carry.level
+            carry.level = int(level[-1])
+            depth = max(depth, int(level.max()))
+            values += int(np.count_nonzero(structure == _COMMA))
+            if names:
+                counts += _count_members(structure, level, carry, len(names))
+            carry.last = int(structure[-1])
+        yield Structure(depth, values, {name: int(counts[i]) for i, name in enumerate(names, 1)})
+
+
+def scan(doc: bytes, names: tuple[str, ...] = ()) -> Structure:
+    """The structure of the whole of ``doc``."""
+    found = Structure(0, 1, dict.fromkeys(names, 0))
+    for found in scan_blocks(doc, names):  # noqa: B007 (the last one is the answer)
+        pass
+    return found
+
+
+def check_length(length: int, limits: JsonLimits, what: str = "body") -> None:
+    """Refuse a document of ``length`` bytes past ``limits.max_bytes`` (413)."""
+    if limits.max_bytes is not None and length > limits.max_bytes:
+        raise PayloadTooLarge(
+            f"{what}: JSON document of {length} bytes is past the limit of {limits.max_bytes} "
+            f"bytes ({limits.bytes_setting})",
+            field=what,
+            rule="max_header_bytes",
+        )
+
+
+def check_structure(doc: bytes, limits: JsonLimits, what: str = "body") -> None:
+    """Refuse ``doc`` past ``limits`` (413, or 400 for depth) before anything is parsed; the scan
+    stops at the block where a limit is passed, so a refusal costs in proportion to the limit."""
+    check_length(len(doc), limits, what)
+    # Raw counts bound the true ones from above (strings can only add brackets and commas): when
+    # they are within the limits, as for every small header, the exact scan can be skipped.
+    opens, commas = doc.count(b"[") + doc.count(b"{"), doc.count(b",")
+    smallest = min((m.limit for m in limits.members), default=limits.max_values)
+    if opens <= limits.max_depth and commas + 1 <= min(limits.max_values, smallest):
+        return
+    for found in scan_blocks(doc, limits.names):
+        refusal = _refusal(found, limits, what)
+        if refusal is not None:
+            raise refusal
+
+
+def check_members(document: object, limits: JsonLimits, what: str = "body") -> None:
+    """The exact member counts of a parsed ``document`` against ``limits``."""
+    for member in limits.members:
+        count = member.count(document)
+        if count > member.limit:
+            raise member.refusal(what, count)
+
+
+def _refusal(found: Structure, limits: JsonLimits, what: str) -> TensorbitsError | None:
+    if found.values > limits.max_values:
+        return PayloadTooLarge(
+            f"{what}: JSON document has more than {limits.max_values} values; send large tensors "
+            "as binary data (TENSORBITS_MAX_JSON_ELEMENTS)",
+            field=what,
+            rule="max_json_elements",
+        )
+    for member in limits.members:
+        # The scan counts an empty array as one element: past the limit by more than that, the
+        # count is surely too many; at the edge, ``check_members`` decides on the parsed document.
+        count = sum(found.members[name] for name in member.names)
+        if count > member.limit + len(member.names):
+            return member.refusal(what, count, exact=False)
+    if found.depth > limits.max_depth:
+        return InvalidRequest(
+            f"{what}: JSON nesting depth {found.depth} exceeds the limit of {limits.max_depth} "
+            "(TENSORBITS_MAX_JSON_DEPTH)",
+            field=what,
+            rule="max_json_depth",
+        )
+    return None
 
 
 class _NotRfc8259(ValueError):
@@ -84,29 +290,15 @@ _DECODER = json.JSONDecoder(parse_constant=_refuse_constant, object_pairs_hook=_
 
 
 def parse_json(doc: bytes | bytearray | memoryview, limits: JsonLimits, what: str = "body") -> Any:
-    """Parse one JSON document under ``limits``; every failure is a 400 (413 past the size)."""
+    """Parse one JSON document under ``limits``; every failure is a 400 (413 past a size)."""
     raw = bytes(doc)
-    # Raw counts bound the true ones from above (strings can only add brackets and commas): when
-    # they are within the limits, as for every small header, the exact scan can be skipped.
-    opens, commas = raw.count(b"[") + raw.count(b"{"), raw.count(b",")
-    if opens <= limits.max_depth and commas + 1 <= limits.max_values:
-        depth, values = opens, commas + 1
-    else:
-        depth, values = _scan(raw)
-    if values > limits.max_values:
-        raise PayloadTooLarge(
-            f"{what}: JSON document has more than {limits.max_values} values (at most "
-            f"{values}); send large tensors as binary data (TENSORBITS_MAX_JSON_ELEMENTS)",
-            field=what,
-            rule="max_json_elements",
-        )
-    if depth > limits.max_depth:
-        raise InvalidRequest(
-            f"{what}: JSON nesting depth {depth} exceeds the limit of {limits.max_depth} "
-            "(TENSORBITS_MAX_JSON_DEPTH)",
-            field=what,
-            rule="max_json_depth",
-        )
+    check_structure(raw, limits, what)
+    document = _decode(raw, what)
+    check_members(document, limits, what)
+    return document
+
+
+def _decode(raw: bytes, what: str) -> Any:
     try:
         text = raw.decode("utf-8")
         return _DECODER.decode(text)

@@ -26,7 +26,6 @@ from pydantic import (
     Field,
     StrictBool,
     StrictFloat,
-    StrictInt,
     StrictStr,
     TypeAdapter,
     with_config,
@@ -34,6 +33,7 @@ from pydantic import (
 from typing_extensions import TypedDict  # pydantic reads typing's TypedDict only from 3.12 on
 
 from tensorbits_protocol.dtypes import DataType
+from tensorbits_protocol.integers import UInt64, Wide64
 from tensorbits_protocol.operators import Encoding, Function, ShapeRule
 
 # Names are echoed in error messages, so they are short; 128 characters is plenty for a label.
@@ -48,7 +48,7 @@ DataTypeName = Literal[
 ]  # fmt: skip
 
 # Operator parameter values as JSON scalars; validate_call judges them, with its own messages.
-ParameterValue = StrictStr | StrictInt | StrictFloat | StrictBool
+ParameterValue = StrictStr | Wide64 | StrictFloat | StrictBool
 
 
 class _Request(BaseModel):
@@ -69,12 +69,12 @@ class TensorDescription(_Request):
     a stride of 0 broadcasts along its dimension (inputs only)."""
 
     datatype: DataTypeName
-    sizes: list[StrictInt]
-    strides: list[StrictInt] | None = None
-    total_size: StrictInt | None = Field(
+    sizes: list[Wide64]
+    strides: list[Wide64] | None = None
+    total_size: Wide64 | None = Field(
         None, description="TotalTensorSizeInBytes; absent: the minimum implied size"
     )
-    alignment: StrictInt = Field(0, description="GuaranteedBaseOffsetAlignment; 0: none (16)")
+    alignment: Wide64 = Field(0, description="GuaranteedBaseOffsetAlignment; 0: none (16)")
 
 
 class BufferBinding(_Request):
@@ -82,8 +82,8 @@ class BufferBinding(_Request):
     through ``desc``."""
 
     buffer: Name
-    offset: StrictInt = 0
-    size: StrictInt | None = Field(None, description="bytes bound; absent: desc's total size")
+    offset: Wide64 = 0
+    size: Wide64 | None = Field(None, description="bytes bound; absent: desc's total size")
     desc: TensorDescription
 
 
@@ -100,7 +100,7 @@ class BufferDeclaration(_Request):
     with ``init: "zeros"`` the server allocates it zero-filled and the body carries nothing."""
 
     name: Name
-    byte_size: StrictInt = Field(ge=0)
+    byte_size: UInt64
     init: Literal["zeros"] | None = None
 
 
@@ -177,17 +177,17 @@ _STRICT = ConfigDict(extra="forbid", strict=True)
 @with_config(_STRICT)
 class TensorDescriptionData(TypedDict):
     datatype: DataTypeName
-    sizes: list[StrictInt]
-    strides: Annotated[list[StrictInt] | None, Field(default=None)]
-    total_size: Annotated[StrictInt | None, Field(default=None)]
-    alignment: Annotated[StrictInt, Field(default=0)]
+    sizes: list[Wide64]
+    strides: Annotated[list[Wide64] | None, Field(default=None)]
+    total_size: Annotated[Wide64 | None, Field(default=None)]
+    alignment: Annotated[Wide64, Field(default=0)]
 
 
 @with_config(_STRICT)
 class BufferBindingData(TypedDict):
     buffer: Name
-    offset: Annotated[StrictInt, Field(default=0)]
-    size: Annotated[StrictInt | None, Field(default=None)]
+    offset: Annotated[Wide64, Field(default=0)]
+    size: Annotated[Wide64 | None, Field(default=None)]
     desc: TensorDescriptionData
 
 
@@ -201,7 +201,7 @@ class DispatchData(TypedDict):
 @with_config(_STRICT)
 class BufferDeclarationData(TypedDict):
     name: Name
-    byte_size: Annotated[StrictInt, Field(ge=0)]
+    byte_size: UInt64
     init: Annotated[Literal["zeros"] | None, Field(default=None)]
 
 

@@ -30,6 +30,8 @@ from pydantic import (
     StrictStr,
 )
 
+from tensorbits_protocol.integers import INT64_MAX, UInt64, Wide64
+
 Datatype = Literal[
     "BOOL", "UINT8", "UINT16", "UINT32", "UINT64",
     "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64",
@@ -37,14 +39,14 @@ Datatype = Literal[
 """The element types tensorbits serves: the protocol's names, the values of ``dtypes.DataType``.
 (The protocol also has BF16 and BYTES; no bitwise operator takes them.)"""
 
-ParameterValue = StrictBool | StrictInt | StrictFloat | StrictStr
+ParameterValue = StrictBool | Wide64 | StrictFloat | StrictStr
 """A parameter value: the spec allows a string, a number or a boolean, nothing else."""
 
 MAX_WIRE_RANK = 32
 """Dimensions a shape may list on the wire. Operators allow rank 8 at most and say so; this bound
 only keeps the product of a hostile shape cheap to compute (Triton's dims are int64 too)."""
 
-Dimension = Annotated[StrictInt, Field(ge=0, le=2**63 - 1)]
+Dimension = Annotated[StrictInt, Field(ge=0, le=INT64_MAX)]
 Shape = Annotated[list[Dimension], Field(max_length=MAX_WIRE_RANK)]
 TensorData = list[Any]
 """Row-major tensor elements, nested in the tensor's shape or flat: ``[[1, 2], [3, 4]]`` or
@@ -94,7 +96,7 @@ class RequestInputParameters(BaseModel):
     model_config = _PARAMETERS
     __pydantic_extra__: dict[str, ParameterValue] = Field(init=False)
 
-    binary_data_size: Annotated[StrictInt, Field(ge=0)] | None = None
+    binary_data_size: UInt64 | None = None
 
 
 class RequestInput(BaseModel):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -26,7 +26,8 @@ from tensorbits.kernels import Array
 from tensorbits_protocol.dml import DescLayout, TensorDesc, ViewLayout, check_placement, describe
 from tensorbits_protocol.dtypes import DataType, numpy_dtype, parse_datatype
 from tensorbits_protocol.errors import InvalidRequest, OperatorNotFound, PayloadTooLarge
-from tensorbits_protocol.operators import OperatorSpec, get_operator
+from tensorbits_protocol.jsondata import JsonLimits, MemberLimit, check_members
+from tensorbits_protocol.operators import OPERATORS, OperatorSpec, get_operator
 from tensorbits_protocol.v1 import (
     BatchRequestData,
     BufferBindingData,
@@ -162,23 +163,44 @@ def _listed(names: Sequence[str], most: int = 20) -> str:
 
 
 # --- planning: buffers --------------------------------------------------------------------------
-def _check_counts(request: BatchRequestData, settings: Settings) -> None:
-    limits = (
-        ("buffers", len(request["buffers"]), settings.max_buffers, "TENSORBITS_MAX_BUFFERS"),
-        (
-            "dispatches",
-            len(request["dispatches"]),
+# Values a valid header's dispatch can hold, per binding and besides them: members, elements
+# of Sizes and Strides (at most 8 each), with room to spare. They bound the header's JSON values.
+_VALUES_PER_BINDING = 32
+_VALUES_PER_DISPATCH = 8 + max(len(op.parameters) for op in OPERATORS)
+_BINDINGS_PER_DISPATCH = max(len(op.inputs) + 1 for op in OPERATORS)
+_VALUES_PER_BUFFER = 4
+
+
+@lru_cache(maxsize=8)
+def header_limits(settings: Settings) -> JsonLimits:
+    """The /v1 header's bounds, checked on its bytes before it is parsed (the scan in
+    ``jsondata``) and again, exactly, on what was parsed: the count limits, the header's length,
+    and as many JSON values as the largest header those limits allow."""
+    members = (
+        MemberLimit(
+            ("buffers",), settings.max_buffers, "TENSORBITS_MAX_BUFFERS", "max_buffers", "buffers"
+        ),
+        MemberLimit(
+            ("dispatches",),
             settings.max_dispatches,
             "TENSORBITS_MAX_DISPATCHES",
+            "max_dispatches",
+            "dispatches",
+        ),
+        # Each output names a declared buffer: no more of them than buffers.
+        MemberLimit(
+            ("outputs",), settings.max_buffers, "TENSORBITS_MAX_BUFFERS", "max_buffers", "outputs"
         ),
     )
-    for field, count, limit, knob in limits:
-        if count > limit:
-            raise PayloadTooLarge(
-                f"{field}: {count} declared, more than the limit of {limit} per batch ({knob})",
-                field=field,
-                rule=f"max_{field}",
-            )
+    per_dispatch = _VALUES_PER_DISPATCH + _BINDINGS_PER_DISPATCH * _VALUES_PER_BINDING
+    values = per_dispatch * settings.max_dispatches + 2 * _VALUES_PER_BUFFER * settings.max_buffers
+    return JsonLimits(
+        max_depth=settings.max_json_depth,
+        max_values=values + 16,
+        max_bytes=settings.max_batch_header_bytes,
+        bytes_setting="TENSORBITS_MAX_BATCH_HEADER_BYTES",
+        members=members,
+    )
 
 
 def _plan_buffers(
@@ -492,7 +514,7 @@ def plan_batch(
     request: BatchRequestData, *, data_start: int, body_length: int, settings: Settings
 ) -> BatchPlan:
     """Check the whole batch; the plan it returns can run without another check."""
-    _check_counts(request, settings)
+    check_members(request, header_limits(settings), "header")
     buffers = _plan_buffers(request["buffers"], data_start, body_length, settings.max_body_bytes)
     planner = _Planner(buffers, settings.max_tensor_elements)
     dispatches = tuple(

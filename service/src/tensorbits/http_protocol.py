@@ -1,43 +1,100 @@
-"""uvicorn's httptools protocol with a deadline on every request head (slow-loris defence).
+"""uvicorn's httptools protocol, hardened where a request never reaches the application.
 
-uvicorn times out idle keep-alive connections, but not a client that sends its request line and
-headers a byte at a time: that connection never reaches the application, so nothing above this
-layer can time it out. Here each request's head (from its first byte, or from the connection's
-start) must be complete within ``TENSORBITS_TIMEOUT_HEADER_READ`` seconds, or the connection is
-closed. The body has its own deadline in ``api/body.py``.
+Three things happen below the ASGI app, where nothing above this layer can see them:
+
+- **The request head is bounded in time and in bytes.** Each request's line and headers must be
+  complete within ``TENSORBITS_TIMEOUT_HEADER_READ`` seconds (slow loris) and within
+  ``TENSORBITS_MAX_HEAD_BYTES`` bytes (431, or 414 when the target alone is too long). The byte
+  count is kept per chunk read, so a head is refused as soon as it passes the limit: it is never
+  accumulated (httptools and uvicorn join its pieces with ``bytes +=``, quadratic in its size).
+- **The parser's refusals are JSON.** A malformed request line, an unknown method, a bad chunk
+  size, conflicting or duplicate framing headers: httptools refuses them, and uvicorn answers
+  ``text/plain``. Here the answer is the same JSON error body every other 4xx carries
+  (``{"error", "code", "field", "rule"}``), with ``Connection: close``.
+- **Refusals are answered in order.** A valid request followed on the same connection by a
+  malformed one gets its response first; the refusal is written after it, then the connection
+  is closed (uvicorn writes the 400 at once and closes, losing the earlier response).
+
+The body has its own deadline and limits in ``api/body.py``. This subclass relies on httptools'
+callbacks (``on_message_begin``, ``on_url``, ``on_header``, ``on_headers_complete``) and on
+uvicorn's ``pipeline``/``cycle`` attributes; the live tests in
+``tests/integration/test_http_layer_live.py`` fail if an upgrade changes them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+import httptools
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from tensorbits.config import get_settings
+from tensorbits_protocol.errors import HeadTooLarge, InvalidRequest, TensorbitsError, UriTooLong
 
 logger = logging.getLogger("tensorbits.http")
 
+# The part of the request an httptools refusal is about, from the words of llhttp's reason (its
+# reasons are fixed strings, never bytes of the request). First match wins; "request" otherwise.
+PARSER_ERROR_FIELDS: tuple[tuple[str, str], ...] = (
+    ("method", "method"),
+    ("url", "url"),
+    ("version", "version"),
+    ("http/", "version"),
+    ("content-length", "Content-Length"),
+    ("transfer-encoding", "Transfer-Encoding"),
+    ("chunk", "body"),
+    ("header", "headers"),
+    ("connection", "Connection"),
+)
 
-class HeaderDeadlineProtocol(HttpToolsProtocol):
+
+def parser_error(reason: str) -> InvalidRequest:
+    """The JSON error for a request httptools refused with ``reason``."""
+    lowered = reason.lower()
+    field = next((f for word, f in PARSER_ERROR_FIELDS if word in lowered), "request")
+    return InvalidRequest(
+        f"malformed HTTP request: {reason[:200]}", field=field, rule="http_syntax"
+    )
+
+
+def head_too_large(received: int, limit: int, *, target_only: bool) -> TensorbitsError:
+    """414 when the request target alone is past the limit, 431 otherwise."""
+    what = "request target (URL)" if target_only else "request head (request line and headers)"
+    message = (
+        f"{what} of at least {received} bytes is past the limit of {limit} bytes "
+        "(TENSORBITS_MAX_HEAD_BYTES)"
+    )
+    if target_only:
+        return UriTooLong(message, field="url", rule="max_head_bytes")
+    return HeadTooLarge(message, field="headers", rule="max_head_bytes")
+
+
+class _Refused(Exception):
+    """Raised inside a parser callback to stop parsing; the error is in ``_refusal``."""
+
+
+class GuardedHttpProtocol(HttpToolsProtocol):
     """The deadline is lazy: a request head records when it began and one timer per connection
     checks it, re-armed only when it fires. Arming and cancelling a timer for every request would
     cost a few microseconds each on the small-request path; this costs a clock read."""
 
     _head_started: float | None = None  # loop time the pending request head began; None: none
     _head_timer: asyncio.TimerHandle | None = None
+    _messages = 0  # requests begun on this connection: tells a head begun within a chunk
+    _head_parsed = 0  # bytes of the pending head's target and complete headers
+    _head_fed = 0  # bytes of the chunks read while it was pending, after the one it began in
+    _url_bytes = 0  # bytes of its request target
+    _in_body = False  # the newest request's head is read, its body is not complete
+    _refusal: TensorbitsError | None = None  # set once the connection is refused; read no more
+    _refusal_owed: bytes | None = None  # the refusal's response, written after those owed first
 
+    # --- the connection -------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._limit = get_settings().max_head_bytes
         self._head_begins()
-
-    def on_message_begin(self) -> None:
-        super().on_message_begin()
-        self._head_begins()  # a new request has begun: its head must now arrive in time
-
-    def on_headers_complete(self) -> None:
-        self._head_started = None
-        super().on_headers_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._head_started = None
@@ -46,6 +103,138 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
             self._head_timer = None
         super().connection_lost(exc)
 
+    def data_received(self, data: bytes) -> None:
+        if self._refusal is not None:
+            return  # the parser stopped at the refused request; what follows is not read
+        self._unset_keepalive_if_required()
+        messages_before, in_body_before = self._messages, self._in_body
+        head_open_before = self._head_started is not None and messages_before > 0
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+            return
+        except httptools.HttpParserError as exc:
+            self._refuse(self._refusal or parser_error(str(exc)))
+            return
+        if self._head_started is None:
+            return
+        # A head is still incomplete after this chunk. Both counts are at most its true size, so
+        # a head within the limit is never refused: the callbacks count its target and complete
+        # headers, and a chunk that is head from end to end counts whole (one that continues the
+        # head, or one that began it with nothing of an earlier request before it). What neither
+        # counts (a header begun after an earlier request's end in the same chunk) is less than
+        # one chunk.
+        begun = self._messages - messages_before
+        if (head_open_before and begun == 0) or (
+            begun == 1 and not head_open_before and not in_body_before
+        ):
+            self._head_fed += len(data)
+        received = max(self._head_parsed, self._head_fed)
+        if received > self._limit:
+            self._refuse(
+                head_too_large(received, self._limit, target_only=self._url_bytes > self._limit)
+            )
+
+    # --- parser callbacks -----------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._messages += 1
+        self._head_parsed = self._head_fed = self._url_bytes = 0
+        self._in_body = False
+        self._head_begins()  # a new request has begun: its head must now arrive in time
+
+    def on_url(self, url: bytes) -> None:
+        self._url_bytes += len(url)
+        self._head_parsed += len(url)
+        if self._url_bytes > self._limit:
+            self._stop(head_too_large(self._url_bytes, self._limit, target_only=True))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_parsed += len(name) + len(value) + 4  # ": " and CRLF
+        if self._head_parsed > self._limit:
+            self._stop(head_too_large(self._head_parsed, self._limit, target_only=False))
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._head_started = None
+        super().on_headers_complete()
+        self._in_body = True  # only now is ``self.cycle`` this request's
+
+    def on_message_complete(self) -> None:
+        self._in_body = False
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._refusal_owed is not None and not self._responses_owed():
+            self._write_refusal()
+
+    # --- refusals -------------------------------------------------------------------------------
+    def _stop(self, error: TensorbitsError) -> None:
+        self._refusal = error
+        raise _Refused  # httptools turns it into an HttpParserError that feed_data raises
+
+    def _refuse(self, error: TensorbitsError) -> None:
+        """Answer ``error`` once every response owed on this connection is sent, then close."""
+        self._refusal = error
+        self._head_started = None
+        logger.info(
+            "refusing a request at the HTTP layer: %s",
+            error.message,
+            extra={"status": error.status_code, "rule": error.rule, "field": error.field},
+        )
+        if self._in_body and self.cycle is not None:
+            self._abandon(self.cycle)  # the refused bytes are this request's body: it is the one
+        self._refusal_owed = self._error_response(error)
+        if self._responses_owed():
+            self.flow.pause_reading()
+        else:
+            self._write_refusal()
+
+    def _abandon(self, cycle: object) -> None:
+        """The newest request is the refused one: its response is the refusal, not its app's."""
+        if self.pipeline and self.pipeline[0][0] is cycle:
+            self.pipeline.popleft()  # queued, never started
+        elif self.cycle is cycle and not self.cycle.response_complete:
+            # Running: its app reads a disconnect and whatever it sends is dropped.
+            self.cycle.disconnected = True
+            self.cycle.message_event.set()
+
+    def _responses_owed(self) -> bool:
+        if self.pipeline:
+            return True
+        cycle = self.cycle
+        return cycle is not None and not cycle.response_complete and not cycle.disconnected
+
+    def _write_refusal(self) -> None:
+        response, self._refusal_owed = self._refusal_owed, None
+        if response is not None and not self.transport.is_closing():
+            self.transport.write(response)
+            self.transport.close()
+
+    def _error_response(self, error: TensorbitsError) -> bytes:
+        body = json.dumps(error.to_dict()).encode()
+        lines = [STATUS_LINE[error.status_code]]
+        for name, value in self.server_state.default_headers:
+            lines += [name, b": ", value, b"\r\n"]
+        lines += [
+            b"content-type: application/json\r\n",
+            b"content-length: %d\r\n" % len(body),
+            b"connection: close\r\n\r\n",
+            body,
+        ]
+        return b"".join(lines)
+
+    def send_400_response(self, msg: str) -> None:
+        # uvicorn's own refusals (an unsupported upgrade, say) take the same path as ours.
+        self._refuse(parser_error(msg))
+
+    # --- the head deadline ----------------------------------------------------------------------
     def _head_begins(self) -> None:
         self._head_started = self.loop.time()
         if self._head_timer is None:

@@ -29,6 +29,7 @@ from tensorbits_protocol.dtypes import BY_NAME, DataType, itemsize, wire_dtype
 from tensorbits_protocol.errors import InvalidRequest, OperatorNotFound, PayloadTooLarge
 from tensorbits_protocol.jsondata import (
     JsonLimits,
+    MemberLimit,
     decode_data,
     encode_data,
     parse_json,
@@ -73,7 +74,19 @@ class Limits:
             max_tensors=settings.max_tensors,
             max_tensor_elements=settings.max_tensor_elements,
             max_json_elements=settings.max_json_elements,
-            json=JsonLimits(settings.max_json_depth, settings.max_json_elements + envelope),
+            json=JsonLimits(
+                settings.max_json_depth,
+                settings.max_json_elements + envelope,
+                members=(
+                    MemberLimit(
+                        ("inputs", "outputs"),
+                        settings.max_tensors,
+                        "TENSORBITS_MAX_TENSORS",
+                        "max_tensors",
+                        "inputs and outputs",
+                    ),
+                ),
+            ),
         )
 
 
@@ -148,23 +161,6 @@ def validate_document(model: type[Model], document: object, what: str) -> Model:
             owner = f"{str(loc[0])[:-1]} '{name[:100]}': "
     where = f"{field}: " if loc else ""
     raise InvalidRequest(f"{what}: {owner}{where}{message}", field=field, rule=rule)
-
-
-def _count_tensors(document: object, limits: Limits) -> None:
-    # On the raw document, before pydantic builds a model for each of a million inputs.
-    if not isinstance(document, dict):
-        return
-    inputs, outputs = document.get("inputs"), document.get("outputs")
-    count = (len(inputs) if isinstance(inputs, list) else 0) + (
-        len(outputs) if isinstance(outputs, list) else 0
-    )
-    if count > limits.max_tensors:
-        raise PayloadTooLarge(
-            f"request lists {count} inputs and outputs, more than the limit of "
-            f"{limits.max_tensors} (TENSORBITS_MAX_TENSORS)",
-            field="inputs",
-            rule="max_tensors",
-        )
 
 
 def _frame(tensor: RequestInput) -> codec.TensorFrame:
@@ -327,8 +323,7 @@ def plan(
         if template is not None:
             return template.plan(op, tail)
     what = "inference header" if header_length is not None else "request body"
-    document = parse_json(header, limits.json, what)
-    _count_tensors(document, limits)
+    document = parse_json(header, limits.json, what)  # tensors counted before it is parsed
     request = validate_document(InferenceRequest, document, what)
     frames = [_frame(tensor) for tensor in request.inputs]
     _unique_names(frames)

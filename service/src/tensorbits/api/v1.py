@@ -35,6 +35,7 @@ from tensorbits_protocol.codec import (
     split_body,
 )
 from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
+from tensorbits_protocol.jsondata import JsonLimits, check_length, check_structure
 from tensorbits_protocol.operators import get_operator
 from tensorbits_protocol.v1 import (
     BATCH_REQUEST_DATA,
@@ -58,13 +59,16 @@ def _path(loc: tuple[int | str, ...]) -> str:
     return path or "header"
 
 
-def decode_header(header: memoryview | bytes) -> BatchRequestData:
+def decode_header(header: memoryview | bytes, limits: JsonLimits) -> BatchRequestData:
     """The batch header; malformed JSON or fields are a 400 naming the first bad field.
 
-    Read into plain dicts (``BATCH_REQUEST_DATA``, the fast reader); a header it refuses is read
-    again by the models, so the error is the documented one, and what the models accept is
-    planned whatever the fast reader thought of it."""
+    Its bytes are scanned first (``check_structure``: length, depth, values, the counts of
+    buffers, dispatches and outputs), so a header past a limit is refused before any object is
+    built for it. Then it is read into plain dicts (``BATCH_REQUEST_DATA``, the fast reader); a
+    header it refuses is read again by the models, so the error is the documented one, and what
+    the models accept is planned whatever the fast reader thought of it."""
     raw = bytes(header)
+    check_structure(raw, limits, "header")
     try:
         return BATCH_REQUEST_DATA.validate_json(raw)
     except ValidationError:
@@ -91,14 +95,20 @@ def _plan(
 ) -> batch.BatchPlan:
     """The batch's plan; with a ``cache``, a header planned before (for a body of this length)
     is not decoded and checked again (header_cache.py): a plan holds no byte of the body."""
-    header = bytes(split_body(memoryview(body), header_length)[0])
+    limits = batch.header_limits(settings)
+    head = split_body(memoryview(body), header_length)[0]
+    check_length(len(head), limits, "header")  # before the header is copied
+    header = bytes(head)
     key = (header, len(body))
     if cache is not None and cache.keeps(header):
         remembered = cache.get(key)
         if remembered is not None:
             return remembered
     plan = batch.plan_batch(
-        decode_header(header), data_start=len(header), body_length=len(body), settings=settings
+        decode_header(header, limits),
+        data_start=len(header),
+        body_length=len(body),
+        settings=settings,
     )
     if cache is not None:
         cache.put(key, plan, len(header))
