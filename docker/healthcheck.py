@@ -6,11 +6,16 @@ healthcheck runs it too. It reads the server's own settings (TENSORBITS_HOST, TE
 so a port moved through the environment (KServe's 8080) is followed without editing anything.
 TENSORBITS_HEALTHCHECK_URL replaces the whole URL. Standard library only: it runs on whatever
 python3 the image has, and it bypasses any HTTP proxy set in the environment.
+
+When the server serves HTTPS (TENSORBITS_TLS_CERT_FILE is set) the check does too, without
+verifying the certificate: it dials its own container's loopback, where the certificate's names
+do not apply, and it sends nothing secret (the health routes need no API key).
 """
 
 from __future__ import annotations
 
 import os
+import ssl
 import sys
 import urllib.error
 import urllib.request
@@ -37,13 +42,17 @@ def ready_url(environ: Mapping[str, str]) -> str:
         return override
     host = _connect_host(environ.get("TENSORBITS_HOST", "127.0.0.1"))
     port = environ.get("TENSORBITS_PORT", "8000").strip() or "8000"
-    return f"http://{host}:{port}{READY_PATH}"
+    scheme = "https" if environ.get("TENSORBITS_TLS_CERT_FILE") else "http"
+    return f"{scheme}://{host}:{port}{READY_PATH}"
 
 
 def main() -> int:
     url = ready_url(os.environ)
     timeout = float(os.environ.get("TENSORBITS_HEALTHCHECK_TIMEOUT", "4"))
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
+    if url.startswith("https:"):
+        handlers.append(urllib.request.HTTPSHandler(context=ssl._create_unverified_context()))
+    opener = urllib.request.build_opener(*handlers)
     try:
         with opener.open(url, timeout=timeout) as response:
             status = response.status

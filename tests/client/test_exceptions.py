@@ -14,6 +14,7 @@ from tensorbits_client import (
     APIError,
     APIStatusError,
     APITimeoutError,
+    AuthenticationError,
     BadRequestError,
     InternalServerError,
     LocalValidationError,
@@ -32,7 +33,8 @@ from tensorbits_client._base import status_error_class
     ("status", "cls"),
     [
         (400, BadRequestError),
-        (401, APIStatusError),
+        (401, AuthenticationError),
+        (403, APIStatusError),
         (404, NotFoundError),
         (409, APIStatusError),
         (413, PayloadTooLargeError),

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import random
+import ssl
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ from tensorbits_client._exceptions import (
     APIResponseValidationError,
     APIStatusError,
     APITimeoutError,
+    AuthenticationError,
     BadRequestError,
     InternalServerError,
     NotFoundError,
@@ -72,8 +74,13 @@ HttpT = TypeVar("HttpT", httpx.Client, httpx.AsyncClient)
 
 HTTPX_DEFAULT_TIMEOUT = httpx.Timeout(5.0)
 
+#: What ``verify=`` takes: True (the system's CAs), False (no verification), a CA bundle's path,
+#: or a ready ``ssl.SSLContext`` (client certificates, pinned CAs, ...).
+VerifyTypes = bool | str | os.PathLike[str] | ssl.SSLContext
+
 _STATUS_ERRORS: dict[int, type[APIStatusError]] = {
     400: BadRequestError,
+    401: AuthenticationError,
     404: NotFoundError,
     413: PayloadTooLargeError,
     422: UnprocessableEntityError,
@@ -97,6 +104,20 @@ def resolve_base_url(base_url: str | httpx.URL | None) -> httpx.URL:
         else os.environ.get(constants.BASE_URL_ENV) or constants.DEFAULT_BASE_URL
     )
     return httpx.URL(str(raw))
+
+
+def resolve_api_key(api_key: str | None) -> str | None:
+    """The argument, else ``$TENSORBITS_API_KEY``; None (no key sent) when both are empty."""
+    key = api_key if api_key is not None else os.environ.get(constants.API_KEY_ENV)
+    return key or None
+
+
+def ssl_verify(verify: VerifyTypes) -> bool | ssl.SSLContext:
+    """``verify`` as httpx 0.28 takes it: a CA bundle's path becomes an ``SSLContext`` that
+    trusts that bundle (httpx deprecates passing the path itself)."""
+    if isinstance(verify, bool | ssl.SSLContext):
+        return verify
+    return ssl.create_default_context(cafile=os.fspath(verify))
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +207,8 @@ class BaseClient(Generic[HttpT]):
         default_headers: Headers | None = None,
         local_validation: bool = True,
         http_client: HttpT | None = None,
+        api_key: str | None = None,
+        verify: VerifyTypes = True,
         _catalog: Catalog | None = None,
     ) -> None:
         if max_retries < 0:
@@ -201,6 +224,12 @@ class BaseClient(Generic[HttpT]):
         self.max_retries = max_retries
         self.default_headers: dict[str, str] = dict(default_headers or {})
         self.local_validation = local_validation
+        # Kept private and out of any repr; sent on every request (see _headers).
+        self._api_key = resolve_api_key(api_key)
+        self._auth_headers = (
+            {"Authorization": f"Bearer {self._api_key}"} if self._api_key is not None else {}
+        )
+        self._verify = verify  # for the client's own pool and map()'s async twin
         # with_options copies share the tables when they talk to the same server.
         self._catalog = _catalog or Catalog()
         self._owns_http = http_client is None
@@ -213,9 +242,11 @@ class BaseClient(Generic[HttpT]):
         max_retries: int | NotGiven = NOT_GIVEN,
         default_headers: Headers | None = None,
         local_validation: bool | NotGiven = NOT_GIVEN,
+        api_key: str | NotGiven | None = NOT_GIVEN,
     ) -> Self:
         """A copy with some options changed (``default_headers`` are added to the current ones),
-        sharing this client's connection pool, which stays this client's to close."""
+        sharing this client's connection pool, which stays this client's to close.
+        ``api_key=None`` means ``$TENSORBITS_API_KEY`` again, as in the constructor."""
         same_server = base_url is None or str(base_url).rstrip("/") == self._url_prefix
         return type(self)(
             self.base_url if base_url is None else base_url,
@@ -224,8 +255,15 @@ class BaseClient(Generic[HttpT]):
             default_headers={**self.default_headers, **(default_headers or {})},
             local_validation=given(local_validation, self.local_validation),
             http_client=self._http,
+            api_key=given(api_key, self._api_key),
+            verify=self._verify,
             _catalog=self._catalog if same_server else None,
         )
+
+    def __repr__(self) -> str:
+        # Says whether a key is set, never which.
+        key = "set" if self._api_key is not None else "none"
+        return f"<{type(self).__name__} base_url={str(self.base_url)!r} api_key={key}>"
 
     # --- request building -----------------------------------------------------------------------
     def _url(self, path: str) -> str:
@@ -236,7 +274,8 @@ class BaseClient(Generic[HttpT]):
         headers = {
             # Tensors do not compress; a server that honours gzip would only burn CPU.
             "Accept-Encoding": "identity",
-            **self.default_headers,
+            **self._auth_headers,
+            **self.default_headers,  # an explicit Authorization header wins over api_key
         }
         if body is not None:
             headers.update(body.headers)

@@ -15,7 +15,7 @@ import httpx
 import numpy.typing as npt
 
 from tensorbits_client import _constants as constants
-from tensorbits_client._base import BaseClient, Call, header_length
+from tensorbits_client._base import BaseClient, Call, VerifyTypes, header_length, ssl_verify
 from tensorbits_client._batch import Batch, BatchPlan
 from tensorbits_client._catalog import Catalog, Registry
 from tensorbits_client._codec import Body, FramingError, InferResult, decode_batch
@@ -52,8 +52,11 @@ class Client(BaseClient[httpx.Client]):
     defaults to 60 s with 5 s to connect. Connection errors, 408, 429, 502, 503 and 504 are
     retried ``max_retries`` times with exponential backoff (honouring ``Retry-After``).
     Calls are checked against the server's operator tables before they are sent unless
-    ``local_validation=False``. ``http_client`` injects a configured ``httpx.Client`` (which
-    the caller then closes).
+    ``local_validation=False``. ``api_key`` (default ``$TENSORBITS_API_KEY``) is sent as
+    ``Authorization: Bearer`` to a server that has keys. ``verify`` checks an HTTPS server's
+    certificate: True (the system's CAs, the default), a CA bundle's path, an ``ssl.SSLContext``,
+    or False. ``http_client`` injects a configured ``httpx.Client`` (which the caller then
+    closes; ``verify`` is then its business).
     """
 
     dml: DML[Array]
@@ -69,6 +72,8 @@ class Client(BaseClient[httpx.Client]):
         default_headers: Headers | None = None,
         local_validation: bool = True,
         http_client: httpx.Client | None = None,
+        api_key: str | None = None,
+        verify: VerifyTypes = True,
         _catalog: Catalog | None = None,
     ) -> None:
         super().__init__(
@@ -78,10 +83,14 @@ class Client(BaseClient[httpx.Client]):
             default_headers=default_headers,
             local_validation=local_validation,
             http_client=http_client,
+            api_key=api_key,
+            verify=verify,
             _catalog=_catalog,
         )
         self._http = http_client or httpx.Client(
-            timeout=self.timeout, limits=constants.DEFAULT_CONNECTION_LIMITS
+            timeout=self.timeout,
+            limits=constants.DEFAULT_CONNECTION_LIMITS,
+            verify=ssl_verify(verify),
         )
         self.dml = DML(self._run_op)
         self.openvino = OpenVINO(self._run_op)
@@ -179,6 +188,8 @@ class Client(BaseClient[httpx.Client]):
             max_retries=self.max_retries,
             default_headers=self.default_headers,
             local_validation=self.local_validation,
+            api_key=self._api_key,
+            verify=self._verify,
             _catalog=self._catalog,
         )
 
@@ -271,6 +282,8 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
         default_headers: Headers | None = None,
         local_validation: bool = True,
         http_client: httpx.AsyncClient | None = None,
+        api_key: str | None = None,
+        verify: VerifyTypes = True,
         _catalog: Catalog | None = None,
     ) -> None:
         super().__init__(
@@ -280,10 +293,14 @@ class AsyncClient(BaseClient[httpx.AsyncClient]):
             default_headers=default_headers,
             local_validation=local_validation,
             http_client=http_client,
+            api_key=api_key,
+            verify=verify,
             _catalog=_catalog,
         )
         self._http = http_client or httpx.AsyncClient(
-            timeout=self.timeout, limits=constants.DEFAULT_CONNECTION_LIMITS
+            timeout=self.timeout,
+            limits=constants.DEFAULT_CONNECTION_LIMITS,
+            verify=ssl_verify(verify),
         )
         self.dml = DML(self._run_op)
         self.openvino = OpenVINO(self._run_op)

@@ -10,6 +10,8 @@ import httpx
 #: Environment variable read when no ``base_url`` is passed.
 BASE_URL_ENV = "TENSORBITS_URL"
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
+#: Environment variable read when no ``api_key`` is passed (sent as ``Authorization: Bearer``).
+API_KEY_ENV = "TENSORBITS_API_KEY"
 
 #: A compute call on 64 MiB tensors takes well under a second, but a busy server queues;
 #: connecting, though, should be quick, so a dead host is reported in seconds.

@@ -8,6 +8,7 @@
         ├── APIResponseValidationError    a 2xx response whose body does not follow the framing
         └── APIStatusError                the server answered 4xx/5xx
             ├── BadRequestError           400: the request breaks a protocol or operator rule
+            ├── AuthenticationError       401: no API key, or one the server does not accept
             ├── NotFoundError             404: unknown model, operator or route
             ├── PayloadTooLargeError      413: a size limit of the server was passed
             ├── UnprocessableEntityError  422
@@ -40,6 +41,7 @@ __all__ = [
     "APIResponseValidationError",
     "APIStatusError",
     "APITimeoutError",
+    "AuthenticationError",
     "BadRequestError",
     "InternalServerError",
     "LocalValidationError",
@@ -166,6 +168,13 @@ class BadRequestError(APIStatusError):
     """Raised on 400: the request breaks a protocol or operator rule; ``field`` names where."""
 
     status_code: Literal[400]
+
+
+class AuthenticationError(APIStatusError):
+    """Raised on 401: the server wants an API key (``api_key=`` or ``$TENSORBITS_API_KEY``) and
+    got none, or one it does not accept. Not retried: the same key would be refused again."""
+
+    status_code: Literal[401]
 
 
 class NotFoundError(APIStatusError):

@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from fastapi_offline import FastAPIOffline
 
-from tensorbits import __version__
+from tensorbits import __version__, auth
 from tensorbits.api import openapi_doc, routers
 from tensorbits.api.errors import register_exception_handlers
 from tensorbits.api.fastpath import FastPathMiddleware
@@ -56,6 +56,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(metrics_router)
     # Added last is outermost: observability wraps the fast path, which wraps the framework.
     app.add_middleware(FastPathMiddleware, routes=routers.FAST_ROUTES)
+    # API keys (when configured): inside observability, so 401s are counted and logged, and
+    # before everything else, so a refused request's body is never read.
+    auth.install(app, settings)
     app.add_middleware(ObservabilityMiddleware, metrics=lambda: metrics)
     openapi_doc.install(app)
     return app

@@ -12,7 +12,7 @@ from typing import Any
 import uvicorn
 from pydantic import ValidationError
 
-from tensorbits import __version__
+from tensorbits import __version__, tls
 from tensorbits.config import Settings
 from tensorbits.http_protocol import HeaderDeadlineProtocol
 from tensorbits.logs import configure_logging
@@ -58,6 +58,7 @@ def _uvicorn_kwargs(settings: Settings) -> dict[str, Any]:
         "access_log": False,  # the middleware logs each request, with its request id
         "timeout_keep_alive": settings.timeout_keep_alive,
         "timeout_graceful_shutdown": settings.timeout_graceful_shutdown,
+        **tls.uvicorn_options(settings),  # HTTPS when a certificate and key are configured
     }
 
 

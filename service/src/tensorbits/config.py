@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Literal
+from pathlib import Path
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from tensorbits import auth, tls
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -64,6 +67,73 @@ class Settings(BaseSettings):
         60.0, gt=0, description="seconds a client may take to send a request body (408 past it)"
     )
     timeout_graceful_shutdown: int = Field(30, ge=1)
+
+    # --- Access control and TLS (auth.py, tls.py; docs/reliability.md) -------------------------
+    # Keys from both sources are accepted; none at all: no access control (nothing installed).
+    # NoDecode: a comma-separated list in the environment, not pydantic-settings' JSON.
+    api_keys: Annotated[tuple[SecretStr, ...], NoDecode] = Field(
+        (), description="API keys accepted, comma-separated (none: every request is served)"
+    )
+    api_keys_file: Path | None = Field(
+        None, description="file of API keys, one a line, blank lines and # comments ignored"
+    )
+    auth_open_paths: Annotated[tuple[str, ...], NoDecode] = Field(
+        ("/v2/health/live", "/v2/health/ready"),
+        description="paths served without a key (exact, comma-separated; add /metrics to open it)",
+    )
+    tls_cert_file: Path | None = Field(None, description="PEM certificate (chain): serve HTTPS")
+    tls_key_file: Path | None = Field(None, description="PEM private key of tls_cert_file")
+    tls_key_password: SecretStr | None = Field(None, description="password of an encrypted key")
+    _accepted_api_keys: tuple[SecretStr, ...] = PrivateAttr(())
+
+    @field_validator("api_keys", "auth_open_paths", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("api_keys")
+    @classmethod
+    def _valid_keys(cls, keys: tuple[SecretStr, ...]) -> tuple[SecretStr, ...]:
+        for number, key in enumerate(keys, start=1):
+            problem = auth.key_problem(key.get_secret_value())
+            if problem is not None:
+                raise ValueError(f"API key number {number} {problem}")  # never the key itself
+        return keys
+
+    @field_validator("auth_open_paths")
+    @classmethod
+    def _absolute_paths(cls, paths: tuple[str, ...]) -> tuple[str, ...]:
+        for path in paths:
+            if not path.startswith("/"):
+                raise ValueError(f"open path {path[:100]!r} does not begin with '/'")
+        return paths
+
+    @property
+    def accepted_api_keys(self) -> tuple[SecretStr, ...]:
+        """Every key accepted: ``api_keys`` and the file's, read once when the settings were
+        built. Empty: access control is off."""
+        return self._accepted_api_keys
+
+    @model_validator(mode="after")
+    def _read_keys_and_check_tls(self) -> Settings:
+        keys = [key.get_secret_value() for key in self.api_keys]
+        if self.api_keys_file is not None:
+            keys += auth.read_key_file(self.api_keys_file)
+        self._accepted_api_keys = tuple(SecretStr(key) for key in dict.fromkeys(keys))
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together: set both or neither")
+        if self.tls_cert_file is not None and self.tls_key_file is not None:
+            password = self.tls_key_password
+            tls.check_certificate(
+                self.tls_cert_file,
+                self.tls_key_file,
+                password.get_secret_value() if password is not None else None,
+            )
+        elif self.tls_key_password is not None:
+            raise ValueError("tls_key_password is set but no tls_key_file is")
+        return self
 
     @model_validator(mode="after")
     def _inflight_admits_one_body(self) -> Settings:

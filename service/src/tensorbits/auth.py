@@ -1,0 +1,189 @@
+"""Optional API keys: with keys configured, every request but those to the open paths needs one.
+
+Keys come from ``TENSORBITS_API_KEYS`` (comma-separated) and ``TENSORBITS_API_KEYS_FILE`` (one a
+line, so a mounted Kubernetes Secret works), read once when the settings are built. A request
+presents its key as ``Authorization: Bearer <key>`` or as ``X-API-Key: <key>`` (a header any
+client can add, tritonclient's ``headers=`` included). Without a key, or with one that is not
+configured, it is answered 401 with ``WWW-Authenticate: Bearer realm="tensorbits"`` and the JSON
+error body every 4xx carries; the refusal is logged, never the key.
+
+With no key configured ``install`` adds nothing: the server runs the middleware stack it ran
+before, so an open server's hot path pays nothing for this module. With keys, the middleware
+sits inside the observability layer (a 401 is counted, timed and logged with its request id)
+and ahead of everything else (HEAD-as-GET, the fast path, the framework), and it answers before
+a byte of the body is read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pydantic import SecretStr
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from tensorbits_protocol.errors import Unauthorized
+
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
+
+    from tensorbits.config import Settings
+
+logger = logging.getLogger("tensorbits.auth")
+
+REALM = "tensorbits"
+API_KEY_HEADER = b"x-api-key"
+# Visible ASCII but the comma: what a header value carries unchanged, and what can move between
+# the comma-separated variable and the file.
+_KEY_CHARACTERS = frozenset(range(0x21, 0x7F)) - {ord(",")}
+
+
+# --- keys ---------------------------------------------------------------------------------------
+def key_problem(key: str) -> str | None:
+    """Why ``key`` cannot be an API key, or None. The reason never quotes the key."""
+    if not key:
+        return "is empty"
+    if not all(ord(c) in _KEY_CHARACTERS for c in key):
+        return "has a character other than visible ASCII (no spaces, no commas)"
+    return None
+
+
+def read_key_file(path: Path) -> list[str]:
+    """The keys of ``path``: one a line, surrounding whitespace dropped, blank lines and lines
+    beginning with ``#`` ignored. A file that cannot be read or holds no key is an error (a
+    configured file that yields nothing would silently lock every client out, or, worse, be
+    taken for "no keys" and leave the server open)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        raise ValueError(f"TENSORBITS_API_KEYS_FILE {path}: cannot read it ({reason})") from None
+    keys = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        key = line.strip()
+        if not key or key.startswith("#"):
+            continue
+        problem = key_problem(key)
+        if problem is not None:
+            raise ValueError(f"TENSORBITS_API_KEYS_FILE {path}: the key on line {number} {problem}")
+        keys.append(key)
+    if not keys:
+        raise ValueError(f"TENSORBITS_API_KEYS_FILE {path}: holds no key (blank or comments only)")
+    return keys
+
+
+def digest(key: bytes) -> bytes:
+    return hashlib.sha256(key).digest()
+
+
+# --- the middleware -----------------------------------------------------------------------------
+def _presented_key(headers: Iterable[tuple[bytes, bytes]]) -> tuple[bytes | None, str | None]:
+    """The key a request presents and the header it came in: a Bearer token first, else
+    ``X-API-Key``. (None, None) when there is neither."""
+    bearer = api_key = None
+    for name, value in headers:
+        if name == b"authorization":
+            scheme, _, token = value.strip().partition(b" ")
+            if scheme.lower() == b"bearer":  # the scheme is case-insensitive (RFC 9110 §11.1)
+                bearer = token.strip()
+        elif name == API_KEY_HEADER:
+            api_key = value.strip()
+    if bearer is not None:
+        return bearer, "Authorization"
+    if api_key is not None:
+        return api_key, "X-API-Key"
+    return None, None
+
+
+def _response(error: Unauthorized, challenge: str) -> tuple[list[tuple[bytes, bytes]], bytes]:
+    body = json.dumps(error.to_dict()).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"www-authenticate", challenge.encode()),
+    ]
+    return headers, body
+
+
+class ApiKeyMiddleware:
+    """Passes a request on when its path is open or it presents one of ``keys``; else 401."""
+
+    def __init__(self, app: ASGIApp, keys: Sequence[SecretStr], open_paths: Iterable[str]) -> None:
+        if not keys:
+            raise ValueError("ApiKeyMiddleware needs at least one key (install() adds none)")
+        self.app = app
+        # Only digests are kept. Comparing digests, all 32 bytes, keeps the comparison's time
+        # independent of the presented key's length and of the configured keys' lengths.
+        self._digests = tuple(digest(key.get_secret_value().encode("ascii")) for key in keys)
+        self._open_paths = frozenset(open_paths)
+        challenge = f'Bearer realm="{REALM}"'
+        self._missing = _response(
+            Unauthorized(
+                "an API key is required: send it as 'Authorization: Bearer <key>' or "
+                "'X-API-Key: <key>'",
+                field="Authorization",
+                rule="api_key",
+            ),
+            challenge,
+        )
+        self._wrong = _response(
+            Unauthorized("the API key is not valid", field="Authorization", rule="api_key"),
+            # RFC 6750 §3.1: a token was sent and refused.
+            f'{challenge}, error="invalid_token"',
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan" or scope["path"] in self._open_paths:
+            await self.app(scope, receive, send)
+            return
+        presented, header = _presented_key(scope["headers"])
+        if presented is not None and self.accepts(presented):
+            await self.app(scope, receive, send)
+            return
+        _log_refusal(scope, header)
+        if scope["type"] != "http":  # a WebSocket handshake: refused before it is accepted
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        headers, body = self._wrong if presented is not None else self._missing
+        await send({"type": "http.response.start", "status": 401, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    def accepts(self, presented: bytes) -> bool:
+        """Whether ``presented`` is one of the keys, in time that does not depend on which key
+        (if any) it matches: every key is compared, the results OR-ed, no early exit."""
+        candidate = digest(presented)
+        accepted = False
+        for key in self._digests:
+            accepted |= hmac.compare_digest(candidate, key)
+        return accepted
+
+
+def _log_refusal(scope: Scope, header: str | None) -> None:
+    # The presented key is never logged, nor any part or hash of it: a log reader is not
+    # meant to learn anything that narrows the search for a key.
+    client = scope.get("client")
+    logger.warning(
+        "refused %s %s: %s",
+        scope.get("method", "WEBSOCKET"),
+        scope["path"][:200],
+        "an API key that is not configured" if header is not None else "no API key",
+        extra={
+            "status": 401,
+            "credential_header": header,
+            "client": client[0] if client else None,
+        },
+    )
+
+
+def install(app: Starlette, settings: Settings) -> None:
+    """Add the middleware when keys are configured; add nothing otherwise. Call it between the
+    middleware it must run inside of (added after it) and those it must run before."""
+    keys = settings.accepted_api_keys
+    if keys:
+        # SecretStr all the way: Starlette's Middleware record would show plain strings in a repr.
+        app.add_middleware(ApiKeyMiddleware, keys=keys, open_paths=settings.auth_open_paths)
