@@ -82,6 +82,8 @@ def test_manifests_are_present() -> None:
         "Deployment",
         "HorizontalPodAutoscaler",
         "InferenceService",
+        "NetworkPolicy",  # the plain Deployment's
+        "NetworkPolicy",  # the InferenceService's (kserve/)
         "PodDisruptionBudget",
         "Service",
     ]

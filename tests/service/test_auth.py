@@ -336,8 +336,9 @@ def test_keys_come_from_the_variable_and_the_file(
     assert _keys(Settings()) == [KEY, OTHER_KEY, "file-only-key"]  # both sources, once each
     monkeypatch.setenv("TENSORBITS_API_KEYS", "")
     assert _keys(Settings()) == [OTHER_KEY, "file-only-key"]
-    monkeypatch.delenv("TENSORBITS_API_KEYS_FILE")
-    assert _keys(Settings()) == []  # an empty variable: no keys, no access control
+    monkeypatch.setenv("TENSORBITS_API_KEYS_FILE", "")
+    assert _keys(Settings()) == []  # empty variables: no keys, no access control
+    assert Settings().api_keys_file is None
 
 
 def test_keys_stay_out_of_the_settings_repr() -> None:

@@ -25,7 +25,10 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return cert_file, key_file
 
 
-def test_without_tls_uvicorn_gets_no_ssl_arguments() -> None:
+def test_without_tls_uvicorn_gets_no_ssl_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert not any(k.startswith("ssl_") for k in cli._uvicorn_kwargs(Settings()))
+    for name in ("CERT_FILE", "KEY_FILE", "KEY_PASSWORD"):
+        monkeypatch.setenv(f"TENSORBITS_TLS_{name}", "")  # empty: unset
     assert not any(k.startswith("ssl_") for k in cli._uvicorn_kwargs(Settings()))
 
 

@@ -86,6 +86,14 @@ class Settings(BaseSettings):
     tls_key_password: SecretStr | None = Field(None, description="password of an encrypted key")
     _accepted_api_keys: tuple[SecretStr, ...] = PrivateAttr(())
 
+    @field_validator(
+        "api_keys_file", "tls_cert_file", "tls_key_file", "tls_key_password", mode="before"
+    )
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        # VAR= (or Compose's ${VAR:-}) means "not set", not a file named "" (the working folder).
+        return None if value == "" else value
+
     @field_validator("api_keys", "auth_open_paths", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:
