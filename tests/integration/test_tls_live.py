@@ -102,6 +102,29 @@ def test_async_sdk_round_trip_with_an_ssl_context(tls_server: TlsServer) -> None
     asyncio.run(run())
 
 
+def test_tritonclient_over_tls_with_a_key(tls_server: TlsServer) -> None:
+    """The stock tritonclient, as docs/reliability.md shows it: ssl=True with the CA, and the
+    key as a header."""
+    import tritonclient.http as triton
+
+    data = np.arange(6, dtype=np.uint8).reshape(2, 3)
+    client = triton.InferenceServerClient(
+        tls_server.server.url,
+        ssl=True,
+        ssl_options={"ca_certs": str(tls_server.ca_file)},
+        ssl_context_factory=ssl.create_default_context,
+        network_timeout=30,
+    )
+    try:
+        tensor = triton.InferInput("InputTensor", list(data.shape), "UINT8")
+        tensor.set_data_from_numpy(data, binary_data=True)
+        headers = {"Authorization": f"Bearer {KEY}"}
+        result = client.infer("DML_OPERATOR_ELEMENT_WISE_BIT_NOT", [tensor], headers=headers)
+        np.testing.assert_array_equal(result.as_numpy("OutputTensor"), ~data)
+    finally:
+        client.close()
+
+
 def test_an_untrusted_certificate_is_refused(tls_server: TlsServer, tmp_path: Path) -> None:
     data = np.arange(4, dtype=np.uint8)
     stranger = tmp_path / "other-ca.crt"
