@@ -28,7 +28,12 @@ import json
 import logging
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn._types import ASGI3Application
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 
 from tensorbits.config import get_settings
 from tensorbits_protocol.errors import HeadTooLarge, InvalidRequest, TensorbitsError, UriTooLong
@@ -42,8 +47,8 @@ PARSER_ERROR_FIELDS: tuple[tuple[str, str], ...] = (
     ("url", "url"),
     ("version", "version"),
     ("http/", "version"),
-    ("content-length", "Content-Length"),
     ("transfer-encoding", "Transfer-Encoding"),
+    ("content-length", "Content-Length"),
     ("chunk", "body"),
     ("header", "headers"),
     ("connection", "Connection"),
@@ -89,6 +94,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     _in_body = False  # the newest request's head is read, its body is not complete
     _refusal: TensorbitsError | None = None  # set once the connection is refused; read no more
     _refusal_owed: bytes | None = None  # the refusal's response, written after those owed first
+    _running: RequestResponseCycle | None = None  # the request whose app runs or ran last
 
     # --- the connection -------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -196,19 +202,23 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         else:
             self._write_refusal()
 
-    def _abandon(self, cycle: object) -> None:
-        """The newest request is the refused one: its response is the refusal, not its app's."""
+    def _abandon(self, cycle: RequestResponseCycle) -> None:
+        """The newest request is the refused one: its response is the refusal, not its app's.
+        Queued, it never starts; running, its app reads a disconnect and what it sends is
+        dropped. Either way it is no response owed."""
         if self.pipeline and self.pipeline[0][0] is cycle:
-            self.pipeline.popleft()  # queued, never started
-        elif self.cycle is cycle and not self.cycle.response_complete:
-            # Running: its app reads a disconnect and whatever it sends is dropped.
-            self.cycle.disconnected = True
-            self.cycle.message_event.set()
+            self.pipeline.popleft()
+        cycle.disconnected = True
+        cycle.message_event.set()
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
+        self._running = cycle  # (``self.cycle`` is the newest request, maybe still queued)
+        super()._start_asgi_task(cycle, app)
 
     def _responses_owed(self) -> bool:
         if self.pipeline:
             return True
-        cycle = self.cycle
+        cycle = self._running
         return cycle is not None and not cycle.response_complete and not cycle.disconnected
 
     def _write_refusal(self) -> None:
