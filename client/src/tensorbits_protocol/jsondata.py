@@ -26,6 +26,7 @@ import numpy as np
 
 from tensorbits_protocol.dtypes import DataType, numpy_dtype
 from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge, TensorbitsError
+from tensorbits_protocol.integers import shown
 
 # --- parsing ------------------------------------------------------------------------------------
 
@@ -416,7 +417,7 @@ def _flatten(name: str, shape: Sequence[int], data: object) -> list[Any]:
 
 def _out_of_range(name: str, datatype: DataType, value: object) -> InvalidRequest:
     return InvalidRequest(
-        f"input '{name}': value {value} is out of range for {datatype} "
+        f"input '{name}': value {shown(value)} is out of range for {datatype} "
         f"(allowed: {_JSON_FORMS[datatype].allowed})",
         field=name,
         rule="data_range",

@@ -25,7 +25,6 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictBool,
-    StrictFloat,
     StrictStr,
     TypeAdapter,
     with_config,
@@ -33,7 +32,7 @@ from pydantic import (
 from typing_extensions import TypedDict  # pydantic reads typing's TypedDict only from 3.12 on
 
 from tensorbits_protocol.dtypes import DataType
-from tensorbits_protocol.integers import UInt64, Wide64
+from tensorbits_protocol.integers import JsonFloat, UInt64, Wide64
 from tensorbits_protocol.operators import Encoding, Function, ShapeRule
 
 # Names are echoed in error messages, so they are short; 128 characters is plenty for a label.
@@ -48,7 +47,7 @@ DataTypeName = Literal[
 ]  # fmt: skip
 
 # Operator parameter values as JSON scalars; validate_call judges them, with its own messages.
-ParameterValue = StrictStr | Wide64 | StrictFloat | StrictBool
+ParameterValue = StrictStr | Wide64 | JsonFloat | StrictBool
 
 
 class _Request(BaseModel):

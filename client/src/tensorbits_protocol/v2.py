@@ -25,12 +25,11 @@ from pydantic import (
     Field,
     SkipValidation,
     StrictBool,
-    StrictFloat,
     StrictInt,
     StrictStr,
 )
 
-from tensorbits_protocol.integers import INT64_MAX, UInt64, Wide64
+from tensorbits_protocol.integers import INT64_MAX, JsonFloat, UInt64, Wide64
 
 Datatype = Literal[
     "BOOL", "UINT8", "UINT16", "UINT32", "UINT64",
@@ -39,7 +38,7 @@ Datatype = Literal[
 """The element types tensorbits serves: the protocol's names, the values of ``dtypes.DataType``.
 (The protocol also has BF16 and BYTES; no bitwise operator takes them.)"""
 
-ParameterValue = StrictBool | Wide64 | StrictFloat | StrictStr
+ParameterValue = StrictBool | Wide64 | JsonFloat | StrictStr
 """A parameter value: the spec allows a string, a number or a boolean, nothing else."""
 
 MAX_WIRE_RANK = 32

@@ -36,6 +36,7 @@ from tensorbits_protocol.jsondata import (
     require_json_form,
 )
 from tensorbits_protocol.operators import OperatorSpec, get_operator
+from tensorbits_protocol.schema_errors import field_path, first_error
 from tensorbits_protocol.v2 import InferenceRequest, RequestInput
 from tensorbits_protocol.validation import ResolvedCall, TensorSpec, validate_call
 
@@ -124,15 +125,6 @@ class Encoded:
 
 # --- parsing ------------------------------------------------------------------------------------
 
-_UNION_TAGS = frozenset({"bool", "int", "float", "str"})
-
-
-def _field_path(loc: tuple[int | str, ...]) -> str:
-    path = ""
-    for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-    return path or "body"
-
 
 def validate_document(model: type[Model], document: object, what: str) -> Model:
     """``document`` as ``model``; pydantic's first complaint becomes a 400 naming the field (and,
@@ -141,17 +133,8 @@ def validate_document(model: type[Model], document: object, what: str) -> Model:
         return model.model_validate(document)
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
-    first = errors[0]
-    loc = tuple(first["loc"])
-    message = str(first["msg"])
-    siblings = [e for e in errors if tuple(e["loc"])[:-1] == loc[:-1]]
-    if loc and loc[-1] in _UNION_TAGS and len(siblings) > 1:
-        # A parameter value failed every member of str | number | bool: say that once.
-        loc, message = loc[:-1], "Input should be a string, number or boolean"
-        rule = "parameter_value_type"
-    else:
-        rule = str(first["type"])
-    field = _field_path(loc)
+    loc, message, rule = first_error(errors)
+    field = field_path(loc, "body")
     owner = ""
     if len(loc) >= 2 and loc[0] in ("inputs", "outputs") and isinstance(loc[1], int):
         items = document.get(loc[0]) if isinstance(document, dict) else None

@@ -37,6 +37,7 @@ from tensorbits_protocol.codec import (
 from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
 from tensorbits_protocol.jsondata import JsonLimits, check_length, check_structure
 from tensorbits_protocol.operators import get_operator
+from tensorbits_protocol.schema_errors import field_path, first_error
 from tensorbits_protocol.v1 import (
     BATCH_REQUEST_DATA,
     BatchRequest,
@@ -51,14 +52,6 @@ from tensorbits_protocol.v1 import (
 # --- the header -----------------------------------------------------------------------------------
 # The framing around it is the binary extension's, shared with /v2 (tensorbits_protocol.codec):
 # a JSON header whose byte length travels in Inference-Header-Content-Length, then raw buffers.
-def _path(loc: tuple[int | str, ...]) -> str:
-    """A pydantic error location as the header's field path: ``dispatches[2].bindings.A``."""
-    path = ""
-    for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-    return path or "header"
-
-
 def decode_header(header: memoryview | bytes, limits: JsonLimits) -> BatchRequestData:
     """The batch header; malformed JSON or fields are a 400 naming the first bad field.
 
@@ -76,9 +69,9 @@ def decode_header(header: memoryview | bytes, limits: JsonLimits) -> BatchReques
     try:
         request = BatchRequest.model_validate_json(raw)
     except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        path = _path(tuple(first["loc"]))
-        raise InvalidRequest(f"{path}: {first['msg']}", field=path, rule=first["type"]) from None
+        loc, message, rule = first_error(exc.errors(include_url=False))
+        path = field_path(loc, "header")
+        raise InvalidRequest(f"{path}: {message}", field=path, rule=rule) from None
     return cast(BatchRequestData, request.model_dump())
 
 

@@ -1,0 +1,150 @@
+"""The structural scan of JSON documents (``jsondata.scan``/``check_structure``): what the server
+counts on a request's bytes before it parses them, held to what a parser finds."""
+
+from __future__ import annotations
+
+import json
+import string
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tensorbits.batch import header_limits
+from tensorbits.config import Settings
+from tensorbits_protocol import jsondata
+from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
+from tensorbits_protocol.jsondata import JsonLimits, MemberLimit, check_structure, scan
+from tensorbits_protocol.operators import OPERATORS
+
+NAMES = ("dispatches", "outputs")
+# Strings made of what confuses a scanner: quotes, backslashes, brackets, commas, colons, and
+# the counted names themselves.
+TRICKY = st.text(alphabet='"\\[]{},: ab', max_size=8) | st.sampled_from([*NAMES, '"outputs"'])
+SCALARS = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | TRICKY
+VALUES = st.recursive(
+    SCALARS,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TRICKY, inner, max_size=3),
+    max_leaves=20,
+)
+DOCUMENTS = st.dictionaries(st.sampled_from([*NAMES, "id", "x"]) | TRICKY, VALUES, max_size=5)
+
+
+def _depth(value: Any) -> int:
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    return 0
+
+
+@settings(max_examples=400, deadline=None)
+@given(DOCUMENTS, st.sampled_from([(",", ":"), (", ", ": "), (" ,\n", " :\t")]))
+def test_the_scan_finds_what_a_parser_finds(document: dict[str, Any], separators: Any) -> None:
+    raw = json.dumps(document, separators=separators).encode()
+    found = scan(raw, NAMES)
+    assert found.depth == _depth(document)
+    assert found.values == raw.count(b",") + 1 - sum(  # commas inside strings are not values
+        s.count(",") for s in _strings(document)
+    )
+    for name in NAMES:
+        value = document.get(name)
+        if isinstance(value, list) and value:
+            assert found.members[name] == len(value)
+        elif isinstance(value, dict):
+            assert found.members[name] == max(len(value), 1)  # an object's members, as a bound
+        else:
+            assert found.members[name] <= 1  # an empty array or a scalar: at most 1
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in [*_strings(k), *_strings(v)]]
+    return []
+
+
+@pytest.mark.parametrize("offset", range(0, 12))
+def test_the_scan_carries_strings_and_escapes_across_blocks(offset: int) -> None:
+    # A string of backslash pairs ending right around a block boundary, then the counted member.
+    filler = "\\" * ((jsondata._SCAN_BLOCK - 8 - offset) // 2 * 2)
+    raw = json.dumps({"id": filler + '"[', "dispatches": [1, 2, 3]}).encode()
+    assert scan(raw, NAMES).members["dispatches"] == 3
+    raw = b'{"id":"' + b"x" * (jsondata._SCAN_BLOCK - 12 - offset) + b'","dispatches":[1,2]}'
+    assert scan(raw, NAMES).members["dispatches"] == 2
+
+
+LIMITS = JsonLimits(
+    max_depth=8,
+    max_values=10_000,
+    members=(MemberLimit(("inputs", "outputs"), 4, "TENSORBITS_MAX_TENSORS", "max_tensors", "t"),),
+)
+
+
+def test_counts_past_a_limit_are_refused_before_parsing() -> None:
+    # Past the limit (4) by more than the scan's slack (one per counted name).
+    raw = json.dumps({"inputs": [{}] * 4, "outputs": [{}] * 3}).encode()
+    with pytest.raises(PayloadTooLarge) as info:
+        check_structure(raw, LIMITS)
+    assert info.value.rule == "max_tensors"
+    assert info.value.field == "inputs"
+
+
+def test_at_the_edge_the_parsed_document_decides() -> None:
+    # An empty array scans as one element; the exact count after parsing is what decides.
+    jsondata.parse_json(json.dumps({"inputs": [], "outputs": [{}] * 4}).encode(), LIMITS)
+    with pytest.raises(PayloadTooLarge):
+        jsondata.parse_json(json.dumps({"inputs": [{}], "outputs": [{}] * 4}).encode(), LIMITS)
+
+
+def test_depth_and_values_are_refused_on_the_bytes() -> None:
+    with pytest.raises(InvalidRequest) as depth:
+        check_structure(b"[" * 9 + b"]" * 9, LIMITS)
+    assert depth.value.rule == "max_json_depth"
+    with pytest.raises(PayloadTooLarge) as values:
+        check_structure(b"[" + b"0," * 10_000 + b"0]", LIMITS)
+    assert values.value.rule == "max_json_elements"
+
+
+def test_strings_do_not_count() -> None:
+    raw = json.dumps({"inputs": ["[,,,]" * 1000], "x": "{" * 100}).encode()
+    check_structure(raw, LIMITS)  # one input, depth 2: within every limit
+
+
+def test_the_largest_batch_header_the_limits_allow_fits_the_defaults() -> None:
+    """TENSORBITS_MAX_BATCH_HEADER_BYTES and the header's value bound: a compact header with the
+    most dispatches, each of the operator with the most tensors and parameters, names of the
+    longest length, rank-8 sizes and strides of the largest values, and the most buffers."""
+    settings = Settings()
+    name = (string.ascii_letters * 3)[:128]
+    assert len(name) == 128
+    op = max(OPERATORS, key=lambda o: (len(o.inputs), len(o.parameters)))
+    desc = {
+        "datatype": "FLOAT16",
+        "sizes": [2**32 - 1] * 8,
+        "strides": [2**32 - 1] * 8,
+        "total_size": 2**64 - 1,
+        "alignment": 2**32 - 1,
+    }
+    binding = {"buffer": name, "offset": 2**64 - 1, "size": 2**64 - 1, "desc": desc}
+    dispatch = {
+        "operator": op.name,
+        "parameters": {p.name + "x" * 100: "y" * 128 for p in op.parameters},
+        "bindings": {t + "x" * (128 - len(t)): binding for t in (*op.inputs, op.output)},
+    }
+    header = {
+        "id": "i" * 256,
+        "buffers": [
+            {"name": f"{i:04d}" + name[4:], "byte_size": 2**64 - 1, "init": "zeros"}
+            for i in range(settings.max_buffers)
+        ],
+        "dispatches": [dispatch] * settings.max_dispatches,
+        "outputs": [name] * settings.max_buffers,
+    }
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    assert len(raw) <= settings.max_batch_header_bytes
+    check_structure(raw, header_limits(settings), "header")  # nor past the value bound
