@@ -13,6 +13,7 @@ from tensorbits import __version__, auth
 from tensorbits.api import openapi_doc, routers
 from tensorbits.api.errors import register_exception_handlers
 from tensorbits.api.fastpath import FastPathMiddleware
+from tensorbits.api.head import HeadAsGetMiddleware
 from tensorbits.api.metrics import router as metrics_router
 from tensorbits.config import Settings, get_settings
 from tensorbits.observability import Metrics, ObservabilityMiddleware
@@ -54,8 +55,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for router in routers.ALL:
         app.include_router(router)
     app.include_router(metrics_router)
-    # Added last is outermost: observability wraps the fast path, which wraps the framework.
+    # Added last is outermost: observability wraps HEAD-as-GET, the fast path, the framework.
     app.add_middleware(FastPathMiddleware, routes=routers.FAST_ROUTES)
+    app.add_middleware(HeadAsGetMiddleware)
     # API keys (when configured): inside observability, so 401s are counted and logged, and
     # before everything else, so a refused request's body is never read.
     auth.install(app, settings)

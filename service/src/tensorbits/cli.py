@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from tensorbits import __version__, tls
 from tensorbits.config import Settings
-from tensorbits.http_protocol import HeaderDeadlineProtocol
+from tensorbits.http_protocol import GuardedHttpProtocol
 from tensorbits.logs import configure_logging
 from tensorbits.runtime import DRAINING
 from tensorbits_protocol.operators import OPERATORS
@@ -52,7 +52,7 @@ def _uvicorn_kwargs(settings: Settings) -> dict[str, Any]:
         "port": settings.port,
         "workers": settings.workers,
         "loop": "uvloop",
-        "http": HeaderDeadlineProtocol,  # httptools, with a deadline on each request head
+        "http": GuardedHttpProtocol,  # httptools, with the request head bounded (http_protocol.py)
         "log_config": None,  # configure_logging did it: JSON lines through one handler
         "log_level": settings.log_level,
         "access_log": False,  # the middleware logs each request, with its request id
