@@ -102,7 +102,7 @@ def _every_field(r: Recorder) -> list[str]:
     )
     r.dispatch(  # a bool parameter and a huge integer: the server judges them, not the builder
         AND_OV,
-        {"axis": True, "auto_broadcast": 2**70},
+        {"axis": True, "auto_broadcast": 2**64 - 1},
         input_1=m.tensor("FLOAT32", (2,)),
         input_2=m.tensor("FP32", (2,)),
         output_1=out.tensor("FP32", (2,)),

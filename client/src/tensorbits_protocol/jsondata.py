@@ -63,9 +63,11 @@ class MemberLimit:
         return sum(len(v) for n in self.names if isinstance(v := document.get(n), list))
 
     def refusal(self, what: str, count: int, *, exact: bool = True) -> PayloadTooLarge:
-        listed = f"{count} {self.noun}" if exact else f"more than {self.limit + 1} {self.noun}"
+        found = (
+            f"{count} {self.noun} listed" if exact else f"more than {self.limit} {self.noun} listed"
+        )
         return PayloadTooLarge(
-            f"{what}: {listed} listed, more than the limit of {self.limit} ({self.setting})",
+            f"{what}: {found}, more than the limit of {self.limit} ({self.setting})",
             field=self.names[0],
             rule=self.rule,
         )
