@@ -236,7 +236,7 @@ HEADERS = [
         "dispatches": [
             {
                 "operator": "X",
-                "parameters": {"s": "t", "i": 2**70, "f": 1.5, "b": True},
+                "parameters": {"s": "t", "i": 2**64 - 1, "f": 1.5, "b": True},
                 "bindings": {
                     "A": {
                         "buffer": "a",
