@@ -153,20 +153,25 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._in_body = False
         self._head_begins()  # a new request has begun: its head must now arrive in time
 
+    # on_url and on_header do what uvicorn's do, inline: they run for every header of every
+    # request, and a call to the parent's would cost as much again. They only count; the limit
+    # is checked once per chunk (``data_received``) and once per head (``on_headers_complete``).
     def on_url(self, url: bytes) -> None:
         self._url_bytes += len(url)
         self._head_parsed += len(url)
-        if self._url_bytes > self._limit:
-            self._stop(head_too_large(self._url_bytes, self._limit, target_only=True))
-        super().on_url(url)
+        self.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._head_parsed += len(name) + len(value) + 4  # ": " and CRLF
-        if self._head_parsed > self._limit:
-            self._stop(head_too_large(self._head_parsed, self._limit, target_only=False))
-        super().on_header(name, value)
+        name = name.lower()
+        if name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100_continue = True
+        self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
+        if self._head_parsed > self._limit:  # a head that arrived whole within one chunk
+            url_only = self._url_bytes > self._limit
+            self._stop(head_too_large(self._head_parsed, self._limit, target_only=url_only))
         self._head_started = None
         super().on_headers_complete()
         self._in_body = True  # only now is ``self.cycle`` this request's
