@@ -68,14 +68,19 @@ def _strings(value: Any) -> list[str]:
     return []
 
 
-@pytest.mark.parametrize("offset", range(0, 12))
-def test_the_scan_carries_strings_and_escapes_across_blocks(offset: int) -> None:
-    # A string of backslash pairs ending right around a block boundary, then the counted member.
-    filler = "\\" * ((jsondata._SCAN_BLOCK - 8 - offset) // 2 * 2)
-    raw = json.dumps({"id": filler + '"[', "dispatches": [1, 2, 3]}).encode()
-    assert scan(raw, NAMES).members["dispatches"] == 3
-    raw = b'{"id":"' + b"x" * (jsondata._SCAN_BLOCK - 12 - offset) + b'","dispatches":[1,2]}'
-    assert scan(raw, NAMES).members["dispatches"] == 2
+@pytest.mark.parametrize("text", ["a,[", 'q\\"{', "\\\\", "dispatches"])
+@pytest.mark.parametrize("offset", range(0, 10))
+def test_the_scan_carries_strings_and_escapes_across_blocks(offset: int, text: str) -> None:
+    # A long array of strings holding structure, escaped quotes and backslashes, or a counted
+    # name: its skeleton crosses the first block boundary at each offset, inside and between
+    # strings; the counted members after it are still found.
+    count = (jsondata._SCAN_BLOCK + offset) // 3 + 1
+    document = {"id": [text] * count, "dispatches": [1, [2, 3], {"x": 4}], "outputs": [5]}
+    raw = json.dumps(document, separators=(",", ":")).encode()
+    found = scan(raw, NAMES)
+    assert found.members == {"dispatches": 3, "outputs": 1}
+    assert found.depth == 3
+    assert found.values == count + 5  # commas + 1
 
 
 LIMITS = JsonLimits(

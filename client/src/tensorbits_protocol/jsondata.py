@@ -19,6 +19,7 @@ import json
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import chain
 from typing import Any, Literal
 
@@ -31,18 +32,25 @@ from tensorbits_protocol.integers import shown
 # --- parsing ------------------------------------------------------------------------------------
 
 # Scanning works on the document's structure: brackets (``{}`` folded onto ``[]``), commas and
-# colons outside strings, and a marker byte (1, 2, ...) where a counted member's name begins.
-_QUOTE, _BACKSLASH, _COMMA, _COLON = ord('"'), ord("\\"), ord(","), ord(":")
-_STRUCTURAL = np.zeros(256, np.bool_)
-_STRUCTURAL[list(b"[]{},:")] = True
+# colons outside strings, and a marker byte (1, 2, ...) in place of each string equal to a
+# counted member's name. C-speed byte passes make it (``bytes.replace``, ``bytes.translate``);
+# NumPy then runs over it, a block at a time.
+_QUOTE, _COMMA, _COLON = ord('"'), ord(","), ord(":")
 _FOLD = np.arange(256, dtype=np.uint8)
 _FOLD[ord("{")], _FOLD[ord("}")] = ord("["), ord("]")
 _STEP = np.zeros(256, np.int8)
 _STEP[ord("[")], _STEP[ord("]")] = 1, -1
-# The document is scanned this many bytes at a time: memory stays bounded (about 20 bytes per
+# The structure is scanned this many bytes at a time: memory stays bounded (about 10 bytes per
 # byte of a block) whatever its length, and a limit stops the scan at the block that passes it.
 _SCAN_BLOCK = 1 << 20
+_SMALL_DOCUMENT = 8192  # bytes: below, raw counts may spare the scan
 _MAX_COUNTED = 31  # markers are the bytes 1 to 31: never structure
+_MARKERS = bytes(range(1, _MAX_COUNTED + 1))
+# The markers are bytes a valid document never holds outside strings, so a marker before a
+# colon of depth 1 is a counted name. A hostile document holding raw control bytes is invalid
+# JSON (its parser refuses it where the byte stands), and such a byte can only make the scan
+# count more: never hide a counted member, which would need a byte between its name and its
+# colon, where the parser stops before reading the member's value.
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,51 +117,39 @@ class Structure:
 class _Carry:
     """What one block of the scan hands the next."""
 
-    backslashes: int = 0  # the run of backslashes that ended the last block
     in_string: int = 0  # 1: the last block ended inside a string
     level: int = 0  # nesting depth at the end of the last block
     owner: int = 0  # marker of the top-level member open at its end (0: an uncounted one)
     last: int = 0  # the last byte of its structure
 
 
-def _structure(
-    doc: np.ndarray[Any, Any], start: int, stop: int, names: tuple[bytes, ...], carry: _Carry
-) -> np.ndarray[Any, Any]:
-    """The structure of ``doc[start:stop]``: its brackets (folded), commas and colons outside
-    strings, and the marker of each counted name, in order. A quote is escaped when an odd run
-    of backslashes precedes it; the string parity is the running count of the other quotes."""
-    block = doc[start:stop]
-    index = np.arange(block.size, dtype=np.int32)
-    slash = block == _BACKSLASH
-    last_other = np.maximum.accumulate(np.where(slash, np.int32(-1), index))
-    quotes = np.flatnonzero(block == _QUOTE)
-    before = np.maximum(quotes - 1, 0)
-    run = np.where(quotes > 0, before - last_other[before], 0)
-    run = np.where((quotes > 0) & (last_other[before] < 0), run + carry.backslashes, run)
-    run = np.where(quotes == 0, carry.backslashes, run)
-    real = quotes[(run & 1) == 0]
-    toggles = np.zeros(block.size, np.int8)
-    toggles[real] = 1
-    inside = (np.cumsum(toggles, dtype=np.int32) + carry.in_string) & 1  # counting the byte
-    opened = real[inside[real] == 1] + start  # quotes that begin a string, in the document
-    carry.in_string = int(inside[-1])
-    if last_other[-1] < 0:
-        carry.backslashes += block.size
-    else:
-        carry.backslashes = int(block.size - 1 - last_other[-1])
-    keep = _STRUCTURAL[block] & (inside == 0)
-    folded = _FOLD[block]
+@lru_cache(maxsize=16)
+def _deletions(count: int) -> bytes:
+    """What ``translate`` deletes: all but quotes, structure and the first ``count`` markers."""
+    keep = set(b'"[]{},:') | set(_MARKERS[:count])
+    return bytes(sorted(set(range(256)) - keep))
+
+
+def _skeleton(doc: bytes, names: tuple[bytes, ...]) -> bytes:
+    """``doc`` reduced to its quotes, brackets, commas, colons and name markers.
+
+    Escapes first: a run of backslashes pairs up from its start, as a JSON reader reads it, so
+    replacing each ``\\`` pair and then each ``\"`` by two other bytes (same length, nothing
+    structural) leaves only the quotes that begin or end a string. Then a string equal to a
+    counted name is exactly that name between two of those quotes, and becomes its marker."""
+    if b"\\" in doc:
+        doc = doc.replace(b"\\\\", b"__").replace(b'\\"', b"__")
     for marker, name in enumerate(names, 1):
-        # A string that is exactly ``name``: compared on the whole document (it may run past the
-        # block), and only where a string begins, so never inside one.
-        candidates = opened[opened + 1 + len(name) < doc.size]
-        match = doc[candidates + 1 + len(name)] == _QUOTE
-        for offset, char in enumerate(name, 1):
-            match &= doc[candidates + offset] == char
-        hits = candidates[match] - start
-        keep[hits] = True
-        folded[hits] = marker
-    structure: np.ndarray[Any, Any] = folded[keep]
+        doc = doc.replace(b'"' + name + b'"', bytes((marker,)))
+    return doc.translate(None, _deletions(len(names)))
+
+
+def _structure(skeleton: np.ndarray[Any, Any], carry: _Carry) -> np.ndarray[Any, Any]:
+    """One block of the skeleton without what lies inside strings, braces folded."""
+    quotes = skeleton == _QUOTE
+    inside = (np.cumsum(quotes, dtype=np.int32) + carry.in_string) & 1  # counting the byte
+    carry.in_string = int(inside[-1])
+    structure: np.ndarray[Any, Any] = _FOLD[skeleton[(inside == 0) & ~quotes]]
     return structure
 
 
@@ -182,16 +178,15 @@ def _count_members(
 
 
 def scan_blocks(doc: bytes, names: tuple[str, ...] = ()) -> Iterator[Structure]:
-    """The structure of ``doc`` so far, after each block: vectorised passes (NumPy), no
+    """The structure of ``doc`` so far, after each block: byte passes and vectorised NumPy, no
     recursion, no per-byte or per-string Python, no object built for anything in the document.
     A malformed document may scan oddly; the parser then refuses it anyway."""
-    array = np.frombuffer(doc, np.uint8)
-    encoded = tuple(name.encode() for name in names)
+    skeleton = np.frombuffer(_skeleton(doc, tuple(name.encode() for name in names)), np.uint8)
     counts = np.zeros(len(names) + 1, np.int64)
     carry = _Carry()
     depth, values = 0, 1
-    for start in range(0, array.size, _SCAN_BLOCK):
-        structure = _structure(array, start, start + _SCAN_BLOCK, encoded, carry)
+    for start in range(0, max(skeleton.size, 1), _SCAN_BLOCK):
+        structure = _structure(skeleton[start : start + _SCAN_BLOCK], carry)
         if structure.size:
             level = np.cumsum(_STEP[structure], dtype=np.int32)
             level += carry.level
@@ -228,11 +223,13 @@ def check_structure(doc: bytes, limits: JsonLimits, what: str = "body") -> None:
     stops at the block where a limit is passed, so a refusal costs in proportion to the limit."""
     check_length(len(doc), limits, what)
     # Raw counts bound the true ones from above (strings can only add brackets and commas): when
-    # they are within the limits, as for every small header, the exact scan can be skipped.
-    opens, commas = doc.count(b"[") + doc.count(b"{"), doc.count(b",")
-    smallest = min((m.limit for m in limits.members), default=limits.max_values)
-    if opens <= limits.max_depth and commas + 1 <= min(limits.max_values, smallest):
-        return
+    # they are within the limits, as for every small header, the exact scan can be skipped. (A
+    # larger document goes straight to the scan: three passes over it would cost a third of it.)
+    if len(doc) <= _SMALL_DOCUMENT:
+        opens, commas = doc.count(b"[") + doc.count(b"{"), doc.count(b",")
+        smallest = min((m.limit for m in limits.members), default=limits.max_values)
+        if opens <= limits.max_depth and commas + 1 <= min(limits.max_values, smallest):
+            return
     for found in scan_blocks(doc, limits.names):
         refusal = _refusal(found, limits, what)
         if refusal is not None:
