@@ -16,6 +16,7 @@ from tensorbits import __version__, tls
 from tensorbits.config import Settings
 from tensorbits.http_protocol import GuardedHttpProtocol
 from tensorbits.logs import configure_logging
+from tensorbits.memory import tune_allocator
 from tensorbits.runtime import DRAINING
 from tensorbits_protocol.operators import OPERATORS
 
@@ -73,6 +74,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"tensorbits: invalid settings:\n{exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, settings.log_json)
+    tune_allocator()  # before the first large buffer: RSS bounded over time (memory.py)
     if settings.workers > 1:
         # uvicorn's supervisor spawns the workers and forwards the signal; each worker finishes
         # its in-flight requests. (Readiness-first draining below is the single-worker path,
