@@ -19,9 +19,11 @@ from hostile import (
     assert_json_error,
     exchange,
     one_reply,
+    peak_rss,
     read_replies,
     repeatedly,
     request,
+    reset_peak_rss,
 )
 from livesupport import LiveServer, serve
 
@@ -101,6 +103,19 @@ def test_a_head_past_the_limit_is_refused_as_json(
         assert "TENSORBITS_MAX_HEAD_BYTES" in body["error"]
         assert reply.headers["connection"] == "close"
     _still_serves(server)
+
+
+@pytest.mark.parametrize("kind", ["header", "headers", "url"])
+def test_a_refused_head_costs_memory_by_the_limit_not_by_its_size(
+    server: LiveServer, kind: str
+) -> None:
+    data = _long_head(kind, 16 << 20)
+    baseline = reset_peak_rss(server)
+    replies = repeatedly(server, lambda: one_reply(server, data), seconds=0.3)
+    grown = peak_rss(server) - baseline
+    assert {reply.status for reply in replies} <= {414, 431}
+    # Read and dropped a chunk at a time, never accumulated: far less than the 16 MiB sent.
+    assert grown < 4 << 20, grown
 
 
 @pytest.mark.parametrize("kind", ["header", "headers", "url"])
