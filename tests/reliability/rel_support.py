@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
 from livesupport import LiveServer, serve
 from starlette.exceptions import StarletteDeprecationWarning
 
@@ -55,6 +56,71 @@ FUZZ = settings(
 __all__ = ["FUZZ", "HEADER", "SMALL_LIMITS", "TestClient"]
 
 
+# --- hostile integers ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LongInt:
+    """A JSON integer of ``digits`` digits: past 4,300 of them Python will not turn it into text
+    (``json.dumps`` raises), so ``dumps`` writes it into the document as raw text."""
+
+    digits: int
+    negative: bool = False
+    nines: bool = False  # 99...9 (10**digits - 1) rather than 10...0 (10**(digits - 1))
+
+    @property
+    def text(self) -> str:
+        body = "9" * self.digits if self.nines else "1" + "0" * (self.digits - 1)
+        return "-" + body if self.negative else body
+
+
+def dumps(document: Any) -> bytes:
+    """``json.dumps``, with each ``LongInt`` written as its digits."""
+    texts: list[str] = []
+
+    def placeholder(value: object) -> str:
+        if not isinstance(value, LongInt):
+            raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+        texts.append(value.text)
+        return f"\x00long-int-{len(texts) - 1}\x00"
+
+    encoded = json.dumps(document, default=placeholder)
+    for index, text in enumerate(texts):
+        encoded = encoded.replace(json.dumps(f"\x00long-int-{index}\x00"), text, 1)
+    return encoded.encode()
+
+
+INT64_MIN, INT64_MAX, UINT64_MAX = -(2**63), 2**63 - 1, 2**64 - 1
+# The edges of the 64-bit formats every integer field is bounded by, and just past them.
+EDGES_64 = [
+    INT64_MAX - 1,
+    INT64_MAX,
+    INT64_MAX + 1,
+    UINT64_MAX - 1,
+    UINT64_MAX,
+    UINT64_MAX + 1,
+    INT64_MIN,
+    INT64_MIN + 1,
+    INT64_MIN - 1,
+    -UINT64_MAX,
+    -(2**64),
+]
+# Digits of 2**64- and 2**128-sized integers, float64's range, and around the 4,300 past which
+# Python refuses to convert an integer to or from text.
+LONG_DIGITS = [20, 39, 309, 310, 4299, 4300, 4301, 20000]
+
+hostile_ints: st.SearchStrategy[int | LongInt] = st.one_of(
+    st.sampled_from(EDGES_64),
+    st.integers(0, 2**32).map(lambda k: 2**64 + k),
+    st.integers(1, 2**32).map(lambda k: INT64_MIN - k),
+    st.integers(-(2**70), -(2**63)) | st.integers(2**63, 2**70),
+    st.just(10**4299),  # 4,300 digits: the longest json.dumps still writes
+    st.builds(LongInt, st.sampled_from(LONG_DIGITS), negative=st.booleans(), nines=st.booleans()),
+)
+"""Integers at and past the edges of the 64-bit formats: 2**63 to 2**70 and their negatives,
+2**64 + k, -(2**63) - k, and long ones (as ``LongInt`` past 4,300 digits)."""
+
+
 @contextmanager
 def small_client(**overrides: Any) -> Iterator[TestClient]:
     app = create_app(Settings(backend="numpy", cpu_threads=2, **{**SMALL_LIMITS, **overrides}))
@@ -62,14 +128,21 @@ def small_client(**overrides: Any) -> Iterator[TestClient]:
         yield client
 
 
-def assert_not_server_error(status: int, body: bytes, content_type: str) -> None:
-    """The reliability property: a 2xx, or a 4xx whose JSON body has a string ``error``."""
+def assert_not_server_error(
+    status: int, body: bytes, content_type: str, *, names_field: bool = False
+) -> None:
+    """The reliability property: a 2xx, or a 4xx whose JSON body has a string ``error`` (and,
+    with ``names_field``, a string ``field``: the part of the request it is about; the router's
+    404/405 for a path or method it does not serve, code ``http_error``, names none)."""
     assert status < 500, f"server error {status}: {body[:300]!r}"
     if status >= 400:
         assert content_type.startswith("application/json"), content_type
         document = json.loads(body)
         assert isinstance(document.get("error"), str), document
         assert document["error"], document
+        if names_field and not (status in (404, 405) and document.get("code") == "http_error"):
+            # A string, maybe empty: a tensor's errors name the tensor as the client named it.
+            assert isinstance(document.get("field"), str), document
 
 
 # --- a live server ------------------------------------------------------------------------------
