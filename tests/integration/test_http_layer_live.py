@@ -267,3 +267,37 @@ def test_curl_i_on_health_live(server: LiveServer) -> None:
             data += chunk
     assert data.startswith(b"HTTP/1.1 200 OK\r\n")
     assert data.endswith(b"\r\n\r\n")
+
+
+# --- what the fuzzers found ---------------------------------------------------------------------
+def test_a_refused_head_request_gets_no_content(server: LiveServer) -> None:
+    data = _long_head("header", 2 * HEAD_LIMIT).replace(b"GET ", b"HEAD ", 1)
+    raw = exchange(server, data)
+    (reply,) = read_replies(raw, ["HEAD"])
+    assert reply.status == 431
+    assert raw.endswith(b"\r\n\r\n")  # a Content-Length, and nothing after the head
+    assert int(reply.headers["content-length"]) > 0
+
+
+@pytest.mark.parametrize("target", ["http://test", "http://test?x=1", "https://test:8000"])
+def test_the_absolute_form_without_a_path_is_the_root(server: LiveServer, target: str) -> None:
+    reply = one_reply(server, request("GET", target, {"Connection": "close"}))
+    assert reply.status == 404  # "/" serves nothing: the app's JSON 404, not a parser error
+    assert reply.json()["field"] == "path"
+    assert (
+        one_reply(
+            server, request("GET", "http://test/v2/health/live", {"Connection": "close"})
+        ).status
+        == 200
+    )
+
+
+def test_a_websocket_upgrade_is_an_ordinary_request(server: LiveServer) -> None:
+    headers = {
+        "Connection": "Upgrade, close",
+        "Upgrade": "websocket",
+        "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+        "Sec-WebSocket-Version": "13",
+    }
+    reply = one_reply(server, request("GET", "/v2/health/live", headers))
+    assert reply.status == 200

@@ -435,12 +435,15 @@ def test_rel_v2_integer_outside_64_bits(client: TestClient, value: Any, where: s
     assert len(response.content) < 1024, "the error message grows with the integer"
 
 
-# Integers in FP32/FP64 data: float64's range ends just below 2**1024, FP32's near 2**128.
-# KNOWN 500, left out until fixed: an integer in [2**1024 - 2**970, 2**1024] (either sign)
-# overflows float64 but is not above 2**1024, so jsondata._floats finds no culprit for its
-# error and next() raises StopIteration (a 500). Add 2**1024 and -(2**1024) here once fixed.
+# Integers in FP32/FP64 data: float64's range ends just below 2**1024, FP32's near 2**128. An
+# integer in [2**1024 - 2**970, 2**1024] overflows float64 without being above 2**1024: it once
+# got a 500 (no culprit found for the message).
 FLOAT_EDGE_INTS = [
     2**128,
+    2**1024 - 2**970,
+    -(2**1024 - 2**970),
+    2**1024,
+    -(2**1024),
     2**1024 - 2**971,  # float64's largest finite value, as an integer
     -(2**1024 - 2**971),
     2**1024 + 1,

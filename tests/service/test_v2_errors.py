@@ -383,3 +383,42 @@ def test_mangled_bodies_get_4xx_never_5xx(
     assert response.status_code in (200, 400, 413), response.text
     if response.status_code != 200:
         assert response.json()["error"]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "field", "rule"),
+    [
+        ("GET", "/v2/nowhere", 404, "path", "no_route"),
+        ("DELETE", "/v2/health/live", 405, "method", "method_not_allowed"),
+        ("GET", f"/v2/models/{NOT}/infer", 405, "method", "method_not_allowed"),
+    ],
+)
+def test_the_frameworks_refusals_name_the_field_and_rule(
+    client: TestClient, method: str, path: str, status: int, field: str, rule: str
+) -> None:
+    response = client.request(method, path)
+    assert response.status_code == status
+    body = response.json()
+    assert (body["field"], body["rule"], body["code"]) == (field, rule, "http_error")
+    assert path in body["error"]
+
+
+def test_an_integer_past_float64_in_fp_data_is_a_400_not_a_500(client: TestClient) -> None:
+    for value in (2**1024 - 2**970, 2**1024, -(2**1024)):
+        header = {
+            "inputs": [{"name": "InputTensor", "shape": [1], "datatype": "FP64", "data": [value]}]
+        }
+        message = error_of(post(client, json.dumps(header).encode()), 400)
+        assert "is out of range for FP64" in message
+        assert "an integer of about 309 digits" in message
+
+
+def test_an_integer_too_long_to_read_says_so_without_pythons_advice(client: TestClient) -> None:
+    raw = (
+        b'{"inputs": [{"name": "InputTensor", "shape": [1], "datatype": "UINT8", "data": ['
+        + b"9" * 5000
+        + b"]}]}"
+    )
+    message = error_of(post(client, raw), 400)
+    assert "an integer of more than 4300 digits" in message
+    assert "sys.set_int_max_str_digits" not in message

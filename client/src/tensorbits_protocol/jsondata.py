@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -307,8 +308,12 @@ def _decode(raw: bytes, what: str) -> Any:
     except json.JSONDecodeError as exc:
         message = f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
     except (_NotRfc8259, ValueError, RecursionError) as exc:
-        # ValueError: also an integer of more than sys.get_int_max_str_digits() digits.
-        message = f"invalid JSON: {str(exc)[:200]}"
+        # ValueError: also an integer of more than sys.get_int_max_str_digits() digits, whose
+        # message would tell the client how to raise a limit of the server's interpreter.
+        text = str(exc)
+        if "integer string conversion" in text:
+            text = f"an integer of more than {sys.get_int_max_str_digits()} digits"
+        message = f"invalid JSON: {text[:200]}"
     raise InvalidRequest(f"{what}: {message}", field=what, rule="json")
 
 
@@ -435,12 +440,23 @@ def _integers(name: str, datatype: DataType, flat: list[int]) -> np.ndarray[Any,
     return np.array(flat, dtype=numpy_dtype(datatype))
 
 
+def _beyond_float64(value: int | float) -> bool:
+    """Whether ``value`` is an integer that float64 cannot hold (Python refuses the conversion:
+    from 2^1024 - 2^970 on, where rounding would reach 2^1024)."""
+    if not isinstance(value, int):
+        return False
+    try:
+        float(value)
+    except OverflowError:
+        return True
+    return False
+
+
 def _floats(name: str, datatype: DataType, flat: list[int | float]) -> np.ndarray[Any, Any]:
     try:
         wide = np.array(flat, dtype=np.float64)
-    except OverflowError:  # an integer beyond float64's range
-        culprit = next(v for v in flat if isinstance(v, int) and abs(v) > 2**1024)
-        raise _out_of_range(name, datatype, culprit) from None
+    except OverflowError:  # an integer that rounds past float64's largest finite value
+        raise _out_of_range(name, datatype, next(filter(_beyond_float64, flat))) from None
     # 1e999 parses to inf; a value past FP32's range would round to inf. Both are refused: a
     # JSON number stands for a finite value.
     with np.errstate(over="ignore"):  # overflow is what the check below looks for

@@ -24,6 +24,7 @@ uvicorn's ``pipeline``/``cycle`` attributes; the live tests in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 
@@ -47,6 +48,7 @@ PARSER_ERROR_FIELDS: tuple[tuple[str, str], ...] = (
     ("url", "url"),
     ("version", "version"),
     ("http/", "version"),
+    ("dot", "version"),  # "Expected dot": HTTP/11
     ("transfer-encoding", "Transfer-Encoding"),
     ("content-length", "Content-Length"),
     ("chunk", "body"),
@@ -172,9 +174,20 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self._head_parsed > self._limit:  # a head that arrived whole within one chunk
             url_only = self._url_bytes > self._limit
             self._stop(head_too_large(self._head_parsed, self._limit, target_only=url_only))
+        if self.url[:1] != b"/":
+            self._absolute_form()
         self._head_started = None
         super().on_headers_complete()
         self._in_body = True  # only now is ``self.cycle`` this request's
+
+    def _absolute_form(self) -> None:
+        """The absolute form with no path ("http://host?q"; RFC 9112 §3.2.2) means the path "/";
+        uvicorn would fail on its missing path. (What it reads of any target is path and query.)"""
+        with contextlib.suppress(httptools.HttpParserInvalidURLError):
+            parsed = httptools.parse_url(self.url)
+            path: bytes | None = parsed.path  # None despite httptools' stub, for "http://host"
+            if path is None:
+                self.url = b"/?" + parsed.query if parsed.query else b"/"
 
     def on_message_complete(self) -> None:
         self._in_body = False
@@ -234,12 +247,16 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def _error_response(self, error: TensorbitsError) -> bytes:
         body = json.dumps(error.to_dict()).encode()
+        length = len(body)
+        with contextlib.suppress(httptools.HttpParserError):
+            if self.parser is not None and self.parser.get_method() == b"HEAD":
+                body = b""  # the length it would have, and no content (RFC 9110 §9.3.2)
         lines = [STATUS_LINE[error.status_code]]
         for name, value in self.server_state.default_headers:
             lines += [name, b": ", value, b"\r\n"]
         lines += [
             b"content-type: application/json\r\n",
-            b"content-length: %d\r\n" % len(body),
+            b"content-length: %d\r\n" % length,
             b"connection: close\r\n\r\n",
             body,
         ]

@@ -47,14 +47,25 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(body, status_code=400)
 
 
+# The framework's own refusals: what part of the request each is about, and the rule.
+_HTTP_ERROR_FIELDS: dict[int, tuple[str, str]] = {
+    404: ("path", "no_route"),
+    405: ("method", "method_not_allowed"),
+}
+
+
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     detail = exc.detail if isinstance(exc.detail, str) else "request failed"
     if exc.status_code == 404 and detail == "Not Found":
-        detail = f"no endpoint at {request.method} {request.url.path[:200]}"
-    return JSONResponse(
-        {"error": detail, "code": "http_error"}, status_code=exc.status_code, headers=exc.headers
-    )
+        detail = f"no endpoint at {request.method[:20]} {request.url.path[:200]}"
+    elif exc.status_code == 405 and detail == "Method Not Allowed":
+        allowed = (exc.headers or {}).get("Allow", "")
+        detail = f"{request.method[:20]} is not allowed on {request.url.path[:200]} ({allowed})"
+    body: dict[str, str] = {"error": detail, "code": "http_error"}
+    if exc.status_code in _HTTP_ERROR_FIELDS:
+        body["field"], body["rule"] = _HTTP_ERROR_FIELDS[exc.status_code]
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
 
 async def _out_of_memory(request: Request, exc: Exception) -> JSONResponse:
