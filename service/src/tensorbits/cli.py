@@ -54,6 +54,7 @@ def _uvicorn_kwargs(settings: Settings) -> dict[str, Any]:
         "workers": settings.workers,
         "loop": "uvloop",
         "http": GuardedHttpProtocol,  # httptools, with the request head bounded (http_protocol.py)
+        "ws": "none",  # no WebSocket routes: an upgrade request is an ordinary HTTP request
         "log_config": None,  # configure_logging did it: JSON lines through one handler
         "log_level": settings.log_level,
         "access_log": False,  # the middleware logs each request, with its request id
