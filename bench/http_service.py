@@ -3,22 +3,27 @@
   (a) a 64 MiB BIT_NOT round trip through v2 binary (64 MiB in, 64 MiB out), plain-socket client,
       against the same request bytes through a bare FastAPI echo endpoint (same uvicorn settings)
       and against a raw loopback TCP echo; and the XOR variant (2 x 32 MiB in, 32 MiB out).
-  (b) requests/s of a 16-element BIT_NOT in v2 binary against a bare FastAPI ping, under wrk.
+  (b) requests/s of a 16-element BIT_NOT in v2 binary against a bare FastAPI ping, under wrk;
+      with --auth N also N alternating pairs of wrk runs, open and with one API key.
   (c) one /v1 batch of 100 dispatches against 100 v2 requests on one keep-alive connection.
 
-Loopback only, bounded: about a minute. Usage: .venv/bin/python bench/http_service.py [--repeat N] [--seconds S]
+Loopback only, bounded: about a minute. Usage:
+  .venv/bin/python bench/http_service.py [--repeat N] [--seconds S] [--auth PAIRS] [--parts abc]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -190,24 +195,59 @@ def wrk_rps(
     return float(match.group(1))
 
 
-def small_requests(seconds: int) -> tuple[float, float, float, float]:
-    """(service, service with the header cache off, ping before, ping after), in req/s. wrk
-    repeats one request, so the service plans its header once (inference.HeaderCache); the
-    cache-off figure is what a client sending a new header every time (a request id) gets."""
+# One key, of the length `secrets.token_urlsafe(32)` makes, as docs/reliability.md suggests.
+BENCH_API_KEY = "bench-key-0123456789abcdefghijklmnopqrstu"
+
+
+@dataclass(frozen=True)
+class KeyedFigures:
+    """(b) with one API key: wrk runs alternating open and keyed (open, keyed, keyed, open, ...),
+    so that each keyed run has an open one right beside it, measured under the same load."""
+
+    open_rps: list[float]
+    keyed_rps: list[float]
+
+    @property
+    def ratios(self) -> list[float]:
+        return [k / o for o, k in zip(self.open_rps, self.keyed_rps, strict=True)]
+
+
+def small_requests(
+    seconds: int, auth_pairs: int = 0
+) -> tuple[float, float, float, float, KeyedFigures | None]:
+    """(service, service with the header cache off, ping before, ping after, the open/keyed
+    pairs or None), in req/s. wrk repeats one request, so the service plans its header once
+    (inference.HeaderCache); the cache-off figure is what a client sending a new header every
+    time (a request id) gets. With ``auth_pairs``, that many (open, keyed) pairs are measured on
+    a second pair of servers, one with TENSORBITS_API_KEYS set."""
     head, parts = v2_binary_request({"InputTensor": np.full(16, 65, np.uint8)}, "OutputTensor")
     body = b"".join(bytes(p) for p in parts)
     headers = {"Inference-Header-Content-Length": str(len(head))}
+    keyed_headers = {**headers, "Authorization": f"Bearer {BENCH_API_KEY}"}
     path = f"/v2/models/{NOT}/infer"
-    with (
-        tensorbits_server() as port,
-        tensorbits_server(TENSORBITS_HEADER_CACHE_BYTES="0") as uncached_port,
-        baseline_server() as base,
-    ):
+    with contextlib.ExitStack() as servers:
+        port = servers.enter_context(tensorbits_server())
+        uncached_port = servers.enter_context(tensorbits_server(TENSORBITS_HEADER_CACHE_BYTES="0"))
+        base = servers.enter_context(baseline_server())
         ping = wrk_rps(base, "/ping", "GET", b"", {}, seconds)
         infer = wrk_rps(port, path, "POST", body, headers, seconds)
         uncached = wrk_rps(uncached_port, path, "POST", body, headers, seconds)
+        keyed = None
+        if auth_pairs:
+            # A server of its own for the open side too, started with the keyed one: the two
+            # differ in the key alone, not in how long they have run.
+            open_port = servers.enter_context(tensorbits_server())
+            keyed_port = servers.enter_context(tensorbits_server(TENSORBITS_API_KEYS=BENCH_API_KEY))
+            keyed = KeyedFigures([], [])
+            for pair in range(auth_pairs):
+                runs = [
+                    (keyed.open_rps, open_port, headers),
+                    (keyed.keyed_rps, keyed_port, keyed_headers),
+                ]
+                for figures, target, sent in runs if pair % 2 == 0 else runs[::-1]:
+                    figures.append(wrk_rps(target, path, "POST", body, sent, seconds))
         ping_again = wrk_rps(base, "/ping", "GET", b"", {}, seconds)
-    return infer, uncached, ping, ping_again
+    return infer, uncached, ping, ping_again, keyed
 
 
 def main() -> None:
@@ -216,32 +256,57 @@ def main() -> None:
     )
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--seconds", type=int, default=5, help="duration of each wrk run")
+    parser.add_argument(
+        "--auth",
+        type=int,
+        default=0,
+        metavar="PAIRS",
+        help="(b) also with one API key (TENSORBITS_API_KEYS, wrk sending Authorization: "
+        "Bearer): PAIRS wrk runs of an open and of a keyed server, alternating (default 0: none)",
+    )
+    parser.add_argument(
+        "--parts", default="abc", help="which of (a), (b), (c) to run, e.g. 'b' (default: abc)"
+    )
     args = parser.parse_args()
-    if shutil.which("wrk") is None:
+    if "b" in args.parts and shutil.which("wrk") is None:
         sys.exit("wrk is needed for (b): apt-get install wrk")
+    if "a" in args.parts:
+        print_round_trips(args.repeat)
+    if "c" in args.parts:
+        print_batches(args.repeat)
+    if "b" in args.parts:
+        print_small_requests(args.seconds, args.auth)
 
+
+def print_round_trips(repeat: int) -> None:
     note("(a) large round trips ...")
-    print("(a) large round trips, best of", args.repeat, "(plain-socket client)")
+    print("(a) large round trips, best of", repeat, "(plain-socket client)")
     print(
         f"{'case':<18} {'service':>9} {'echo':>9} {'raw tcp':>9} {'svc/echo':>9} {'echo/tcp':>9} {'svc/tcp':>8}"
     )
-    for label, svc, echo, tcp in round_trips(args.repeat):
+    for label, svc, echo, tcp in round_trips(repeat):
         print(
             f"{label:<18} {svc * 1e3:>7.1f}ms {echo * 1e3:>7.1f}ms {tcp * 1e3:>7.1f}ms "
             f"{svc / echo:>8.2f}x {echo / tcp:>8.2f}x {svc / tcp:>7.2f}x"
         )
+
+
+def print_batches(repeat: int) -> None:
     note("(c) one batch against many requests ...")
-    print(f"\n(c) 100 dispatches of a 16-element BIT_XOR, SDK, best of {args.repeat}")
+    print(f"\n(c) 100 dispatches of a 16-element BIT_XOR, SDK, best of {repeat}")
     for label, env in (("", {}), ("header cache off: ", {"TENSORBITS_HEADER_CACHE_BYTES": "0"})):
-        one, many = batch_vs_requests(args.repeat, env=env)
+        one, many = batch_vs_requests(repeat, env=env)
         print(
             f"{label}one /v1 batch {one * 1e3:.1f} ms; 100 v2 requests {many * 1e3:.1f} ms; "
             f"batch is {many / one:.1f}x faster (target >= 20x)"
         )
+
+
+def print_small_requests(seconds: int, auth_pairs: int) -> None:
     note("(b) small requests under wrk ...")
-    infer, uncached, ping, ping_again = small_requests(args.seconds)
+    infer, uncached, ping, ping_again, keyed = small_requests(seconds, auth_pairs)
     baseline = (ping + ping_again) / 2
-    print(f"\n(b) 16-element BIT_NOT, v2 binary, wrk -t1 -c16 -d{args.seconds}s")
+    print(f"\n(b) 16-element BIT_NOT, v2 binary, wrk -t1 -c16 -d{seconds}s")
     print(
         f"service {infer:,.0f} req/s (header cache off: {uncached:,.0f}); "
         f"bare FastAPI ping {ping:,.0f} / {ping_again:,.0f} req/s (before/after)"
@@ -250,6 +315,15 @@ def main() -> None:
         f"ratio service/ping: {infer / baseline:.2f}x (target >= 0.6x); "
         f"header cache off: {uncached / baseline:.2f}x"
     )
+    if keyed is not None:
+        print(f"one API key, {len(keyed.ratios)} pairs of runs (open, keyed), alternating:")
+        for o, k, ratio in zip(keyed.open_rps, keyed.keyed_rps, keyed.ratios, strict=True):
+            print(f"  open {o:,.0f} req/s, keyed {k:,.0f} req/s: {ratio:.3f}x")
+        print(
+            f"keyed/open: median {statistics.median(keyed.ratios):.3f}x; means "
+            f"{statistics.mean(keyed.keyed_rps):,.0f} / {statistics.mean(keyed.open_rps):,.0f} "
+            f"req/s = {statistics.mean(keyed.keyed_rps) / statistics.mean(keyed.open_rps):.3f}x"
+        )
 
 
 if __name__ == "__main__":

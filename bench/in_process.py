@@ -2,7 +2,8 @@
 (b) and (c) are made of, measured the same way before and after a change.
 
   v2     one 16-element BIT_NOT in v2 binary through the whole ASGI app (middleware, routing,
-         body, plan, run, response), header cache on and off, against a bare FastAPI GET /ping
+         body, plan, run, response), header cache on and off, and with one API key configured
+         and sent, against a bare FastAPI GET /ping
   batch  one /v1 batch of 100 16-element UINT32 XORs (bench/http_service.py's (c)): the SDK
          building and encoding it, the server decoding and planning it (cache off and on), and
          running the plan on the NumPy backend
@@ -23,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import uvloop
+from pydantic import SecretStr
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -31,6 +33,7 @@ from bench.http_service import NOT, v2_binary_request
 from tensorbits import batch as planner
 from tensorbits.api import v1
 from tensorbits.app import create_app
+from tensorbits.auth import ApiKeyMiddleware
 from tensorbits.backends.numpy_backend import NumpyBackend
 from tensorbits.config import Settings
 from tensorbits.header_cache import HeaderCache
@@ -82,12 +85,27 @@ async def v2_small(rounds: int) -> dict[str, float]:
     infer = _scope("POST", f"/v2/models/{NOT}/infer", headers)
     times = {"bare FastAPI GET /ping": await _per_call(bare_app, _scope("GET", "/ping", []), b"",
                                                         rounds, 4000)}  # fmt: skip
-    for label, cache_bytes in (("v2 infer, header cache on", 4 * MiB), ("v2 infer, cache off", 0)):
-        app = create_app(Settings(backend="numpy", log_level="warning",
-                                  header_cache_bytes=cache_bytes))  # fmt: skip
+    key = "bench-key-0123456789abcdefghijklmnopqrstu"
+    keyed = {**infer, "headers": [*infer["headers"], (b"authorization", f"Bearer {key}".encode())]}
+    for label, scope, settings in (
+        ("v2 infer, header cache on", infer, {}),
+        ("v2 infer, cache off", infer, {"header_cache_bytes": 0}),
+        ("v2 infer, cache on, one API key", keyed, {"api_keys": key}),  # auth.py checks it
+    ):
+        app = create_app(Settings(backend="numpy", log_level="warning", **settings))
         async with app.router.lifespan_context(app):
-            times[label] = await _per_call(app, infer, body, rounds, 4000)
+            times[label] = await _per_call(app, scope, body, rounds, 4000)
+    # The check by itself: the middleware in front of an app that only answers, minus that app.
+    checked = ApiKeyMiddleware(_answer, keys=[SecretStr(key)], open_paths=())
+    alone = await _per_call(_answer, keyed, b"", rounds, 20000)
+    added = await _per_call(checked, keyed, b"", rounds, 20000) - alone
+    times["API key check alone (added)"] = added
     return times
+
+
+async def _answer(scope: Scope, receive: Any, send: Any) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b""})
 
 
 def _best(fn: Callable[[], object], rounds: int, calls: int) -> float:
