@@ -83,9 +83,12 @@ class _Refused(Exception):
 
 
 class GuardedHttpProtocol(HttpToolsProtocol):
-    """The deadline is lazy: a request head records when it began and one timer per connection
+    """uvicorn's httptools protocol with the request head bounded, and refusals in JSON, in order.
+
+    The deadline is lazy: a request head records when it began and one timer per connection
     checks it, re-armed only when it fires. Arming and cancelling a timer for every request would
-    cost a few microseconds each on the small-request path; this costs a clock read."""
+    cost a few microseconds each on the small-request path; this costs a clock read. The byte
+    count is kept in the parser's callbacks and per chunk read (``data_received``)."""
 
     _head_started: float | None = None  # loop time the pending request head began; None: none
     _head_timer: asyncio.TimerHandle | None = None
