@@ -251,9 +251,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def _error_response(self, error: TensorbitsError) -> bytes:
         body = json.dumps(error.to_dict()).encode()
         length = len(body)
-        with contextlib.suppress(httptools.HttpParserError):
-            if self.parser is not None and self.parser.get_method() == b"HEAD":
-                body = b""  # the length it would have, and no content (RFC 9110 §9.3.2)
+        if isinstance(error, (HeadTooLarge, UriTooLong)) and self.parser.get_method() == b"HEAD":
+            # A valid request line (its target has been read) of a HEAD request: the length the
+            # answer would have, and no content (RFC 9110 §9.3.2). A request the parser refused
+            # is no HEAD request: its method may not even be whole.
+            body = b""
         lines = [STATUS_LINE[error.status_code]]
         for name, value in self.server_state.default_headers:
             lines += [name, b": ", value, b"\r\n"]
