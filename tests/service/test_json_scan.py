@@ -153,3 +153,19 @@ def test_the_largest_batch_header_the_limits_allow_fits_the_defaults() -> None:
     raw = json.dumps(header, separators=(",", ":")).encode()
     assert len(raw) <= settings.max_batch_header_bytes
     check_structure(raw, header_limits(settings), "header")  # nor past the value bound
+
+
+def test_a_small_batch_header_is_left_to_its_parser(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Fewer commas and brackets than UNSCANNED_HEADER_VALUES: the parser reads it unscanned (its
+    # counts are checked exactly afterwards); one more comma and it is scanned first.
+    from tensorbits import batch
+
+    limits = header_limits(Settings())
+    scanned: list[bytes] = []
+    monkeypatch.setattr(jsondata, "scan_blocks", lambda doc, names: scanned.append(doc) or iter(()))
+    small = b'{"outputs": [' + b'"a",' * (batch.UNSCANNED_HEADER_VALUES - 1) + b'"a"]}'
+    check_structure(small, limits, "header")
+    assert not scanned
+    large = small.replace(b"[", b'["a",', 1)
+    check_structure(large, limits, "header")
+    assert scanned == [large]

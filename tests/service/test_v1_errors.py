@@ -414,7 +414,8 @@ def test_bad_header_length(client: TestClient, value: str, phrase: str) -> None:
     ("header", "field", "phrase"),
     [
         (b"{not json", "header", "Invalid JSON"),
-        (b"[" * 5000 + b"]" * 5000, "header", "nesting depth 5000 exceeds the limit"),
+        (b"[" * 5000 + b"]" * 5000, "header", "recursion limit"),  # few values: the parser judges
+        (b"[" * 9000 + b"]" * 9000, "header", "nesting depth 9000 exceeds the limit"),
         (b'{"buffers": [], "dispatches": []}', "outputs", "Field required"),
         (b'{"buffers": [], "dispatches": [], "outputs": [], "id": 7}', "id", "valid string"),
     ],

@@ -93,6 +93,11 @@ class JsonLimits:
     max_bytes: int | None = None
     bytes_setting: str = ""
     members: tuple[MemberLimit, ...] = ()
+    # A document of fewer raw commas and fewer brackets than this is left to its parser
+    # unscanned: reading it costs little, its depth is bounded by the parser's own recursion
+    # limit, and the counts are checked exactly once it is parsed (``check_members``). 0: judge
+    # depth and counts on the bytes first.
+    unscanned_values: int = 0
 
     def __post_init__(self) -> None:
         if len(self.names) > _MAX_COUNTED or not all(n.isascii() for n in self.names):
@@ -226,8 +231,10 @@ def check_structure(doc: bytes, limits: JsonLimits, what: str = "body") -> None:
     # Raw counts bound the true ones from above (strings can only add brackets and commas): when
     # they are within the limits, as for every small header, the exact scan can be skipped. (A
     # larger document goes straight to the scan: three passes over it would cost a third of it.)
-    if len(doc) <= _SMALL_DOCUMENT:
+    if len(doc) <= _SMALL_DOCUMENT or limits.unscanned_values:
         opens, commas = doc.count(b"[") + doc.count(b"{"), doc.count(b",")
+        if max(commas, opens) < limits.unscanned_values:
+            return  # values and containers alike few: what the parser builds is bounded
         smallest = min((m.limit for m in limits.members), default=limits.max_values)
         if opens <= limits.max_depth and commas + 1 <= min(limits.max_values, smallest):
             return

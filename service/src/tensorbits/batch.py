@@ -169,6 +169,10 @@ _VALUES_PER_BINDING = 32
 _VALUES_PER_DISPATCH = 8 + max(len(op.parameters) for op in OPERATORS)
 _BINDINGS_PER_DISPATCH = max(len(op.inputs) + 1 for op in OPERATORS)
 _VALUES_PER_BUFFER = 4
+# A header of at most this many JSON values (about 400 small dispatches) is parsed without the
+# scan: reading it costs a few hundred kilobytes at most, and the scan would add a third to its
+# decoding. Past it, counts, values and depth are judged on the bytes first.
+UNSCANNED_HEADER_VALUES = 8192
 
 
 @lru_cache(maxsize=8)
@@ -200,6 +204,7 @@ def header_limits(settings: Settings) -> JsonLimits:
         max_bytes=settings.max_batch_header_bytes,
         bytes_setting="TENSORBITS_MAX_BATCH_HEADER_BYTES",
         members=members,
+        unscanned_values=UNSCANNED_HEADER_VALUES,
     )
 
 
