@@ -3,8 +3,10 @@ counts on a request's bytes before it parses them, held to what a parser finds."
 
 from __future__ import annotations
 
+import gc
 import json
 import string
+import sys
 from typing import Any
 
 import pytest
@@ -169,3 +171,23 @@ def test_a_small_batch_header_is_left_to_its_parser(monkeypatch: pytest.MonkeyPa
     large = small.replace(b"[", b'["a",', 1)
     check_structure(large, limits, "header")
     assert scanned == [large]
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        b'{"inputs": [' + b"{}," * 1000 + b"{}]}",  # past the member limit
+        b"[" * 100 + b"]" * 100 + b"," * 9000,  # too deep
+        b"[" + b"0," * 20_000 + b"0]",  # too many values
+    ],
+)
+def test_a_refusal_leaves_no_reference_cycle_holding_the_document(doc: bytes) -> None:
+    # A refused body must be freed when its request ends, not at the next garbage collection.
+    before = sys.getrefcount(doc)
+    gc.disable()
+    try:
+        with pytest.raises((PayloadTooLarge, InvalidRequest)):
+            check_structure(doc, LIMITS)
+        assert sys.getrefcount(doc) == before
+    finally:
+        gc.enable()

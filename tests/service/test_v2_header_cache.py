@@ -22,7 +22,7 @@ from service.v2_support import (
     v2_client,
 )
 
-from tensorbits import inference
+from tensorbits import header_cache, inference
 from tensorbits.config import Settings
 from tensorbits.inference import HeaderCache
 from tensorbits_protocol.operators import get_operator
@@ -106,21 +106,32 @@ def test_failed_and_json_headers_are_not_remembered() -> None:
         assert len(_cache(client)) == 0
 
 
-def test_the_cache_holds_at_most_its_budget_of_header_bytes_oldest_dropped_first() -> None:
-    cache: HeaderCache[str] = HeaderCache(budget=100, max_header_bytes=60)
+def test_the_cache_holds_at_most_its_budget_oldest_dropped_first() -> None:
+    # Each entry is charged its header's bytes and ENTRY_BYTES for what keeps it.
+    entry = header_cache.ENTRY_BYTES
+    cache: HeaderCache[str] = HeaderCache(budget=2 * entry + 100, max_header_bytes=60)
     cache.put("a", "plan a", 40)
     cache.put("b", "plan b", 40)
-    assert (len(cache), cache.held) == (2, 80)
-    cache.put("c", "plan c", 30)  # 110 > 100: "a" goes
+    assert (len(cache), cache.held) == (2, 2 * entry + 80)
+    cache.put("c", "plan c", 30)  # 3 entries do not fit: "a" goes
     assert (cache.get("a"), cache.get("b"), cache.get("c")) == (None, "plan b", "plan c")
-    assert cache.held == 70
+    assert cache.held == 2 * entry + 70
     cache.put("d", "plan d", 61)  # longer than any header kept
     assert cache.get("d") is None
     assert not cache.keeps(b"x" * 61)
     assert cache.keeps(b"x" * 60)
     cache.put("b", "another plan", 40)  # a key kept once keeps its first plan
     assert cache.get("b") == "plan b"
-    assert cache.held == 70
+    assert cache.held == 2 * entry + 70
+
+
+def test_many_small_headers_fit_the_budget_with_what_keeps_them() -> None:
+    # 4 MiB of budget, 250-byte headers: about 2,400 entries, not the 16,000 the header bytes
+    # alone would allow (whose plans took about 20 MiB).
+    cache: HeaderCache[str] = HeaderCache(budget=4 << 20, max_header_bytes=4096)
+    for i in range(20_000):
+        cache.put(i, "plan", 250)
+    assert len(cache) == (4 << 20) // (250 + header_cache.ENTRY_BYTES)
 
 
 def test_the_cache_can_be_switched_off() -> None:

@@ -51,7 +51,9 @@ class Settings(BaseSettings):
     max_json_depth: int = Field(64, ge=2, description="nesting depth of a JSON document")
     max_json_elements: int = Field(1 << 22, ge=1, description="elements of JSON tensor data")
     header_cache_bytes: int = Field(
-        4 * MiB, ge=0, description="request header bytes remembered once planned, per API (0: none)"
+        4 * MiB,
+        ge=0,
+        description="bytes of planned request headers remembered, plans included, per API (0: none)",
     )
 
     # Admission (503 + Retry-After past them): bounds memory under load.
