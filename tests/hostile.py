@@ -45,6 +45,22 @@ def read_replies(data: bytes, methods: Sequence[str] = ()) -> list[Reply]:
     return replies
 
 
+def read_response(sock: socket.socket) -> Reply:
+    """One response from a keep-alive connection: its head, then Content-Length bytes of body."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, v in (x.split(":", 1) for x in lines[1:])}
+    while len(body) < int(headers["content-length"]):
+        chunk = sock.recv(1 << 20)
+        if not chunk:
+            break
+        body += chunk
+    return Reply(int(lines[0].split()[1]), headers, body)
+
+
 def exchange(
     server: LiveServer, data: bytes, *, chunk: int = 1 << 16, timeout: float = 30
 ) -> bytes:

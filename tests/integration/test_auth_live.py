@@ -15,6 +15,7 @@ from typing import IO, Any
 import numpy as np
 import pytest
 import tritonclient.http as triton
+from hostile import read_response
 from livesupport import LiveServer, serve
 from tritonclient.utils import InferenceServerException
 
@@ -46,15 +47,8 @@ def _log_entries(log: IO[bytes]) -> list[dict[str, Any]]:
 def _exchange(port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         sock.sendall(request)
-        data = b""
-        while b"\r\n\r\n" not in data:
-            data += sock.recv(65536)
-        head, _, body = data.partition(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
-        while len(body) < int(headers["content-length"]):
-            body += sock.recv(65536)
-    return int(lines[0].split()[1]), headers, body
+        reply = read_response(sock)
+    return reply.status, reply.headers, reply.body
 
 
 # --- the SDK --------------------------------------------------------------------------------------

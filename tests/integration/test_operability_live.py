@@ -9,6 +9,7 @@ import tempfile
 import time
 
 import numpy as np
+from hostile import read_response
 from livesupport import serve
 
 NOT = "DML_OPERATOR_ELEMENT_WISE_BIT_NOT"
@@ -39,18 +40,8 @@ def test_start_up_logs_backend_and_access_lines_in_json() -> None:
 
 
 def _read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
-    data = b""
-    while b"\r\n\r\n" not in data:
-        data += sock.recv(65536)
-    head, _, body = data.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
-    while len(body) < int(headers["content-length"]):
-        chunk = sock.recv(1 << 20)
-        if not chunk:
-            break
-        body += chunk
-    return int(lines[0].split()[1]), headers, body
+    reply = read_response(sock)
+    return reply.status, reply.headers, reply.body
 
 
 def test_sigterm_lets_an_in_flight_request_finish() -> None:

@@ -27,6 +27,7 @@ with warnings.catch_warnings():
 
 from tensorbits.app import create_app
 from tensorbits.config import Settings
+from tensorbits_protocol.integers import INT64_MAX, INT64_MIN, UINT64_MAX
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -90,7 +91,6 @@ def dumps(document: Any) -> bytes:
     return encoded.encode()
 
 
-INT64_MIN, INT64_MAX, UINT64_MAX = -(2**63), 2**63 - 1, 2**64 - 1
 # The edges of the 64-bit formats every integer field is bounded by, and just past them.
 EDGES_64 = [
     INT64_MAX - 1,
@@ -104,6 +104,18 @@ EDGES_64 = [
     INT64_MIN - 1,
     -UINT64_MAX,
     -(2**64),
+]
+
+# Integers no 64-bit field holds, for every integer field of both APIs.
+OUTSIDE_64_BITS = [
+    UINT64_MAX + 1,
+    UINT64_MAX + 7,
+    INT64_MIN - 1,
+    -(2**64),
+    10**4299,  # 4,300 digits: the longest Python writes
+    LongInt(4301),
+    LongInt(4301, negative=True, nines=True),
+    LongInt(20000),
 ]
 # Digits of 2**64- and 2**128-sized integers, float64's range, and around the 4,300 past which
 # Python refuses to convert an integer to or from text.

@@ -22,8 +22,7 @@ from hypothesis import strategies as st
 from rel_support import (
     FUZZ,
     HEADER,
-    INT64_MIN,
-    UINT64_MAX,
+    OUTSIDE_64_BITS,
     LongInt,
     TestClient,
     assert_not_server_error,
@@ -287,16 +286,6 @@ INTEGER_FIELDS: dict[str, Callable[[dict[str, Any], Any], None]] = {
         parameters={"feature_level": v}
     ),
 }
-OUTSIDE_64_BITS = [
-    UINT64_MAX + 1,
-    UINT64_MAX + 7,
-    INT64_MIN - 1,
-    -(2**64),
-    10**4299,  # 4,300 digits: the longest Python writes
-    LongInt(4301),
-    LongInt(4301, negative=True, nines=True),
-    LongInt(20000),
-]
 
 
 @pytest.mark.parametrize("value", OUTSIDE_64_BITS, ids=lambda v: str(v)[:12])

@@ -28,6 +28,7 @@ from rel_support import (
     FUZZ,
     HEADER,
     INT64_MIN,
+    OUTSIDE_64_BITS,
     SMALL_LIMITS,
     UINT64_MAX,
     LongInt,
@@ -396,18 +397,6 @@ def _request(value: Any, where: str) -> dict[str, Any]:
     else:
         a["data"] = [1, value]
     return header
-
-
-OUTSIDE_64_BITS = [
-    UINT64_MAX + 1,
-    UINT64_MAX + 7,
-    INT64_MIN - 1,
-    -(2**64),
-    10**4299,  # 4,300 digits: the longest Python writes
-    LongInt(4301),
-    LongInt(4301, negative=True, nines=True),
-    LongInt(20000),
-]
 
 
 @pytest.mark.parametrize("value", OUTSIDE_64_BITS, ids=lambda v: str(v)[:12])
