@@ -20,13 +20,15 @@ class HeadAsGetMiddleware:
             await self.app(scope, receive, send)
             return
 
+        body_sent = False
+
         async def send_head(message: Message) -> None:
+            nonlocal body_sent
             if message["type"] == "http.response.body":
+                if body_sent:
+                    return  # the one empty body message ended the response
+                body_sent = True
                 message = {"type": "http.response.body", "body": b"", "more_body": False}
-                if sent_last:
-                    return
-                sent_last.append(True)
             await send(message)
 
-        sent_last: list[bool] = []
         await self.app({**scope, "method": "GET"}, receive, send_head)
