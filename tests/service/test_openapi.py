@@ -1,5 +1,6 @@
 """The committed openapi/openapi.json is exactly what the app generates (run ``make openapi``
-after changing a route or a wire model), and it documents what the v2 routes promise."""
+after changing a route or a wire model), it documents what the v2 routes promise, and the routes
+served ahead of FastAPI are documented from their one registration."""
 
 from __future__ import annotations
 
@@ -10,6 +11,11 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from fastapi.openapi.utils import get_openapi
+
+from tensorbits.api import routers
+from tensorbits.app import create_app
+from tensorbits.config import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -76,3 +82,28 @@ def test_the_document_lists_the_400_the_app_answers_not_fastapis_422(generated: 
     assert metadata["400"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/ErrorResponse"
     }
+
+
+def test_the_routes_ahead_of_the_framework_are_registered_once(generated: str) -> None:
+    app = create_app(Settings(backend="numpy"))
+    # FastAPI documents none of them: no FastAPI twin route declares them.
+    framework = get_openapi(title="t", version="0", routes=app.routes)["paths"]
+    document = json.loads(generated)
+    for route in routers.FAST_ROUTES:
+        assert route.path not in framework, route.path
+        assert route in app.routes  # the same route object, in the framework's route table
+        (method,) = route.methods or ()
+        operation = document["paths"][route.path][method.lower()]
+        assert operation["operationId"] == route.operation.operation_id
+        parameters = [p["name"] for p in operation.get("parameters", []) if p["in"] == "path"]
+        assert parameters == list(route.param_convertors)
+    assert [r.operation.operation_id for r in routers.FAST_ROUTES] == [
+        "model_infer",
+        "model_version_infer",
+        "v1_batch",
+    ]
+    ok = document["paths"]["/v2/models/{model}/infer"]["post"]["responses"]["200"]
+    assert ok["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/InferenceResponse"
+    }
+    assert {"InferenceResponse", "ErrorResponse"} <= set(document["components"]["schemas"])

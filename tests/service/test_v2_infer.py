@@ -228,9 +228,9 @@ def test_versioned_infer(client: TestClient) -> None:
     assert_bits_equal(output_array(response), ~x)
 
 
-def test_fastapi_twin_routes_run_the_same_inference() -> None:
-    # The app serves v2_infer.ROUTES ahead of the framework (api/fastpath.py); without that
-    # layer the FastAPI routes (kept for the OpenAPI schema) must still answer, the same way.
+def test_the_framework_serves_the_infer_routes_without_the_fast_path() -> None:
+    # The app serves v2_infer.ROUTES ahead of the framework (api/fastpath.py) and lists the same
+    # routes in the framework's route table: without that layer they still answer, the same way.
     app = create_app(Settings(backend="numpy", cpu_threads=2))
     app.user_middleware[:] = [m for m in app.user_middleware if m.cls is not FastPathMiddleware]
     with TestClient(app) as twin:

@@ -10,9 +10,8 @@ from fastapi.routing import APIRoute
 from fastapi_offline import FastAPIOffline
 
 from tensorbits import __version__, auth
-from tensorbits.api import openapi_doc, routers
+from tensorbits.api import fastpath, openapi_doc, routers
 from tensorbits.api.errors import register_exception_handlers
-from tensorbits.api.fastpath import FastPathMiddleware
 from tensorbits.api.head import HeadAsGetMiddleware
 from tensorbits.api.metrics import router as metrics_router
 from tensorbits.config import Settings, get_settings
@@ -56,7 +55,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(router)
     app.include_router(metrics_router)
     # Added last is outermost: observability wraps HEAD-as-GET, the fast path, the framework.
-    app.add_middleware(FastPathMiddleware, routes=routers.FAST_ROUTES)
+    fastpath.install(app, routers.FAST_ROUTES)
     app.add_middleware(HeadAsGetMiddleware)
     # API keys (when configured): inside observability, so 401s are counted and logged, and
     # before everything else, so a refused request's body is never read.

@@ -7,12 +7,20 @@ given here are matched first, by this middleware, which sits inside the observab
 they are counted, timed and logged like every other) and answers their errors with the app's own
 handlers (``api/errors.py``). Whatever they do not fully match (another path, another method)
 goes on to the app as usual.
+
+Each route is registered once: the app lists the same ``FastRoute`` in its own route table too,
+where the framework answers a wrong method (405 with ``Allow``) or a trailing slash as it does on
+any route, and where ``api/openapi_doc.py`` finds the route's ``Operation`` to document it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
+from pydantic import BaseModel
+from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.routing import BaseRoute, Match, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -20,9 +28,34 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from tensorbits.api.errors import handler_for
 
 
+@dataclass(frozen=True, kw_only=True)
+class Operation:
+    """What the OpenAPI document says of a ``FastRoute`` (FastAPI documents only its own routes;
+    ``api/openapi_doc.py`` writes this out beside them), in the terms of a FastAPI route's
+    decorator: ``responses`` where a ``"model"`` entry is a JSON body of that model,
+    ``response_model`` the 200's JSON body, ``openapi_extra`` the rest of the operation
+    (``parameters``, ``requestBody``) as OpenAPI writes it, and the description of each of the
+    path's parameters by name."""
+
+    operation_id: str
+    summary: str
+    tags: Sequence[str]
+    responses: Mapping[int | str, Mapping[str, Any]]
+    response_model: type[BaseModel] | None = None
+    path_parameters: Mapping[str, str] = field(default_factory=dict)
+    openapi_extra: Mapping[str, Any] = field(default_factory=dict)
+
+
 class FastRoute(Route):
     """A route for ``FastPathMiddleware``: it records itself in the scope as FastAPI's routes do,
-    so metrics and logs label its requests by the route template."""
+    so metrics and logs label its requests by the route template, and carries what the OpenAPI
+    document says of it."""
+
+    def __init__(
+        self, path: str, endpoint: ASGIApp, *, methods: Sequence[str], operation: Operation
+    ) -> None:
+        super().__init__(path, endpoint, methods=list(methods), name=operation.operation_id)
+        self.operation = operation
 
     def matches(self, scope: Scope) -> tuple[Match, Scope]:
         match, child_scope = super().matches(scope)
@@ -60,3 +93,14 @@ class FastPathMiddleware:
                 raise
             response = await handler(Request(scope, receive), exc)
             await response(scope, receive, send)
+
+
+def install(app: Starlette, routes: Sequence[FastRoute]) -> None:
+    """Register ``routes`` with ``app``, once: served ahead of the framework by the middleware
+    (added here, so call this where it belongs among the app's middleware), and listed in the
+    framework's route table behind it. A request the middleware passes on because of its method
+    (a GET, or a HEAD as ``api/head.py`` hands it on) reaches them there and gets the framework's
+    answer, 405 with ``Allow``; so does a path with a trailing slash (the redirect); and an app
+    without the middleware serves them there in full."""
+    app.router.routes.extend(routes)
+    app.add_middleware(FastPathMiddleware, routes=routes)

@@ -2,23 +2,23 @@
 data and model repository extensions: the stock ``tritonclient.http`` works unchanged.
 
 Every operator is a model of the same name, at version ``"1"``. Inference itself, the hot path,
-is a plain ASGI endpoint in ``v2_infer.py``; the FastAPI routes here declare no body parameter,
-so FastAPI never parses (or copies) a body, and ``openapi_extra`` documents the request schema.
+is a plain ASGI endpoint in ``v2_infer.py``, registered there (``ROUTES``) and documented by
+``v2_openapi.infer_operation``; the FastAPI routes here are the rest of the protocol. The one that
+reads a body declares no body parameter, so FastAPI never parses (or copies) it, and
+``openapi_extra`` documents its schema.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
-from starlette.types import Receive, Scope, Send
 
 from tensorbits import __version__, inference
 from tensorbits.api import v2_openapi
 from tensorbits.api.body import read_body
-from tensorbits.api.deps import runtime_of
-from tensorbits.api.v2_infer import run_inference
+from tensorbits.api.v2_openapi import ModelName, ModelVersion
 from tensorbits.inference import resolve_model
 from tensorbits.runtime import Runtime
 from tensorbits_protocol.errors import InvalidRequest
@@ -26,7 +26,6 @@ from tensorbits_protocol.jsondata import JsonLimits, parse_json
 from tensorbits_protocol.operators import OPERATORS, OperatorSpec, get_operator
 from tensorbits_protocol.v2 import (
     ErrorResponse,
-    InferenceResponse,
     MetadataTensor,
     ModelMetadataResponse,
     RepositoryIndexEntry,
@@ -40,11 +39,21 @@ EXTENSIONS = ("binary_tensor_data", "model_repository")
 REPOSITORY_BODY_MAX_BYTES = 64 << 10
 REPOSITORY_JSON_LIMITS = JsonLimits(max_depth=4, max_values=16)
 
-router = APIRouter(prefix="/v2", tags=["v2"])
+router = APIRouter(prefix="/v2", tags=[v2_openapi.TAG])
 
 
-ModelName = Annotated[str, Path(description="An operator name, e.g. `onnx.BitwiseAnd-18`")]
-ModelVersion = Annotated[str, Path(description='The model version: only `"1"` exists')]
+# The model a path names, as a dependency (async: FastAPI runs a plain-def one on a worker
+# thread): an unknown model or version is a 404 before the route runs.
+async def _model(model: ModelName) -> OperatorSpec:
+    return resolve_model(model, None)
+
+
+async def _model_version(model: ModelName, version: ModelVersion) -> OperatorSpec:
+    return resolve_model(model, version)
+
+
+Model = Annotated[OperatorSpec, Depends(_model)]
+ModelAtVersion = Annotated[OperatorSpec, Depends(_model_version)]
 
 
 def _runtime(request: Request) -> Runtime | None:
@@ -62,6 +71,12 @@ def _not_ready() -> JSONResponse:
     return JSONResponse(body.model_dump(exclude_none=True), status_code=503)
 
 
+# The endpoint of the three readiness routes (the server's, a model's, a model version's: the
+# last two check the model first). No docstring: FastAPI would print it as their description.
+async def _readiness(request: Request) -> Response:
+    return Response(status_code=200) if _is_ready(request) else _not_ready()
+
+
 def _metadata(op: OperatorSpec) -> ModelMetadataResponse:
     input_type, output_type = inference.model_metadata_types(op)
     return ModelMetadataResponse(
@@ -71,45 +86,6 @@ def _metadata(op: OperatorSpec) -> ModelMetadataResponse:
         inputs=[MetadataTensor(name=n, datatype=input_type.value, shape=[-1]) for n in op.inputs],
         outputs=[MetadataTensor(name=op.output, datatype=output_type.value, shape=[-1])],
     )
-
-
-class _Inference(Response):
-    """What the FastAPI twins of the infer routes return: ``run_inference``, run when the
-    response is sent (it sends its own). The app matches ``v2_infer.ROUTES`` first, so these
-    twins mostly serve the OpenAPI schema; they stay correct for an app mounted without them."""
-
-    def __init__(self, op: OperatorSpec, runtime: Runtime) -> None:
-        super().__init__()
-        self.op, self.runtime = op, runtime
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await run_inference(self.op, self.runtime, scope, receive, send)
-
-
-@router.post(
-    "/models/{model}/infer",
-    response_model=InferenceResponse,
-    response_model_exclude_none=True,
-    responses=v2_openapi.INFER_RESPONSES,
-    openapi_extra=v2_openapi.INFER_OPENAPI,
-    summary="Run the operator",
-)
-async def model_infer(model: ModelName, request: Request) -> Response:
-    return _Inference(resolve_model(model, None), runtime_of(request))
-
-
-@router.post(
-    "/models/{model}/versions/{version}/infer",
-    response_model=InferenceResponse,
-    response_model_exclude_none=True,
-    responses=v2_openapi.INFER_RESPONSES,
-    openapi_extra=v2_openapi.INFER_OPENAPI,
-    summary="Run the operator (one version)",
-)
-async def model_version_infer(
-    model: ModelName, version: ModelVersion, request: Request
-) -> Response:
-    return _Inference(resolve_model(model, version), runtime_of(request))
 
 
 # --- server --------------------------------------------------------------------------------------
@@ -132,14 +108,15 @@ async def server_live() -> Response:
     return Response(status_code=200)
 
 
-@router.get(
+router.add_api_route(
     "/health/ready",
+    _readiness,
+    methods=["GET"],
+    name="server_ready",
     response_class=Response,
     responses={**v2_openapi.EMPTY_OK, **v2_openapi.errors(503)},
     summary="Readiness: 200 once the backend is up, 503 before that and while draining",
 )
-async def server_ready(request: Request) -> Response:
-    return Response(status_code=200) if _is_ready(request) else _not_ready()
 
 
 # --- model repository extension ------------------------------------------------------------------
@@ -207,49 +184,49 @@ async def repository_model_unload(model: ModelName) -> Response:
 
 
 # --- models --------------------------------------------------------------------------------------
+_METADATA: dict[str, Any] = {
+    "response_model": ModelMetadataResponse,
+    "response_model_exclude_none": True,
+    "responses": v2_openapi.errors(404),
+}
+# The readiness routes of a model and of a model version: ``_readiness``, once the model is found.
+_MODEL_READY: dict[str, Any] = {
+    "methods": ["GET"],
+    "response_class": Response,
+    "responses": {**v2_openapi.EMPTY_OK, **v2_openapi.errors(404, 503)},
+}
 
 
 @router.get(
     "/models/{model}",
-    response_model=ModelMetadataResponse,
-    response_model_exclude_none=True,
-    responses=v2_openapi.errors(404),
+    **_METADATA,
     summary="Model metadata: input and output names, a data type, shape [-1]",
 )
-async def model_metadata(model: ModelName) -> ModelMetadataResponse:
-    return _metadata(resolve_model(model, None))
+async def model_metadata(op: Model) -> ModelMetadataResponse:
+    return _metadata(op)
 
 
 @router.get(
-    "/models/{model}/versions/{version}",
-    response_model=ModelMetadataResponse,
-    response_model_exclude_none=True,
-    responses=v2_openapi.errors(404),
-    summary="Model metadata of one version",
+    "/models/{model}/versions/{version}", **_METADATA, summary="Model metadata of one version"
 )
-async def model_version_metadata(model: ModelName, version: ModelVersion) -> ModelMetadataResponse:
-    return _metadata(resolve_model(model, version))
+async def model_version_metadata(op: ModelAtVersion) -> ModelMetadataResponse:
+    return _metadata(op)
 
 
-@router.get(
-    "/models/{model}/ready",
-    response_class=Response,
-    responses={**v2_openapi.EMPTY_OK, **v2_openapi.errors(404, 503)},
-    summary="Model readiness",
-)
-async def model_ready(model: ModelName, request: Request) -> Response:
-    resolve_model(model, None)
-    return Response(status_code=200) if _is_ready(request) else _not_ready()
-
-
-@router.get(
-    "/models/{model}/versions/{version}/ready",
-    response_class=Response,
-    responses={**v2_openapi.EMPTY_OK, **v2_openapi.errors(404, 503)},
-    summary="Model readiness of one version",
-)
-async def model_version_ready(
-    model: ModelName, version: ModelVersion, request: Request
-) -> Response:
-    resolve_model(model, version)
-    return Response(status_code=200) if _is_ready(request) else _not_ready()
+for _path, _name, _resolve, _summary in (
+    ("/models/{model}/ready", "model_ready", _model, "Model readiness"),
+    (
+        "/models/{model}/versions/{version}/ready",
+        "model_version_ready",
+        _model_version,
+        "Model readiness of one version",
+    ),
+):
+    router.add_api_route(
+        _path,
+        _readiness,
+        name=_name,
+        dependencies=[Depends(_resolve)],
+        summary=_summary,
+        **_MODEL_READY,
+    )

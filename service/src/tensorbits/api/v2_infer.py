@@ -19,6 +19,7 @@ from __future__ import annotations
 from starlette.types import Receive, Scope, Send
 
 from tensorbits import inference
+from tensorbits.api import v2_openapi
 from tensorbits.api.deps import runtime_of_app
 from tensorbits.api.fastpath import FastRoute
 from tensorbits.api.framed import Exchange
@@ -65,7 +66,21 @@ class InferEndpoint:
 
 
 _ENDPOINT = InferEndpoint()
+# Registered once: the app serves these ahead of the framework and lists them in its route table
+# (api/fastpath.py); the OpenAPI document has their operations from v2_openapi.
 ROUTES = [
-    FastRoute("/v2/models/{model}/infer", _ENDPOINT, methods=["POST"]),
-    FastRoute("/v2/models/{model}/versions/{version}/infer", _ENDPOINT, methods=["POST"]),
+    FastRoute(
+        "/v2/models/{model}/infer",
+        _ENDPOINT,
+        methods=["POST"],
+        operation=v2_openapi.infer_operation("model_infer", "Run the operator"),
+    ),
+    FastRoute(
+        "/v2/models/{model}/versions/{version}/infer",
+        _ENDPOINT,
+        methods=["POST"],
+        operation=v2_openapi.infer_operation(
+            "model_version_infer", "Run the operator (one version)"
+        ),
+    ),
 ]

@@ -1,18 +1,30 @@
 """What OpenAPI says about the v2 routes that FastAPI cannot infer from their signatures.
 
-The infer handlers read the raw body (no body parameter, so FastAPI never parses or copies it),
-so their request schema, the binary framing's header and content types, and the error bodies are
-declared here, as data, and attached with ``openapi_extra`` and ``responses``.
+The infer routes are plain ASGI apps served ahead of the framework (``v2_infer.py``), so all of
+their operation is declared here, as data (``infer_operation``): the path parameters (the same
+descriptions the FastAPI routes' ``ModelName`` and ``ModelVersion`` give), the request schema, the
+binary framing's header and content types, and the error bodies. The FastAPI routes that read a
+raw body attach theirs with ``openapi_extra`` and ``responses``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
+from fastapi import Path
 from pydantic import BaseModel
 
+from tensorbits.api.fastpath import Operation
 from tensorbits_protocol import codec
-from tensorbits_protocol.v2 import ErrorResponse, InferenceRequest
+from tensorbits_protocol.v2 import ErrorResponse, InferenceRequest, InferenceResponse
+
+TAG = "v2"
+PATH_PARAMETERS = {
+    "model": "An operator name, e.g. `onnx.BitwiseAnd-18`",
+    "version": 'The model version: only `"1"` exists',
+}
+ModelName = Annotated[str, Path(description=PATH_PARAMETERS["model"])]
+ModelVersion = Annotated[str, Path(description=PATH_PARAMETERS["version"])]
 
 ERROR_DESCRIPTIONS = {
     400: "Invalid request: the message names the input, parameter or header and the rule",
@@ -89,4 +101,19 @@ INFER_RESPONSES: dict[int | str, dict[str, Any]] = {
     },
     **errors(400, 404, 413, 503),
 }
+
+
+def infer_operation(operation_id: str, summary: str) -> Operation:
+    """The operation of a ``POST /v2/models/{model}[/versions/{version}]/infer`` route."""
+    return Operation(
+        operation_id=operation_id,
+        summary=summary,
+        tags=[TAG],
+        path_parameters=PATH_PARAMETERS,
+        openapi_extra=INFER_OPENAPI,
+        responses=INFER_RESPONSES,
+        response_model=InferenceResponse,
+    )
+
+
 EMPTY_OK: dict[int | str, dict[str, Any]] = {200: {"description": "Yes (empty body)"}}
