@@ -13,13 +13,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from tensorbits.http_protocol import GuardedHttpProtocol
+from tensorbits.config import Settings
+from tensorbits.guarded_protocol import guarded_protocol
 
 REQUEST = (
     b"POST /v2/models/DML_OPERATOR_ELEMENT_WISE_BIT_NOT/infer HTTP/1.1\r\n"
@@ -53,7 +55,7 @@ class _Transport(asyncio.Transport):
         pass
 
 
-def per_request_us(cls: type[HttpToolsProtocol], requests: int) -> float:
+def per_request_us(cls: Callable[..., HttpToolsProtocol], requests: int) -> float:
     loop = asyncio.new_event_loop()
     config = Config(app=_app, loop="none", log_config=None)
     config.load()
@@ -78,9 +80,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
     times: dict[str, list[float]] = {"uvicorn": [], "guarded": []}
+    guarded = guarded_protocol(Settings())  # as serve builds it: the limits from the environment
     for _ in range(args.rounds):
         times["uvicorn"].append(per_request_us(HttpToolsProtocol, 20_000))
-        times["guarded"].append(per_request_us(GuardedHttpProtocol, 20_000))
+        times["guarded"].append(per_request_us(guarded, 20_000))
     best = {name: min(values) for name, values in times.items()}
     print(
         f"uvicorn HttpToolsProtocol   {best['uvicorn']:.2f} us per request (best of {args.rounds})"

@@ -1,6 +1,7 @@
 """DirectML buffer tensor descriptions (tensorbits_protocol/dml.py): the worked sizes of
-operators.md §2.2, every check_desc / plan_view rule with its message, and a property test with
-hostile descriptions proving that a returned layout never reaches outside its bound range."""
+operators.md §2.2, every check_desc / check_placement rule with its message, and a property test
+with hostile descriptions proving that a binding that passes never reaches outside its bound
+range."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ from tensorbits_protocol.dml import (
     TensorDesc,
     ViewLayout,
     check_desc,
+    check_placement,
+    describe,
     minimum_implied_size,
-    plan_view,
     ranges_overlap,
 )
 from tensorbits_protocol.dtypes import DTYPES, DataType
@@ -34,6 +36,16 @@ U8, U16, U32, F32, F64 = (
     DataType.FP32,
     DataType.FP64,
 )
+
+
+def bound_at(
+    name: str, desc: TensorDesc, offset: int, buffer_size: int, *, buffer_name: str = "buffer"
+) -> ViewLayout:
+    """``desc`` bound at ``offset`` of a buffer, checked as the batch planner checks a binding
+    (``describe``, then ``check_placement``): the view the checks passed."""
+    layout = describe(name, desc)
+    check_placement(name, layout, offset, buffer_size, buffer_name=buffer_name)
+    return ViewLayout(offset, layout.shape, layout.byte_strides, layout.total_size)
 
 
 def rejected(fn: Any, message: str, field: str, rule: str) -> InvalidRequest:
@@ -170,9 +182,9 @@ def test_negative_total_size() -> None:
     )
 
 
-# --- plan_view rules -----------------------------------------------------------------------------
-def test_plan_view_returns_byte_strides() -> None:
-    layout = plan_view("ATensor", TensorDesc(F32, (2, 3), (4, 1)), 32, 64)
+# --- placement rules -----------------------------------------------------------------------------
+def test_a_binding_has_byte_strides() -> None:
+    layout = bound_at("ATensor", TensorDesc(F32, (2, 3), (4, 1)), 32, 64)
     assert layout == ViewLayout(offset=32, shape=(2, 3), byte_strides=(16, 4), total_size=28)
     assert layout.end == 60
 
@@ -180,7 +192,7 @@ def test_plan_view_returns_byte_strides() -> None:
 @pytest.mark.parametrize("offset", [1, 8, 15, 17, -16])
 def test_offset_must_be_multiple_of_16(offset: int) -> None:
     rejected(
-        lambda: plan_view("ATensor", TensorDesc(U8, (4,)), offset, 1024),
+        lambda: bound_at("ATensor", TensorDesc(U8, (4,)), offset, 1024),
         f"ATensor: byte offset {offset} into buffer is not a multiple of 16 (allowed: "
         "non-negative multiples of 16)",
         "ATensor.offset",
@@ -190,9 +202,9 @@ def test_offset_must_be_multiple_of_16(offset: int) -> None:
 
 def test_offset_must_be_multiple_of_larger_guaranteed_alignment() -> None:
     desc = TensorDesc(U8, (4,), alignment=64)
-    plan_view("ATensor", desc, 128, 1024)
+    bound_at("ATensor", desc, 128, 1024)
     rejected(
-        lambda: plan_view("ATensor", desc, 32, 1024, buffer_name="input buffer 2"),
+        lambda: bound_at("ATensor", desc, 32, 1024, buffer_name="input buffer 2"),
         "ATensor: byte offset 32 into input buffer 2 is not a multiple of 64 (allowed: "
         "non-negative multiples of 64)",
         "ATensor.offset",
@@ -200,7 +212,7 @@ def test_offset_must_be_multiple_of_larger_guaranteed_alignment() -> None:
     )
     # A smaller alignment than the DML minimum still means 16.
     rejected(
-        lambda: plan_view("ATensor", TensorDesc(U8, (4,), alignment=4), 4, 1024),
+        lambda: bound_at("ATensor", TensorDesc(U8, (4,), alignment=4), 4, 1024),
         "not a multiple of 16",
         "ATensor.offset",
         "offset_alignment",
@@ -209,25 +221,25 @@ def test_offset_must_be_multiple_of_larger_guaranteed_alignment() -> None:
 
 def test_bound_range_must_fit_the_buffer() -> None:
     desc = TensorDesc(U16, (1, 1, 3, 5))  # 32 bytes
-    assert plan_view("ATensor", desc, 32, 64).end == 64
+    assert bound_at("ATensor", desc, 32, 64).end == 64
     rejected(
-        lambda: plan_view("ATensor", desc, 48, 64),
+        lambda: bound_at("ATensor", desc, 48, 64),
         "ATensor: bound range [48, 80) reaches past the end of buffer (64 bytes) (allowed: "
         "offset + TotalTensorSizeInBytes ≤ 64)",
         "ATensor.offset",
         "buffer_bounds",
     )
     rejected(
-        lambda: plan_view("ATensor", TensorDesc(U8, (1,), total_size=2**64 - 1), 0, 2**20),
+        lambda: bound_at("ATensor", TensorDesc(U8, (1,), total_size=2**64 - 1), 0, 2**20),
         "reaches past the end of buffer",
         "ATensor.offset",
         "buffer_bounds",
     )
 
 
-def test_plan_view_runs_check_desc_first() -> None:
+def test_binding_runs_check_desc_first() -> None:
     rejected(
-        lambda: plan_view("ATensor", TensorDesc(U8, (0,)), 0, 64),
+        lambda: bound_at("ATensor", TensorDesc(U8, (0,)), 0, 64),
         "ATensor: Sizes[0] = 0",
         "ATensor.sizes",
         "size",
@@ -309,7 +321,7 @@ def bound_descriptions(draw: st.DrawFn) -> tuple[TensorDesc, int, int]:
 
 def _plan_or_error(desc: TensorDesc, offset: int, buffer_size: int) -> ViewLayout | InvalidRequest:
     try:
-        return plan_view("ATensor", desc, offset, buffer_size)
+        return bound_at("ATensor", desc, offset, buffer_size)
     except InvalidRequest as err:
         return err
 

@@ -2,7 +2,8 @@
 
 Input layout (bytes missing at the end read as zero); byte [0] & 1 picks the part:
 
-0 — ``dml.plan_view`` on a ``TensorDesc`` built from the bytes::
+0 — ``dml.describe`` and ``dml.check_placement`` (a binding, as the planner checks one) on a
+``TensorDesc`` built from the bytes::
 
     [1] datatype (b % 12)   [2] rank 1 + b % 9   [3] flags:
         0x01 strides given   0x02 total_size given   0x04 alignment given
@@ -14,7 +15,7 @@ Input layout (bytes missing at the end read as zero); byte [0] & 1 picks the par
         10: 10**(19 + v % 20)           otherwise v
     sizes[rank], strides[rank]?, total_size?, alignment?, offset, buffer_size
 
-    The property: ``plan_view`` raises ``InvalidRequest`` or returns a layout whose every element's
+    The property: the checks raise ``InvalidRequest`` or pass a layout whose every element's
     byte range (the extreme indices: offset + Σ (size_i - 1) · byte_stride_i + itemsize) lies in
     [offset, offset + total_size) ⊆ [0, buffer_size).
 
@@ -38,7 +39,7 @@ Input layout (bytes missing at the end read as zero); byte [0] & 1 picks the par
     on the NumPy backend without any exception.
 
     Long integers only ever come as JSON text: the schema bounds every integer field to 64 bits
-    before the planner sees it, so ``plan_view`` (part 0) is driven with values up to 10**38,
+    before the planner sees it, so the binding checks (part 0) are driven with values up to 10**38,
     past those bounds but within what its messages can print.
 
 By hand::
@@ -196,9 +197,11 @@ def fuzz_desc(reader: Reader) -> None:
         buffer_size += offset + (total_size or 0)
     desc = dml.TensorDesc(datatype, sizes, strides, total_size, alignment)
     try:
-        layout = dml.plan_view("fuzz", desc, offset, buffer_size)
+        described = dml.describe("fuzz", desc)
+        dml.check_placement("fuzz", described, offset, buffer_size)
     except InvalidRequest:
         return
+    layout = dml.ViewLayout(offset, described.shape, described.byte_strides, described.total_size)
     expected_total = dml.check_desc("fuzz", desc)
     assert layout.shape == sizes
     assert layout.byte_strides == tuple(s * itemsize(datatype) for s in desc.effective_strides())

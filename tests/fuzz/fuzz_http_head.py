@@ -89,9 +89,9 @@ with _instrument:
     import uvicorn
     from uvicorn.server import ServerState
 
-    from tensorbits import cli, http_protocol
+    from tensorbits import cli, guarded_protocol
     from tensorbits.config import Settings
-    from tensorbits.http_protocol import GuardedHttpProtocol
+    from tensorbits.guarded_protocol import GuardedHttpProtocol
     from tensorbits.logs import JsonFormatter
 
 LIMIT = 1024  # the smallest TENSORBITS_MAX_HEAD_BYTES allows
@@ -110,9 +110,9 @@ REFUSALS: dict[int, tuple[str, str | None, str]] = {
     414: ("uri_too_long", "url", "max_head_bytes"),
     431: ("request_header_fields_too_large", "headers", "max_head_bytes"),
 }
-PARSER_FIELDS = {f for _, f in http_protocol.PARSER_ERROR_FIELDS} | {"request"}
+PARSER_FIELDS = {f for _, f in guarded_protocol.PARSER_ERROR_FIELDS} | {"request"}
 # The protocol's own stop at the head limit, raised in a parser callback on purpose.
-MEANT_IN_CALLBACKS = (http_protocol._Refused,)
+MEANT_IN_CALLBACKS = (guarded_protocol._Refused,)
 UPSTREAM_SOURCES = (os.path.dirname(uvicorn.__file__), os.path.dirname(httptools.__file__))
 
 _STATUS_LINE = re.compile(rb"HTTP/1\.1 ([1-5][0-9][0-9]) [\x20-\x7e]*\r\n")
@@ -323,16 +323,16 @@ UVICORN_LOG = _log_sink("uvicorn.error")
 
 
 @contextlib.contextmanager
-def _served_module_state() -> Iterator[None]:
-    """During one input the protocol module reads ``SETTINGS`` from ``get_settings()`` (the head
-    limit, the head deadline) and logs to ``HTTP_LOG``; the process's own are put back after."""
-    namespace = vars(http_protocol)  # the names the module reads at call time
-    saved = namespace["get_settings"], namespace["logger"]
-    namespace["get_settings"], namespace["logger"] = lambda: SETTINGS, HTTP_LOG
+def _http_log() -> Iterator[None]:
+    """During one input the protocol module logs to ``HTTP_LOG``; the process's own logger is
+    put back after."""
+    namespace = vars(guarded_protocol)  # the names the module reads at call time
+    saved = namespace["logger"]
+    namespace["logger"] = HTTP_LOG
     try:
         yield
     finally:
-        namespace["get_settings"], namespace["logger"] = saved
+        namespace["logger"] = saved
 
 
 async def _settle(record: Record, transport: FakeTransport, state: ServerState) -> None:
@@ -395,8 +395,12 @@ def run_connection(chunks: list[bytes], settle_between: bool) -> Outcome:
     state = ServerState()
     state.default_headers = list(DEFAULT_HEADERS)
     transport = FakeTransport(loop)
-    with _served_module_state():
-        protocol = GuardedHttpProtocol(CONFIG, state, {"record": record}, _loop=loop)
+    with _http_log():
+        # Made as uvicorn makes it, so the head limit and deadline are the ones serve passes.
+        protocol = CONFIG.http_protocol_class(  # type: ignore[call-arg]
+            config=CONFIG, server_state=state, app_state={"record": record}, _loop=loop
+        )
+        assert isinstance(protocol, GuardedHttpProtocol)
         protocol.logger = UVICORN_LOG
         probe = ParserProbe(protocol.parser)
         protocol.parser = probe  # type: ignore[assignment]

@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from v2_support import NOT, TestClient, binary_input, framed, v2_client
 
 from tensorbits.observability import RequestTally
-from tensorbits.runtime import DRAINING
+from tensorbits.runtime import Drain
 
 
 @pytest.fixture
@@ -72,17 +72,25 @@ def test_request_id_is_echoed_or_made(client: TestClient) -> None:
     assert int(made, 16) >= 0
 
 
-def test_readiness_turns_false_while_draining(client: TestClient) -> None:
-    assert client.get("/v2/health/ready").status_code == 200
-    DRAINING.set()
-    try:
+def test_readiness_turns_false_while_draining() -> None:
+    drain = Drain()
+    with v2_client(drain=drain) as client:
+        assert client.get("/v2/health/ready").status_code == 200
+        drain.begin()
         assert client.get("/v2/health/ready").status_code == 503
         assert client.get("/v2/models/" + NOT + "/ready").status_code == 503
         # Work already admitted, or arriving on an open connection, is still served.
         assert _infer(client, NOT, np.zeros(4, np.uint8)) == 200
-    finally:
-        DRAINING.clear()
-    assert client.get("/v2/health/ready").status_code == 200
+
+
+def test_a_drain_is_the_apps_own() -> None:
+    """Readiness is the state of the runtime that was handed the drain, not of the process: one
+    app draining leaves another ready."""
+    draining, other = Drain(), Drain()
+    with v2_client(drain=draining) as stopping, v2_client(drain=other) as serving:
+        draining.begin()
+        assert stopping.get("/v2/health/ready").status_code == 503
+        assert serving.get("/v2/health/ready").status_code == 200
 
 
 def test_request_tally_exports_counters_and_a_cumulative_histogram() -> None:

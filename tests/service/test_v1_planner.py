@@ -33,7 +33,7 @@ from tensorbits.api.fastpath import FastPathMiddleware
 from tensorbits.app import create_app
 from tensorbits.backends.numpy_backend import NumpyBackend
 from tensorbits.config import Settings
-from tensorbits_protocol.dml import TensorDesc, describe, is_packed, plan_view
+from tensorbits_protocol.dml import TensorDesc, check_placement, describe, is_packed
 from tensorbits_protocol.dtypes import DataType
 from tensorbits_protocol.v1 import BATCH_REQUEST_DATA, BatchRequest
 
@@ -78,16 +78,12 @@ def test_packed_means_a_plain_slice(
         assert view.flags.c_contiguous
 
 
-def test_describe_and_check_placement_are_plan_view() -> None:
+def test_describe_lays_a_description_out_for_any_offset() -> None:
     desc = TensorDesc(DataType.FP32, (2, 3), (4, 1), total_size=32, alignment=32)
     layout = describe("ATensor", desc)
-    view = plan_view("ATensor", desc, 64, 128)
-    assert (layout.shape, layout.byte_strides, layout.total_size) == (
-        view.shape,
-        view.byte_strides,
-        view.total_size,
-    )
+    assert (layout.shape, layout.byte_strides, layout.total_size) == ((2, 3), (16, 4), 32)
     assert (layout.alignment, layout.itemsize, layout.elements, layout.packed) == (32, 4, 6, False)
+    check_placement("ATensor", layout, 64, 128)  # placed at a multiple of its alignment, inside
 
 
 def test_packed_views_equal_strided_views(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,7 +10,7 @@ from service.v2_support import AND, NOT, TestClient, error_of, v2_client
 from tensorbits import __version__
 from tensorbits.app import create_app
 from tensorbits.config import Settings
-from tensorbits.runtime import DRAINING
+from tensorbits.runtime import Drain
 from tensorbits_protocol.operators import OPERATORS, OperatorSpec
 
 
@@ -20,14 +20,14 @@ def client() -> Iterator[TestClient]:
         yield c
 
 
-@pytest.fixture
-def draining() -> Iterator[None]:
-    """The server told to stop: readiness goes false first (runtime.DRAINING)."""
-    DRAINING.set()
-    try:
-        yield
-    finally:
-        DRAINING.clear()
+@pytest.fixture(scope="module")
+def draining() -> Iterator[TestClient]:
+    """A server told to stop: it began the drain its app was given, so readiness goes false
+    first."""
+    drain = Drain()
+    with v2_client(drain=drain) as c:
+        drain.begin()
+        yield c
 
 
 def test_server_metadata(client: TestClient) -> None:
@@ -46,12 +46,11 @@ def test_health_is_200_with_an_empty_body(client: TestClient, path: str) -> None
     assert response.content == b""
 
 
-@pytest.mark.usefixtures("draining")
-def test_not_ready_while_draining_but_still_live(client: TestClient) -> None:
-    assert "not ready" in error_of(client.get("/v2/health/ready"), 503)
-    assert "not ready" in error_of(client.get(f"/v2/models/{NOT}/ready"), 503)
-    assert "not ready" in error_of(client.get(f"/v2/models/{NOT}/versions/1/ready"), 503)
-    live = client.get("/v2/health/live")
+def test_not_ready_while_draining_but_still_live(draining: TestClient) -> None:
+    assert "not ready" in error_of(draining.get("/v2/health/ready"), 503)
+    assert "not ready" in error_of(draining.get(f"/v2/models/{NOT}/ready"), 503)
+    assert "not ready" in error_of(draining.get(f"/v2/models/{NOT}/versions/1/ready"), 503)
+    live = draining.get("/v2/health/live")
     assert (live.status_code, live.content) == (200, b"")
 
 
@@ -130,12 +129,11 @@ def test_repository_index_lists_every_operator(client: TestClient, body: bytes) 
     ]
 
 
-@pytest.mark.usefixtures("draining")
-def test_repository_index_while_not_ready(client: TestClient) -> None:
-    every = client.post("/v2/repository/index").json()
+def test_repository_index_while_not_ready(draining: TestClient) -> None:
+    every = draining.post("/v2/repository/index").json()
     assert {e["state"] for e in every} == {"UNAVAILABLE"}
     assert all(e["reason"] == "server is not ready" for e in every)
-    assert client.post("/v2/repository/index", json={"ready": True}).json() == []
+    assert draining.post("/v2/repository/index", json={"ready": True}).json() == []
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,7 @@ with warnings.catch_warnings():
 
 from tensorbits.app import create_app
 from tensorbits.config import Settings
+from tensorbits.runtime import Drain
 from tensorbits_protocol.dtypes import from_numpy
 
 HEADER = "Inference-Header-Content-Length"
@@ -31,9 +32,10 @@ __all__ = ["AND", "HEADER", "NOT", "TestClient"]
 
 
 @contextmanager
-def v2_client(**settings: Any) -> Iterator[TestClient]:
-    """A TestClient on an app with the NumPy backend (lifespan run) and the given settings."""
-    app = create_app(Settings(backend="numpy", cpu_threads=2, **settings))
+def v2_client(drain: Drain | None = None, **settings: Any) -> Iterator[TestClient]:
+    """A TestClient on an app with the NumPy backend (lifespan run) and the given settings;
+    ``drain``: the server's, as ``create_app`` takes it."""
+    app = create_app(Settings(backend="numpy", cpu_threads=2, **settings), drain=drain)
     with TestClient(app, raise_server_exceptions=False) as client:
         yield client
 

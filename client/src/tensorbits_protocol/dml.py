@@ -2,12 +2,10 @@
 
 A description (data type, Sizes, optional Strides in elements, TotalTensorSizeInBytes,
 GuaranteedBaseOffsetAlignment) bound at a byte offset of a caller's buffer becomes a strided view.
-``plan_view`` checks everything first with Python's unbounded integers, so no product or sum can
-overflow, and only returns a layout whose every element lies inside the bound range.
-
-``plan_view`` is two steps that callers binding many tensors can take apart: ``describe`` checks a
-description on its own (the same description bound at many offsets is checked once) and
-``check_placement`` checks one offset into one buffer.
+Everything is checked first with Python's unbounded integers, so no product or sum can overflow,
+and a binding passes only when every element lies inside the bound range. The check is two
+steps: ``describe`` checks a description on its own (the same description bound at many offsets
+is checked once) and ``check_placement`` checks one offset into one buffer.
 """
 
 from __future__ import annotations
@@ -204,22 +202,6 @@ def check_placement(
             field=f"{name}.offset",
             rule="buffer_bounds",
         )
-
-
-def plan_view(
-    name: str, desc: TensorDesc, offset: int, buffer_size: int, *, buffer_name: str = "buffer"
-) -> ViewLayout:
-    """Check a description bound at ``offset`` of a buffer of ``buffer_size`` bytes.
-
-    On success every element's byte range lies in [offset, offset + total) ⊆ [0, buffer_size)."""
-    layout = describe(name, desc)
-    check_placement(name, layout, offset, buffer_size, buffer_name=buffer_name)
-    return ViewLayout(
-        offset=offset,
-        shape=layout.shape,
-        byte_strides=layout.byte_strides,
-        total_size=layout.total_size,
-    )
 
 
 def ranges_overlap(a: ViewLayout, b: ViewLayout) -> bool:

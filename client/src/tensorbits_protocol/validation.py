@@ -8,7 +8,6 @@ is allowed.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -58,10 +57,6 @@ class ResolvedCall:
     output_shape: Shape
     kernel_input_shapes: tuple[Shape, ...]
     shift_left: bool | None  # for shifts: the direction, resolved from the operator or parameter
-
-
-def num_elements(shape: Shape) -> int:
-    return math.prod(shape)
 
 
 def _allowed(items: tuple[object, ...]) -> str:

@@ -14,9 +14,9 @@ from tensorbits.api import fastpath, openapi_doc, routers
 from tensorbits.api.errors import register_exception_handlers
 from tensorbits.api.head import HeadAsGetMiddleware
 from tensorbits.api.metrics import router as metrics_router
-from tensorbits.config import Settings, get_settings
+from tensorbits.config import Settings
 from tensorbits.observability import Metrics, ObservabilityMiddleware
-from tensorbits.runtime import Runtime
+from tensorbits.runtime import Drain, Runtime
 
 
 def _operation_id(route: APIRoute) -> str:
@@ -24,12 +24,14 @@ def _operation_id(route: APIRoute) -> str:
     return route.name
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
-    settings = settings or get_settings()
+def create_app(settings: Settings | None = None, *, drain: Drain | None = None) -> FastAPI:
+    """The app for ``settings`` (None: from the environment). ``drain``: the server's, begun
+    when it is told to stop; readiness turns false then (None: the app's own, never begun)."""
+    settings = settings or Settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        runtime = Runtime.start(settings)
+        runtime = Runtime.start(settings, drain)
         app.state.runtime = runtime
         metrics.bind_runtime(runtime)
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from collections.abc import Sequence
@@ -14,10 +15,10 @@ from pydantic import ValidationError
 
 from tensorbits import __version__, tls
 from tensorbits.config import Settings
-from tensorbits.http_protocol import GuardedHttpProtocol
+from tensorbits.guarded_protocol import guarded_protocol
 from tensorbits.logs import configure_logging
 from tensorbits.memory import tune_allocator
-from tensorbits.runtime import DRAINING
+from tensorbits.runtime import Drain
 from tensorbits_protocol.operators import OPERATORS
 
 
@@ -45,15 +46,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _uvicorn_kwargs(settings: Settings) -> dict[str, Any]:
+def _uvicorn_kwargs(settings: Settings, drain: Drain | None = None) -> dict[str, Any]:
+    """uvicorn's arguments for ``settings``. With ``drain``: one process, whose app is built
+    from these settings and reports not ready once ``drain`` begins. Without: the app is built
+    by each worker process (an import string; it reads its settings from the environment)."""
+    app: Any = "tensorbits.app:create_app"
+    if drain is not None:
+        from tensorbits.app import create_app  # here: `tensorbits operators` needs no FastAPI
+
+        app = functools.partial(create_app, settings, drain=drain)
     return {
-        "app": "tensorbits.app:create_app",
-        "factory": True,
+        "app": app,
+        "factory": True,  # either way, so uvicorn builds the app as it loads (and reports failure)
         "host": settings.host,
         "port": settings.port,
         "workers": settings.workers,
         "loop": "uvloop",
-        "http": GuardedHttpProtocol,  # httptools, with the request head bounded (http_protocol.py)
+        "http": guarded_protocol(settings),  # httptools, the request head bounded (its module)
         "ws": "none",  # no WebSocket routes: an upgrade request is an ordinary HTTP request
         "log_config": None,  # configure_logging did it: JSON lines through one handler
         "log_level": settings.log_level,
@@ -82,15 +91,21 @@ def _serve(args: argparse.Namespace) -> int:
         # the one the images use: one worker per GPU, scale out with replicas.)
         uvicorn.run(**_uvicorn_kwargs(settings))
     else:
-        DrainingServer(uvicorn.Config(**_uvicorn_kwargs(settings))).run()
+        drain = Drain()
+        DrainingServer(uvicorn.Config(**_uvicorn_kwargs(settings, drain)), drain).run()
     return 0
 
 
 class DrainingServer(uvicorn.Server):
-    """On SIGTERM/SIGINT: turn readiness false first, then let uvicorn finish in-flight requests."""
+    """On SIGTERM/SIGINT: turn readiness false first (``drain``, which the app's runtime was
+    given), then let uvicorn finish in-flight requests."""
+
+    def __init__(self, config: uvicorn.Config, drain: Drain) -> None:
+        super().__init__(config)
+        self.drain = drain
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        DRAINING.set()
+        self.drain.begin()
         super().handle_exit(sig, frame)
 
 

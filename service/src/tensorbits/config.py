@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -153,8 +152,3 @@ class Settings(BaseSettings):
                 "could ever be admitted"
             )
         return self
-
-
-@lru_cache
-def get_settings() -> Settings:
-    return Settings()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tensorbits.backends import Selection, select_backend
 from tensorbits.batch import BatchPlan
@@ -69,9 +69,22 @@ class Grant:
             self.admission.bytes_in_flight -= self.nbytes
 
 
-# Set when the process is told to stop (SIGTERM): readiness turns false first, so a load balancer
-# stops sending work while the requests already in flight finish.
-DRAINING = threading.Event()
+class Drain:
+    """Whether the server has been told to stop (SIGTERM): begun by the server that was handed
+    it (``cli.DrainingServer``), read by the runtime's readiness, which turns false first, so a
+    load balancer stops sending work while the requests already in flight finish."""
+
+    __slots__ = ("_begun",)
+
+    def __init__(self) -> None:
+        self._begun = threading.Event()  # set from a signal handler, read on the event loop
+
+    def begin(self) -> None:
+        self._begun.set()
+
+    @property
+    def begun(self) -> bool:
+        return self._begun.is_set()
 
 
 @dataclass
@@ -85,13 +98,14 @@ class Runtime:
     v2_plans: HeaderCache[PlanTemplate] | None
     batch_plans: HeaderCache[BatchPlan] | None
     started: bool = True
+    drain: Drain = field(default_factory=Drain)  # the server's: begun when it is told to stop
 
     @property
     def ready(self) -> bool:
-        return self.started and not DRAINING.is_set()
+        return self.started and not self.drain.begun
 
     @classmethod
-    def start(cls, settings: Settings) -> Runtime:
+    def start(cls, settings: Settings, drain: Drain | None = None) -> Runtime:
         selection = select_backend(
             settings.backend, device_id=settings.device_id, cpu_threads=settings.cpu_threads
         )
@@ -103,6 +117,7 @@ class Runtime:
             v2_plans=_cache(settings, CACHED_HEADER_MAX_BYTES),
             # A batch header is as long as its dispatches are many: keep up to 1/16 of the budget.
             batch_plans=_cache(settings, settings.header_cache_bytes // 16),
+            drain=drain or Drain(),
         )
 
     def close(self) -> None:

@@ -111,9 +111,6 @@ class CupyBackend:
         operands, target = as_kernel_operands(call, inputs, out)
         run_kernel(self._cupy, self.ops, call, operands, target)
 
-    def synchronize(self) -> None:
-        self._cupy.cuda.get_current_stream().synchronize()
-
     def memory_in_use(self) -> int | None:
         used: int = self._cupy.get_default_memory_pool().used_bytes()
         return used

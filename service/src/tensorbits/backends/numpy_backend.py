@@ -213,9 +213,6 @@ class NumpyBackend:
                 if not future.cancel():
                     future.result()
 
-    def synchronize(self) -> None:
-        return None
-
     def memory_in_use(self) -> int | None:
         return None
 

@@ -3,8 +3,9 @@
 Three things happen below the ASGI app, where nothing above this layer can see them:
 
 - **The request head is bounded in time and in bytes.** Each request's line and headers must be
-  complete within ``TENSORBITS_TIMEOUT_HEADER_READ`` seconds (slow loris) and within
-  ``TENSORBITS_MAX_HEAD_BYTES`` bytes (431, or 414 when the target alone is too long). The byte
+  complete within ``header_timeout`` seconds (``TENSORBITS_TIMEOUT_HEADER_READ``; slow loris) and
+  within ``max_head_bytes`` bytes (``TENSORBITS_MAX_HEAD_BYTES``; 431, or 414 when the target
+  alone is too long). The byte
   count is kept per chunk read, so a head is refused as soon as it passes the limit: it is never
   accumulated (httptools and uvicorn join its pieces with ``bytes +=``, quadratic in its size).
 - **The parser's refusals are JSON.** A malformed request line, an unknown method, a bad chunk
@@ -14,6 +15,11 @@ Three things happen below the ASGI app, where nothing above this layer can see t
 - **Refusals are answered in order.** A valid request followed on the same connection by a
   malformed one gets its response first; the refusal is written after it, then the connection
   is closed (uvicorn writes the 400 at once and closes, losing the earlier response).
+
+Both bounds are the protocol's constructor arguments: ``serve`` hands uvicorn
+``guarded_protocol(settings)``, a picklable ``functools.partial`` it calls as it calls a protocol
+class (worker processes get it with the rest of uvicorn's config), so the settings reach each
+connection from the server that read them.
 
 The body has its own deadline and limits in ``api/body.py``. This subclass relies on httptools'
 callbacks (``on_message_begin``, ``on_url``, ``on_header``, ``on_headers_complete``) and on
@@ -25,18 +31,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
+from typing import Any
 
 import httptools
 from uvicorn._types import ASGI3Application
+from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import (
     STATUS_LINE,
     HttpToolsProtocol,
     RequestResponseCycle,
 )
+from uvicorn.server import ServerState
 
-from tensorbits.config import get_settings
+from tensorbits.config import Settings
 from tensorbits_protocol.errors import HeadTooLarge, InvalidRequest, TensorbitsError, UriTooLong
 
 logger = logging.getLogger("tensorbits.http")
@@ -101,10 +111,23 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     _refusal_owed: bytes | None = None  # the refusal's response, written after those owed first
     _running: RequestResponseCycle | None = None  # the request whose app runs or ran last
 
+    def __init__(
+        self,
+        config: Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+        *,
+        max_head_bytes: int,
+        header_timeout: float,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self._limit = max_head_bytes  # bytes of one request's target and headers
+        self._header_timeout = header_timeout  # seconds one request head may take to arrive
+
     # --- the connection -------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._limit = get_settings().max_head_bytes
         self._head_begins()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -275,20 +298,26 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def _head_begins(self) -> None:
         self._head_started = self.loop.time()
         if self._head_timer is None:
-            self._head_timer = self.loop.call_later(self._timeout(), self._check)
-
-    @staticmethod
-    def _timeout() -> float:
-        return get_settings().timeout_header_read  # cached: read from the environment once
+            self._head_timer = self.loop.call_later(self._header_timeout, self._check)
 
     def _check(self) -> None:
         self._head_timer = None
         if self._head_started is None:
             return  # no head pending: the next one arms the timer again
-        remaining = self._head_started + self._timeout() - self.loop.time()
+        remaining = self._head_started + self._header_timeout - self.loop.time()
         if remaining > 0:
             # The head pending now began after the one the timer was armed for.
             self._head_timer = self.loop.call_later(remaining, self._check)
             return
         logger.info("closing a connection whose request head did not arrive in time")
         self.transport.close()
+
+
+def guarded_protocol(settings: Settings) -> functools.partial[GuardedHttpProtocol]:
+    """What ``uvicorn.Config(http=...)`` takes: the protocol, bounded by ``settings``. A partial
+    of a module-level class pickles, so ``--workers N`` hands it to each spawned worker."""
+    return functools.partial(
+        GuardedHttpProtocol,
+        max_head_bytes=settings.max_head_bytes,
+        header_timeout=settings.timeout_header_read,
+    )
