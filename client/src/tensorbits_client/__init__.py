@@ -9,27 +9,12 @@
 ``tensorbits_client._exceptions``. docs/client.md has the guide.
 """
 
+from tensorbits_client import _exceptions
 from tensorbits_client._batch import Batch, Binding, Buffer
 from tensorbits_client._client import AsyncClient, Client
 from tensorbits_client._codec import InferResult
 from tensorbits_client._constants import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
-from tensorbits_client._exceptions import (
-    APIConnectionError,
-    APIError,
-    APIResponseValidationError,
-    APIStatusError,
-    APITimeoutError,
-    AuthenticationError,
-    BadRequestError,
-    InternalServerError,
-    LocalValidationError,
-    NotFoundError,
-    OverloadedError,
-    PayloadTooLargeError,
-    RateLimitError,
-    TensorbitsClientError,
-    UnprocessableEntityError,
-)
+from tensorbits_client._exceptions import *  # noqa: F403  (every exception, by _exceptions.__all__)
 from tensorbits_client._types import NOT_GIVEN, NotGiven
 from tensorbits_client._version import __version__
 from tensorbits_client.recipes import async_hamming_distances, hamming_distances
@@ -39,30 +24,16 @@ __all__ = [
     "DEFAULT_MAX_RETRIES",
     "DEFAULT_TIMEOUT",
     "NOT_GIVEN",
-    "APIConnectionError",
-    "APIError",
-    "APIResponseValidationError",
-    "APIStatusError",
-    "APITimeoutError",
     "AsyncClient",
-    "AuthenticationError",
-    "BadRequestError",
     "Batch",
     "Binding",
     "Buffer",
     "Client",
     "DataType",
     "InferResult",
-    "InternalServerError",
-    "LocalValidationError",
-    "NotFoundError",
     "NotGiven",
-    "OverloadedError",
-    "PayloadTooLargeError",
-    "RateLimitError",
-    "TensorbitsClientError",
-    "UnprocessableEntityError",
     "__version__",
     "async_hamming_distances",
     "hamming_distances",
 ]
+__all__ += _exceptions.__all__

@@ -56,6 +56,7 @@ from tensorbits_client._exceptions import (
     RateLimitError,
     UnprocessableEntityError,
 )
+from tensorbits_client._families import DML, ONNX, OpenVINO, Runner
 from tensorbits_client._streaming import BodySink
 from tensorbits_client._types import (
     NOT_GIVEN,
@@ -71,6 +72,7 @@ from tensorbits_client._types import (
 
 T = TypeVar("T")
 HttpT = TypeVar("HttpT", httpx.Client, httpx.AsyncClient)
+R = TypeVar("R")  # what an operator method returns: the array, or an awaitable of it
 
 HTTPX_DEFAULT_TIMEOUT = httpx.Timeout(5.0)
 
@@ -193,10 +195,16 @@ def _str_field(body: object | None, key: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
-class BaseClient(Generic[HttpT]):
-    """Configuration and pure logic; subclasses add the I/O for one concurrency model."""
+class BaseClient(Generic[HttpT, R]):
+    """Configuration and pure logic; subclasses add the I/O for one concurrency model: the
+    ``_http_class`` of their pool, and ``_run_op``, which the operator families call."""
 
     _http: HttpT
+    _http_class: type[HttpT]
+    _run_op: Runner[R]
+    dml: DML[R]
+    openvino: OpenVINO[R]
+    onnx: ONNX[R]
 
     def __init__(
         self,
@@ -233,6 +241,14 @@ class BaseClient(Generic[HttpT]):
         # with_options copies share the tables when they talk to the same server.
         self._catalog = _catalog or Catalog()
         self._owns_http = http_client is None
+        self._http = http_client or self._http_class(
+            timeout=self.timeout,
+            limits=constants.DEFAULT_CONNECTION_LIMITS,
+            verify=ssl_verify(verify),
+        )
+        self.dml = DML(self._run_op)
+        self.openvino = OpenVINO(self._run_op)
+        self.onnx = ONNX(self._run_op)
 
     def with_options(
         self,

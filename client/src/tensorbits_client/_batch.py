@@ -22,16 +22,66 @@ import numpy.typing as npt
 
 from tensorbits_client._batch_wire import buffer_binding, encode_dispatch, encode_header
 from tensorbits_client._codec import Body, EncodedBody, raw_bytes, wire_array
-from tensorbits_client._families import CountType, FeatureLevel
+from tensorbits_client._families import DML, CountType, FeatureLevel, method_shape
 from tensorbits_client._types import NOT_GIVEN, Array, NotGiven, ParameterValue, TimeoutTypes
 from tensorbits_protocol.dml import TensorDesc
 from tensorbits_protocol.dtypes import DataType, from_numpy, itemsize, numpy_dtype, parse_datatype
+from tensorbits_protocol.operators import OperatorSpec
 from tensorbits_protocol.v1 import BufferBinding, BufferDeclaration, Dispatch
 
 R = TypeVar("R")
 DataTypeLike = DataType | str | np.dtype[Any] | type[np.generic]
-_DML = "DML_OPERATOR_ELEMENT_WISE_"
-_DML_INPUTS = {1: ("InputTensor",), 2: ("ATensor", "BTensor")}  # by the number of inputs
+_DML = "DML_OPERATOR_ELEMENT_WISE_"  # the rest of the name, lowercased, names an output made
+
+
+# Shapes of Batch's DML methods (see _families.method_shape): ``Batch.bit_xor`` and friends.
+@method_shape
+def _dml_binary(
+    op: OperatorSpec,
+    batch: Batch[Any],
+    a: Buffer | Binding,
+    b: Buffer | Binding,
+    *,
+    out: Buffer | Binding | str | None = None,
+    in_place: bool = False,
+    feature_level: FeatureLevel = "6_4",
+) -> Binding:
+    """Dispatched on two packed tensors; returns the output: a new buffer by default, ``out``
+    names or binds one, ``in_place`` overwrites ``a``."""
+    return batch._dml(op, (a, b), {"feature_level": feature_level}, out, in_place)
+
+
+@method_shape
+def _dml_unary(
+    op: OperatorSpec,
+    batch: Batch[Any],
+    x: Buffer | Binding,
+    *,
+    out: Buffer | Binding | str | None = None,
+    in_place: bool = False,
+    feature_level: FeatureLevel = "6_4",
+) -> Binding:
+    """Dispatched on a packed tensor; returns the output: a new buffer by default, ``out`` names
+    or binds one, ``in_place`` overwrites ``x``."""
+    return batch._dml(op, (x,), {"feature_level": feature_level}, out, in_place)
+
+
+@method_shape
+def _dml_count(
+    op: OperatorSpec,
+    batch: Batch[Any],
+    x: Buffer | Binding,
+    *,
+    output_datatype: CountType = "UINT8",
+    out: Buffer | Binding | str | None = None,
+    feature_level: FeatureLevel = "6_4",
+) -> Binding:
+    """Dispatched into a new ``output_datatype`` tensor (or ``out``)."""
+    params: dict[str, ParameterValue] = {
+        "feature_level": feature_level,
+        "output_datatype": output_datatype,
+    }
+    return batch._dml(op, (x,), params, out, False, DataType(output_datatype))
 
 
 def as_datatype(value: DataTypeLike) -> DataType:
@@ -288,114 +338,31 @@ class Batch(Generic[R]):
 
     def _dml(
         self,
-        suffix: str,
+        op: OperatorSpec,
         inputs: Sequence[Buffer | Binding],
         parameters: dict[str, ParameterValue],
         out: Buffer | Binding | str | None,
         in_place: bool,
         output_datatype: DataType | None = None,
     ) -> Binding:
-        bound = [x.tensor() if isinstance(x, Buffer) else x for x in inputs]
-        datatype = output_datatype or bound[0].desc.datatype
-        output = self._output_binding(bound[0], datatype, out, in_place, suffix)
-        tensors = dict(zip(_DML_INPUTS[len(bound)], bound, strict=True))
-        tensors["OutputTensor"] = output
-        self._add(_DML + suffix, parameters, tensors)
+        tensors: dict[str, Binding] = {}  # the inputs by the table's names, then the output
+        for name, x in zip(op.inputs, inputs, strict=True):
+            tensors[name] = x.tensor() if isinstance(x, Buffer) else x
+        first = tensors[op.inputs[0]]
+        datatype = output_datatype or first.desc.datatype
+        suffix = op.name.removeprefix(_DML)
+        output = tensors[op.output] = self._output_binding(first, datatype, out, in_place, suffix)
+        self._add(op.name, parameters, tensors)
         return output
 
-    def bit_and(
-        self,
-        a: Buffer | Binding,
-        b: Buffer | Binding,
-        *,
-        out: Buffer | Binding | str | None = None,
-        in_place: bool = False,
-        feature_level: FeatureLevel = "6_4",
-    ) -> Binding:
-        """Dispatch BIT_AND of two packed tensors; returns the output (new buffer by default,
-        ``out`` names or binds one, ``in_place`` overwrites ``a``)."""
-        params: dict[str, ParameterValue] = {"feature_level": feature_level}
-        return self._dml("BIT_AND", (a, b), params, out, in_place)
-
-    def bit_or(
-        self,
-        a: Buffer | Binding,
-        b: Buffer | Binding,
-        *,
-        out: Buffer | Binding | str | None = None,
-        in_place: bool = False,
-        feature_level: FeatureLevel = "6_4",
-    ) -> Binding:
-        """Dispatch BIT_OR; see ``bit_and`` for ``out`` and ``in_place``."""
-        params: dict[str, ParameterValue] = {"feature_level": feature_level}
-        return self._dml("BIT_OR", (a, b), params, out, in_place)
-
-    def bit_xor(
-        self,
-        a: Buffer | Binding,
-        b: Buffer | Binding,
-        *,
-        out: Buffer | Binding | str | None = None,
-        in_place: bool = False,
-        feature_level: FeatureLevel = "6_4",
-    ) -> Binding:
-        """Dispatch BIT_XOR; see ``bit_and`` for ``out`` and ``in_place``."""
-        params: dict[str, ParameterValue] = {"feature_level": feature_level}
-        return self._dml("BIT_XOR", (a, b), params, out, in_place)
-
-    def bit_not(
-        self,
-        x: Buffer | Binding,
-        *,
-        out: Buffer | Binding | str | None = None,
-        in_place: bool = False,
-        feature_level: FeatureLevel = "6_4",
-    ) -> Binding:
-        """Dispatch BIT_NOT; see ``bit_and`` for ``out`` and ``in_place``."""
-        params: dict[str, ParameterValue] = {"feature_level": feature_level}
-        return self._dml("BIT_NOT", (x,), params, out, in_place)
-
-    def bit_count(
-        self,
-        x: Buffer | Binding,
-        *,
-        output_datatype: CountType = "UINT8",
-        out: Buffer | Binding | str | None = None,
-        feature_level: FeatureLevel = "6_4",
-    ) -> Binding:
-        """Dispatch BIT_COUNT into a new ``output_datatype`` tensor (or ``out``)."""
-        params: dict[str, ParameterValue] = {
-            "feature_level": feature_level,
-            "output_datatype": output_datatype,
-        }
-        count_type = DataType(output_datatype)
-        return self._dml("BIT_COUNT", (x,), params, out, False, count_type)
-
-    def bit_shift_left(
-        self,
-        a: Buffer | Binding,
-        b: Buffer | Binding,
-        *,
-        out: Buffer | Binding | str | None = None,
-        in_place: bool = False,
-        feature_level: FeatureLevel = "6_4",
-    ) -> Binding:
-        """Dispatch BIT_SHIFT_LEFT; see ``bit_and`` for ``out`` and ``in_place``."""
-        params: dict[str, ParameterValue] = {"feature_level": feature_level}
-        return self._dml("BIT_SHIFT_LEFT", (a, b), params, out, in_place)
-
-    def bit_shift_right(
-        self,
-        a: Buffer | Binding,
-        b: Buffer | Binding,
-        *,
-        out: Buffer | Binding | str | None = None,
-        in_place: bool = False,
-        feature_level: FeatureLevel = "6_4",
-    ) -> Binding:
-        """Dispatch BIT_SHIFT_RIGHT; see ``bit_and`` for ``out`` and ``in_place``."""
-        params: dict[str, ParameterValue] = {"feature_level": feature_level}
-        return self._dml("BIT_SHIFT_RIGHT", (a, b), params, out, in_place)
+    # Each dispatches the operator that the DML family's method of the same name calls.
+    bit_and = _dml_binary(DML.bit_and.spec)
+    bit_or = _dml_binary(DML.bit_or.spec)
+    bit_xor = _dml_binary(DML.bit_xor.spec)
+    bit_not = _dml_unary(DML.bit_not.spec)
+    bit_count = _dml_count(DML.bit_count.spec)
+    bit_shift_left = _dml_binary(DML.bit_shift_left.spec)
+    bit_shift_right = _dml_binary(DML.bit_shift_right.spec)
 
     # --- outputs and running --------------------------------------------------------------------
     def output(

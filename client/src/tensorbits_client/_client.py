@@ -15,18 +15,16 @@ import httpx
 import numpy.typing as npt
 
 from tensorbits_client import _constants as constants
-from tensorbits_client._base import BaseClient, Call, VerifyTypes, header_length, ssl_verify
+from tensorbits_client._base import BaseClient, Call, header_length
 from tensorbits_client._batch import Batch, BatchPlan
-from tensorbits_client._catalog import Catalog, Registry
+from tensorbits_client._catalog import Registry
 from tensorbits_client._codec import Body, FramingError, InferResult, decode_batch
 from tensorbits_client._exceptions import APIError, APIResponseValidationError
-from tensorbits_client._families import DML, ONNX, OpenVINO
 from tensorbits_client._map import as_inputs, open_progress, pipeline, run_sync, total_of
 from tensorbits_client._streaming import aiter_parts, iter_parts
 from tensorbits_client._types import (
     NOT_GIVEN,
     Array,
-    Headers,
     Inputs,
     NotGiven,
     Parameters,
@@ -45,7 +43,7 @@ def _batch_decoder(plan: BatchPlan) -> Callable[[httpx.Response, Body], dict[str
     return decode
 
 
-class Client(BaseClient[httpx.Client]):
+class Client(BaseClient[httpx.Client, Array]):
     """A blocking client of one tensorbits server. Create one, reuse it, close it (``with``).
 
     ``base_url`` defaults to ``$TENSORBITS_URL``, then ``http://127.0.0.1:8000``. ``timeout``
@@ -59,42 +57,7 @@ class Client(BaseClient[httpx.Client]):
     closes; ``verify`` is then its business).
     """
 
-    dml: DML[Array]
-    openvino: OpenVINO[Array]
-    onnx: ONNX[Array]
-
-    def __init__(
-        self,
-        base_url: str | httpx.URL | None = None,
-        *,
-        timeout: TimeoutTypes | NotGiven = NOT_GIVEN,
-        max_retries: int = constants.DEFAULT_MAX_RETRIES,
-        default_headers: Headers | None = None,
-        local_validation: bool = True,
-        http_client: httpx.Client | None = None,
-        api_key: str | None = None,
-        verify: VerifyTypes = True,
-        _catalog: Catalog | None = None,
-    ) -> None:
-        super().__init__(
-            base_url,
-            timeout=timeout,
-            max_retries=max_retries,
-            default_headers=default_headers,
-            local_validation=local_validation,
-            http_client=http_client,
-            api_key=api_key,
-            verify=verify,
-            _catalog=_catalog,
-        )
-        self._http = http_client or httpx.Client(
-            timeout=self.timeout,
-            limits=constants.DEFAULT_CONNECTION_LIMITS,
-            verify=ssl_verify(verify),
-        )
-        self.dml = DML(self._run_op)
-        self.openvino = OpenVINO(self._run_op)
-        self.onnx = ONNX(self._run_op)
+    _http_class = httpx.Client
 
     # --- lifecycle ------------------------------------------------------------------------------
     def close(self) -> None:
@@ -262,49 +225,14 @@ class Client(BaseClient[httpx.Client]):
         return self._decode(call, response, sink)
 
 
-class AsyncClient(BaseClient[httpx.AsyncClient]):
+class AsyncClient(BaseClient[httpx.AsyncClient, Coroutine[Any, Any, Array]]):
     """The asyncio twin of ``Client``: the same options and methods, awaited.
 
     An ``AsyncClient`` belongs to the event loop it is first used on; create it inside that
     loop and close it there (``async with``).
     """
 
-    dml: DML[Coroutine[Any, Any, Array]]
-    openvino: OpenVINO[Coroutine[Any, Any, Array]]
-    onnx: ONNX[Coroutine[Any, Any, Array]]
-
-    def __init__(
-        self,
-        base_url: str | httpx.URL | None = None,
-        *,
-        timeout: TimeoutTypes | NotGiven = NOT_GIVEN,
-        max_retries: int = constants.DEFAULT_MAX_RETRIES,
-        default_headers: Headers | None = None,
-        local_validation: bool = True,
-        http_client: httpx.AsyncClient | None = None,
-        api_key: str | None = None,
-        verify: VerifyTypes = True,
-        _catalog: Catalog | None = None,
-    ) -> None:
-        super().__init__(
-            base_url,
-            timeout=timeout,
-            max_retries=max_retries,
-            default_headers=default_headers,
-            local_validation=local_validation,
-            http_client=http_client,
-            api_key=api_key,
-            verify=verify,
-            _catalog=_catalog,
-        )
-        self._http = http_client or httpx.AsyncClient(
-            timeout=self.timeout,
-            limits=constants.DEFAULT_CONNECTION_LIMITS,
-            verify=ssl_verify(verify),
-        )
-        self.dml = DML(self._run_op)
-        self.openvino = OpenVINO(self._run_op)
-        self.onnx = ONNX(self._run_op)
+    _http_class = httpx.AsyncClient
 
     # --- lifecycle ------------------------------------------------------------------------------
     async def close(self) -> None:
