@@ -35,7 +35,7 @@ import multiprocessing
 import multiprocessing.synchronize
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 KINDS = (
@@ -104,49 +104,55 @@ async def _answer(reader: asyncio.StreamReader) -> str:
     return str(status) if isinstance(error, str) else f"{status} not JSON"
 
 
-async def _send_and_read(port: int, data: bytes) -> str:
+@contextlib.asynccontextmanager
+async def _connection(
+    port: int,
+) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    """A connection to the server, closed (and waited for) on the way out."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
+        yield reader, writer
+    finally:
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+
+
+async def _send_and_read(port: int, data: bytes) -> str:
+    async with _connection(port) as (reader, writer):
         try:
             writer.write(data)
             await writer.drain()
         except ConnectionError:
             pass  # refused mid-send: the answer may still be there to read
-        return await asyncio.wait_for(_answer(reader), ANSWER_TIMEOUT)
-    except TimeoutError:
-        return "timeout"
-    finally:
-        writer.close()
-        with contextlib.suppress(ConnectionError):
-            await writer.wait_closed()
+        try:
+            return await asyncio.wait_for(_answer(reader), ANSWER_TIMEOUT)
+        except TimeoutError:
+            return "timeout"
 
 
 async def _slow_body(port: int, active: Callable[[], bool]) -> str:
     declared = 256 << 10
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
     head = (
         f"POST /v2/models/{MODEL}/infer HTTP/1.1\r\nHost: x\r\n"
         f"Inference-Header-Content-Length: 16\r\nContent-Length: {declared}\r\n\r\n"
     )
-    try:
-        writer.write(head.encode())
-        sent = 0
-        while active() and sent < declared:
-            writer.write(b"x" * 64)
-            await writer.drain()
-            sent += 64
-            try:
-                # An early answer (a 408 or 503) ends the trickle.
-                return await asyncio.wait_for(_answer(reader), 0.2)
-            except TimeoutError:
-                pass
-        return "abandoned"
-    except ConnectionError:
-        return "closed"
-    finally:
-        writer.close()
-        with contextlib.suppress(ConnectionError):
-            await writer.wait_closed()
+    async with _connection(port) as (reader, writer):
+        try:
+            writer.write(head.encode())
+            sent = 0
+            while active() and sent < declared:
+                writer.write(b"x" * 64)
+                await writer.drain()
+                sent += 64
+                try:
+                    # An early answer (a 408 or 503) ends the trickle.
+                    return await asyncio.wait_for(_answer(reader), 0.2)
+                except TimeoutError:
+                    pass
+            return "abandoned"
+        except ConnectionError:
+            return "closed"
 
 
 async def _abuser(

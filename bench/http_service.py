@@ -25,10 +25,11 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from tensorbits_client import Client
+from tensorbits_client import Batch, Client
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -126,30 +127,42 @@ def round_trips(repeat: int) -> list[tuple[str, float, float, float]]:
     return rows
 
 
+def row_xors(dispatches: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """Two ``(dispatches, 16)`` UINT32 arrays, one small XOR per row (the same every call)."""
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 2**32, (dispatches, 16), dtype=np.uint32)
+    b = rng.integers(0, 2**32, (dispatches, 16), dtype=np.uint32)
+    return a, b
+
+
+def row_xor_batch(client: Client, a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> Batch:
+    """One /v1 batch of a 16-element XOR per row of ``a`` and ``b``: the small tensors packed into
+    three buffers ("a", "b" and the output "c"), each dispatch bound at its row's offset."""
+    row = 16 * a.itemsize
+    batch = client.batch()
+    buf_a, buf_b = batch.input("a", a), batch.input("b", b)
+    buf_c = batch.empty("c", a.shape, "UINT32")
+    for i in range(len(a)):
+        batch.bit_xor(
+            buf_a.tensor("UINT32", (16,), offset=i * row),
+            buf_b.tensor("UINT32", (16,), offset=i * row),
+            out=buf_c.tensor("UINT32", (16,), offset=i * row),
+        )
+    batch.output(buf_c)
+    return batch
+
+
 def batch_vs_requests(
     repeat: int, dispatches: int = 100, env: dict[str, str] | None = None
 ) -> tuple[float, float]:
     """One /v1 batch of ``dispatches`` 16-element XORs against as many v2 requests, through the
-    SDK on one keep-alive connection: what a round trip per operation costs. The batch packs the
-    small tensors into three buffers and binds each dispatch at its own offset."""
-    rng = np.random.default_rng(0)
-    a = rng.integers(0, 2**32, (dispatches, 16), dtype=np.uint32)
-    b = rng.integers(0, 2**32, (dispatches, 16), dtype=np.uint32)
-    row = 16 * a.itemsize
+    SDK on one keep-alive connection: what a round trip per operation costs (``row_xor_batch``)."""
+    a, b = row_xors(dispatches)
     with tensorbits_server(**(env or {})) as port, Client(f"http://127.0.0.1:{port}") as client:
 
         def one_batch() -> None:
-            batch = client.batch()
-            buf_a, buf_b = batch.input("a", a), batch.input("b", b)
-            buf_c = batch.empty("c", a.shape, "UINT32")
-            for i in range(dispatches):
-                batch.bit_xor(
-                    buf_a.tensor("UINT32", (16,), offset=i * row),
-                    buf_b.tensor("UINT32", (16,), offset=i * row),
-                    out=buf_c.tensor("UINT32", (16,), offset=i * row),
-                )
-            batch.output(buf_c)
-            if not np.array_equal(batch.run()["c"].reshape(a.shape), a ^ b):
+            result = row_xor_batch(client, a, b).run()["c"]
+            if not np.array_equal(result.reshape(a.shape), a ^ b):
                 raise RuntimeError("batch returned a wrong result")
 
         def many_requests() -> None:

@@ -29,7 +29,7 @@ from pydantic import SecretStr
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._baseline_app import app as bare_app
-from bench.http_service import NOT, v2_binary_request
+from bench.http_service import NOT, row_xor_batch, row_xors, v2_binary_request
 from tensorbits import batch as planner
 from tensorbits.api import v1
 from tensorbits.app import create_app
@@ -120,24 +120,11 @@ def _best(fn: Callable[[], object], rounds: int, calls: int) -> float:
 
 
 def batch_small(rounds: int, dispatches: int = 100) -> dict[str, float]:
-    rng = np.random.default_rng(0)
-    a = rng.integers(0, 2**32, (dispatches, 16), dtype=np.uint32)
-    b = rng.integers(0, 2**32, (dispatches, 16), dtype=np.uint32)
-    row = 16 * a.itemsize
+    a, b = row_xors(dispatches)
     client = Client("http://127.0.0.1:1", local_validation=False)  # never connects
 
     def build() -> Any:
-        batch = client.batch()
-        buf_a, buf_b = batch.input("a", a), batch.input("b", b)
-        buf_c = batch.empty("c", a.shape, "UINT32")
-        for i in range(dispatches):
-            batch.bit_xor(
-                buf_a.tensor("UINT32", (16,), offset=i * row),
-                buf_b.tensor("UINT32", (16,), offset=i * row),
-                out=buf_c.tensor("UINT32", (16,), offset=i * row),
-            )
-        batch.output(buf_c)
-        return batch.plan()
+        return row_xor_batch(client, a, b).plan()
 
     encoded = build().body
     body = bytearray(b"".join(bytes(part) for part in encoded.parts))

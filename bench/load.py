@@ -54,7 +54,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -72,6 +71,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._abuse import KINDS, AbuseProcess, failed
+from bench._harness import free_port
 from bench._rss import MiB, RssSampler, vm
 from tensorbits.memory import tune_allocator
 
@@ -80,13 +80,6 @@ HEADER = "Inference-Header-Content-Length"
 MODEL = "onnx.BitwiseXor-18"
 PHASES = ("calm", "abuse")
 GC_EVERY = 1.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def start_server(port: int, env: dict[str, str], probe: bool = False) -> subprocess.Popen[bytes]:
@@ -308,50 +301,42 @@ async def run_load(port: int, args: argparse.Namespace, stats: Stats, phase: Pha
         return time.monotonic() - start
 
 
+# The run's knobs: (option, type, default, help).
+OPTIONS: tuple[tuple[str, type, float, str | None], ...] = (
+    ("--duration", float, 20.0, "seconds (default 20)"),
+    ("--max-requests", int, 100_000, "stop after this many"),
+    ("--clients", int, 16, "concurrent clients (default 16)"),
+    ("--large-mib", int, 8, "MiB of each input of a large request"),
+    ("--small-bytes", int, 4096, None),
+    ("--large-share", float, 0.2, None),
+    ("--invalid-share", float, 0.2, None),
+    ("--max-inflight-mib", int, 128, "TENSORBITS_MAX_INFLIGHT_BYTES"),
+    ("--max-body-mib", int, 32, "TENSORBITS_MAX_BODY_BYTES"),
+    ("--overhead-mib", int, 256, "allowed RSS above the in-flight bound"),
+    ("--abusers", int, 4, "abusive clients, in abuse windows (0: none)"),
+    ("--abuse-window", float, 10.0, "seconds per calm or abuse window"),
+    ("--max-abuse-ratio", float, 2.0, "allowed p99 under abuse / calm p99"),
+    ("--sample-every", float, 5.0, "seconds between RSS samples"),
+    ("--max-growth", float, 1.10, "allowed peak RSS / first minute's peak"),
+)
+# The switches: (option, help).
+SWITCHES = (
+    ("--probe", "run the server under _memprobe.py"),
+    ("--probe-tracemalloc", "--probe, with tracemalloc on"),
+    ("--probe-collect", "--probe, gc.collect() before each sample"),
+)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--duration", type=float, default=20.0, help="seconds (default 20)")
-    parser.add_argument("--max-requests", type=int, default=100_000, help="stop after this many")
-    parser.add_argument("--clients", type=int, default=16, help="concurrent clients (default 16)")
-    parser.add_argument(
-        "--large-mib", type=int, default=8, help="MiB of each input of a large request"
-    )
-    parser.add_argument("--small-bytes", type=int, default=4096)
-    parser.add_argument("--large-share", type=float, default=0.2)
-    parser.add_argument("--invalid-share", type=float, default=0.2)
-    parser.add_argument(
-        "--max-inflight-mib", type=int, default=128, help="TENSORBITS_MAX_INFLIGHT_BYTES"
-    )
-    parser.add_argument("--max-body-mib", type=int, default=32, help="TENSORBITS_MAX_BODY_BYTES")
-    parser.add_argument(
-        "--overhead-mib", type=int, default=256, help="allowed RSS above the in-flight bound"
-    )
-    parser.add_argument(
-        "--abusers", type=int, default=4, help="abusive clients, in abuse windows (0: none)"
-    )
-    parser.add_argument(
-        "--abuse-window", type=float, default=10.0, help="seconds per calm or abuse window"
-    )
-    parser.add_argument(
-        "--max-abuse-ratio", type=float, default=2.0, help="allowed p99 under abuse / calm p99"
-    )
-    parser.add_argument(
-        "--sample-every", type=float, default=5.0, help="seconds between RSS samples"
-    )
-    parser.add_argument(
-        "--max-growth", type=float, default=1.10, help="allowed peak RSS / first minute's peak"
-    )
+    for option, kind, default, text in OPTIONS:
+        parser.add_argument(option, type=kind, default=default, help=text)
     parser.add_argument(
         "--server-env", action="append", default=[], metavar="NAME=VALUE",
         help="more server environment (repeatable)",
     )  # fmt: skip
-    parser.add_argument("--probe", action="store_true", help="run the server under _memprobe.py")
-    parser.add_argument(
-        "--probe-tracemalloc", action="store_true", help="--probe, with tracemalloc on"
-    )
-    parser.add_argument(
-        "--probe-collect", action="store_true", help="--probe, gc.collect() before each sample"
-    )
+    for option, text in SWITCHES:
+        parser.add_argument(option, action="store_true", help=text)
     args = parser.parse_args(argv)
     if args.duration > 600 or args.clients > 256 or args.abusers > 64:
         parser.error("bounded: --duration <= 600, --clients <= 256, --abusers <= 64")

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from livesupport import serve
+from support.live import serve
 
 from tensorbits_client import Client
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -18,10 +18,16 @@ from tensorbits.engine import compute
 
 
 @pytest.fixture
-def selections() -> Iterator[list[Selection]]:
-    """Selections made by a test, closed afterwards (each NumPy backend owns a thread pool)."""
+def select() -> Iterator[Callable[..., Selection]]:
+    """``select_backend``, each selection it made closed after the test (each NumPy backend owns
+    a thread pool)."""
     made: list[Selection] = []
-    yield made
+
+    def choose(name: Any, **options: Any) -> Selection:
+        made.append(select_backend(name, **options))
+        return made[-1]
+
+    yield choose
     for selection in made:
         selection.backend.close()
 
@@ -60,9 +66,8 @@ def _works(selection: Selection) -> None:
     assert got.tolist() == [[255, 127], [213, 0]]
 
 
-def test_numpy_is_always_available(selections: list[Selection], no_cupy: None) -> None:
-    selection = select_backend("numpy", cpu_threads=2)
-    selections.append(selection)
+def test_numpy_is_always_available(select: Callable[..., Selection], no_cupy: None) -> None:
+    selection = select("numpy", cpu_threads=2)
     assert isinstance(selection.backend, NumpyBackend)
     assert selection.backend.name == "numpy"
     assert selection.backend.device == "cpu (2 threads)"
@@ -72,11 +77,10 @@ def test_numpy_is_always_available(selections: list[Selection], no_cupy: None) -
 
 
 def test_auto_falls_back_when_cupy_is_absent(
-    selections: list[Selection], no_cupy: None, caplog: pytest.LogCaptureFixture
+    select: Callable[..., Selection], no_cupy: None, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.INFO, logger="tensorbits.backend"):
-        selection = select_backend("auto")
-    selections.append(selection)
+        selection = select("auto")
     assert selection.backend.name == "numpy"
     assert selection.reason.startswith("auto: fell back to numpy (CuPy could not be imported:")
     assert "cupy" in selection.reason
@@ -85,10 +89,9 @@ def test_auto_falls_back_when_cupy_is_absent(
 
 
 def test_auto_falls_back_when_no_device_works(
-    selections: list[Selection], cupy_without_device: None
+    select: Callable[..., Selection], cupy_without_device: None
 ) -> None:
-    selection = select_backend("auto", cpu_threads=1)
-    selections.append(selection)
+    selection = select("auto", cpu_threads=1)
     assert selection.backend.name == "numpy"
     assert "fell back to numpy" in selection.reason
     assert "CuPy is installed but no CUDA device works" in selection.reason
@@ -97,10 +100,9 @@ def test_auto_falls_back_when_no_device_works(
 
 
 def test_auto_falls_back_when_the_device_id_does_not_exist(
-    selections: list[Selection], cupy_with_zero_devices: None
+    select: Callable[..., Selection], cupy_with_zero_devices: None
 ) -> None:
-    selection = select_backend("auto", device_id=0)
-    selections.append(selection)
+    selection = select("auto", device_id=0)
     assert selection.backend.name == "numpy"
     assert "CUDA device 0 not found (0 present)" in selection.reason
 

@@ -8,7 +8,7 @@ import signal
 
 import pytest
 import uvicorn
-from service.v2_support import TestClient
+from support.inprocess import TestClient
 
 from tensorbits import __version__, cli
 from tensorbits.cli import main

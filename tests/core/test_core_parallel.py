@@ -11,6 +11,7 @@ Sizes are derived from the module's constants, never hard-coded, so tuning them 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -52,9 +53,10 @@ def single() -> Iterator[NumpyBackend]:
     backend.close()
 
 
-@pytest.fixture
-def chunk_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts the pieces of every chunked call, proving the threaded path really ran."""
+@contextlib.contextmanager
+def counting_chunks() -> Iterator[list[int]]:
+    """Counts the pieces of every chunked call while the block runs, proving the threaded path
+    really ran."""
     calls: list[int] = []
     real = nb.chunked
 
@@ -63,8 +65,15 @@ def chunk_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         calls.append(len(pieces))
         return pieces
 
-    monkeypatch.setattr(nb, "chunked", spy)
-    return calls
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(nb, "chunked", spy)
+        yield calls
+
+
+@pytest.fixture
+def chunk_calls() -> Iterator[list[int]]:
+    with counting_chunks() as calls:
+        yield calls
 
 
 def _sample_check(
@@ -247,15 +256,6 @@ def test_operator_matches_reference_when_chunked(
     want = reference(case.model, case.arrays, case.params)
     if want.size == 0:
         return  # nothing to split
-    calls: list[int] = []
-    real = nb.chunked
-
-    def spy(operands: Any, out: Any, parts: int) -> Any:
-        pieces = real(operands, out, parts)
-        calls.append(len(pieces))
-        return pieces
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(nb, "chunked", spy)
+    with counting_chunks() as calls:
         check(always_chunked, case.model, case.arrays, case.params)
     assert calls, "the threaded path did not run"

@@ -60,62 +60,56 @@ def ab(dt: DataType, shape: tuple[int, ...] = (2, 2), dt_b: DataType | None = No
 
 
 # --- data types and feature levels ---------------------------------------------------------------
-def test_datatype_at_feature_level_message_verbatim() -> None:
-    rejected(
-        lambda: call(DML + "BIT_AND", ab(I32), {"feature_level": "3_0"}),
+# Each data-type refusal, verbatim: (operator, inputs, parameters, message, field).
+DATATYPE_REFUSALS = [
+    pytest.param(
+        DML + "BIT_AND", ab(I32), {"feature_level": "3_0"},
         "ATensor: data type INT32 is not supported by DML_OPERATOR_ELEMENT_WISE_BIT_AND at "
         "feature level 3_0 (allowed: UINT8, UINT16, UINT32)",
-        "ATensor",
-        "datatype",
-    )
-
-
-def test_datatype_names_the_second_tensor_when_it_is_the_bad_one() -> None:
-    rejected(
-        lambda: call(DML + "BIT_SHIFT_LEFT", ab(U64), {"feature_level": "4_0"}),
+        "ATensor", id="at-a-feature-level",
+    ),
+    pytest.param(
+        DML + "BIT_SHIFT_LEFT", ab(U64), {"feature_level": "4_0"},
         "ATensor: data type UINT64 is not supported by DML_OPERATOR_ELEMENT_WISE_BIT_SHIFT_LEFT"
         " at feature level 4_0 (allowed: UINT8, UINT16, UINT32)",
-        "ATensor",
-        "datatype",
-    )
-    rejected(
-        lambda: call(
-            "openvino.BitwiseLeftShift-15", {"input_1": spec(BOOL, 2), "input_2": spec(BOOL, 2)}
-        ),
+        "ATensor", id="dml-shift-at-4_0",
+    ),
+    pytest.param(
+        "openvino.BitwiseLeftShift-15", {"input_1": spec(BOOL, 2), "input_2": spec(BOOL, 2)}, None,
         "input_1: data type BOOL is not supported by openvino.BitwiseLeftShift-15 (allowed: "
         "UINT8, UINT16, UINT32, UINT64, INT8, INT16, INT32, INT64)",
-        "input_1",
-        "datatype",
-    )
-
-
-def test_shifts_never_take_signed_or_float_types_on_dml() -> None:
-    rejected(
-        lambda: call(DML + "BIT_SHIFT_RIGHT", ab(I32)),
+        "input_1", id="openvino-shift-bool",
+    ),
+    pytest.param(  # shifts never take signed or float types on DML
+        DML + "BIT_SHIFT_RIGHT", ab(I32), None,
         "data type INT32 is not supported by DML_OPERATOR_ELEMENT_WISE_BIT_SHIFT_RIGHT at "
         "feature level 6_4 (allowed: UINT8, UINT16, UINT32, UINT64)",
-        "ATensor",
-        "datatype",
-    )
-
-
-def test_onnx_rejects_bool_and_bitshift_rejects_signed() -> None:
-    rejected(
-        lambda: call("onnx.BitwiseNot-18", {"X": spec(BOOL, 3)}),
+        "ATensor", id="dml-shift-signed",
+    ),
+    pytest.param(
+        "onnx.BitwiseNot-18", {"X": spec(BOOL, 3)}, None,
         "X: data type BOOL is not supported by onnx.BitwiseNot-18 (allowed: UINT8, UINT16, "
         "UINT32, UINT64, INT8, INT16, INT32, INT64)",
-        "X",
-        "datatype",
-    )
-    rejected(
-        lambda: call(
-            "onnx.BitShift-11", {"X": spec(I8, 3), "Y": spec(I8, 3)}, {"direction": "LEFT"}
-        ),
+        "X", id="onnx-bool",
+    ),
+    pytest.param(
+        "onnx.BitShift-11", {"X": spec(I8, 3), "Y": spec(I8, 3)}, {"direction": "LEFT"},
         "X: data type INT8 is not supported by onnx.BitShift-11 (allowed: UINT8, UINT16, "
         "UINT32, UINT64)",
-        "X",
-        "datatype",
-    )
+        "X", id="onnx-bitshift-signed",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("model", "inputs", "params", "message", "field"), DATATYPE_REFUSALS)
+def test_datatype_refusals_verbatim(
+    model: str,
+    inputs: Mapping[str, TensorSpec],
+    params: Mapping[str, object] | None,
+    message: str,
+    field: str,
+) -> None:
+    rejected(lambda: call(model, inputs, params), message, field, "datatype")
 
 
 def test_operator_missing_at_feature_level_bit_and_at_2_1() -> None:

@@ -7,21 +7,16 @@ from __future__ import annotations
 
 import os
 import posixpath
-import warnings
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
 import yaml
 from deploy.deployfiles import COMPOSE_FILE, K8S, env_list, k8s_resource, load_yaml_documents
-from starlette.exceptions import StarletteDeprecationWarning
+from support.inprocess import TestClient
 
 from tensorbits.app import create_app
 from tensorbits.config import Settings
-
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore", StarletteDeprecationWarning)
-    from fastapi.testclient import TestClient
 
 SECRET_NAME = "tensorbits-api-keys"
 CLIENT_LABEL = {"tensorbits/client": "true"}

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 from deploy.deployfiles import HEALTHCHECK_SCRIPT, REPO, copy_sources_and_dest, dockerfile
-from livesupport import free_port, serve
+from support.live import free_port, serve
 
 pytestmark = pytest.mark.integration
 

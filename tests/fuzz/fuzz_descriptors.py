@@ -49,20 +49,9 @@ By hand::
 
 from __future__ import annotations
 
-import contextlib
-import sys
+from fuzz_support import SMALL_LIMITS, Reader, fuzz, instrumented
 
-try:
-    import atheris  # type: ignore[import-untyped, unused-ignore]
-except ImportError:  # the plain pytest test calls TestOneInput without atheris
-    atheris = None
-
-_instrument = (
-    atheris.instrument_imports(include=["tensorbits", "tensorbits_protocol"])
-    if atheris is not None and __name__ == "__main__"
-    else contextlib.nullcontext()
-)
-with _instrument:
+with instrumented(__name__, "tensorbits", "tensorbits_protocol"):
     from tensorbits import batch
     from tensorbits.api import v1
     from tensorbits.backends.numpy_backend import NumpyBackend
@@ -89,38 +78,13 @@ STRUCTURED_TYPES = (
 # Digits of the long integers: 2**64 and 2**128 sized, float64's range, and around the 4,300
 # digits past which Python refuses to convert an integer to or from text.
 LONG_DIGITS = (20, 39, 309, 4299, 4300, 4301, 20000)
-SETTINGS = Settings(
-    backend="numpy",
-    cpu_threads=1,
-    max_body_bytes=1 << 16,
-    max_inflight_bytes=1 << 20,
-    max_tensor_elements=4096,
-    max_tensors=8,
-    max_buffers=16,
-    max_dispatches=16,
-    max_json_depth=16,
-    max_json_elements=1024,
-)
+SETTINGS = Settings(**SMALL_LIMITS, max_buffers=16, max_dispatches=16)
 BACKEND = NumpyBackend(1)
 _WIDTHS = (1, 2, 4, 8)
 
 
-class Reader:
-    """Reads the fuzz input front to back; past its end every byte is zero."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.pos = 0
-
-    def byte(self) -> int:
-        value = self.data[self.pos] if self.pos < len(self.data) else 0
-        self.pos += 1
-        return value
-
-    def raw(self, n: int) -> bytes:
-        chunk = self.data[self.pos : self.pos + n]
-        self.pos += n
-        return chunk
+class Integers(Reader):
+    """The fuzz input, read as integers of the families above as well."""
 
     def integer(self) -> int:
         control = self.byte()
@@ -181,7 +145,7 @@ def check_layout(
     assert layout.offset + layout.total_size <= buffer_size, (layout, buffer_size)
 
 
-def fuzz_desc(reader: Reader) -> None:
+def fuzz_desc(reader: Integers) -> None:
     datatype = DATATYPES[reader.byte() % len(DATATYPES)]
     rank = 1 + reader.byte() % 9
     flags = reader.byte()
@@ -216,7 +180,7 @@ def _check_tensor(plan: batch.BatchPlan, tensor: batch.BoundTensor) -> None:
     assert tensor.end <= buffer.byte_size, (tensor, buffer)
 
 
-def structured_batch(reader: Reader) -> tuple[bytearray, int]:
+def structured_batch(reader: Integers) -> tuple[bytearray, int]:
     """A one-dispatch batch whose integer fields are sane or hostile, and its header's length."""
     operator, inputs = STRUCTURED_OPS[reader.byte() % len(STRUCTURED_OPS)]
     datatype = STRUCTURED_TYPES[reader.byte() % len(STRUCTURED_TYPES)]
@@ -261,7 +225,7 @@ def structured_batch(reader: Reader) -> tuple[bytearray, int]:
     return bytearray(header + data + bytes(in_bytes * len(inputs) - len(data))), len(header)
 
 
-def fuzz_batch(reader: Reader) -> None:
+def fuzz_batch(reader: Integers) -> None:
     mode = reader.byte()
     value: str | None
     if mode & 2:
@@ -269,7 +233,7 @@ def fuzz_batch(reader: Reader) -> None:
         value = str(length)
     else:
         value = str(int.from_bytes(reader.raw(2), "little")) if mode & 1 else None
-        body = bytearray(reader.data[reader.pos :])
+        body = bytearray(reader.rest())
     if len(body) > SETTINGS.max_body_bytes:  # read_body refuses it before any parsing
         return
     try:
@@ -291,18 +255,12 @@ def fuzz_batch(reader: Reader) -> None:
 
 
 def TestOneInput(data: bytes) -> None:  # noqa: N802 (the name atheris and libFuzzer use)
-    reader = Reader(data)
+    reader = Integers(data)
     if reader.byte() & 1:
         fuzz_batch(reader)
     else:
         fuzz_desc(reader)
 
 
-def main() -> None:
-    assert atheris is not None, "atheris is not installed"
-    atheris.Setup(sys.argv, TestOneInput)
-    atheris.Fuzz()
-
-
 if __name__ == "__main__":
-    main()
+    fuzz(TestOneInput)

@@ -22,20 +22,9 @@ By hand::
 
 from __future__ import annotations
 
-import contextlib
-import sys
+from fuzz_support import SMALL_LIMITS, Reader, fuzz, instrumented
 
-try:
-    import atheris
-except ImportError:  # the plain pytest test calls TestOneInput without atheris
-    atheris = None
-
-_instrument = (
-    atheris.instrument_imports(include=["tensorbits", "tensorbits_protocol"])
-    if atheris is not None and __name__ == "__main__"
-    else contextlib.nullcontext()
-)
-with _instrument:
+with instrumented(__name__, "tensorbits", "tensorbits_protocol"):
     from tensorbits import inference
     from tensorbits.backends.numpy_backend import NumpyBackend
     from tensorbits.config import Settings
@@ -43,39 +32,25 @@ with _instrument:
     from tensorbits_protocol.errors import TensorbitsError
     from tensorbits_protocol.operators import OPERATORS
 
-SETTINGS = Settings(
-    backend="numpy",
-    cpu_threads=1,
-    max_body_bytes=1 << 16,
-    max_inflight_bytes=1 << 20,
-    max_tensor_elements=4096,
-    max_tensors=8,
-    max_json_depth=16,
-    max_json_elements=1024,
-)
+SETTINGS = Settings(**SMALL_LIMITS)
 LIMITS = inference.Limits.from_settings(SETTINGS)
 BACKEND = NumpyBackend(1)
 
 
-def _byte(data: bytes, i: int) -> int:
-    return data[i] if i < len(data) else 0
-
-
 def decode(data: bytes) -> tuple[int, str | None, bytes]:
     """The fuzz input as (operator index, header value, body)."""
-    op_index = _byte(data, 0) % len(OPERATORS)
-    mode = _byte(data, 1) % 4
-    value: str | None
-    if mode == 0:
-        value, rest = None, data[2:]
-    elif mode == 1:
-        value, rest = str(int.from_bytes(data[2:4], "little")), data[4:]
+    reader = Reader(data)
+    op_index = reader.byte() % len(OPERATORS)
+    mode = reader.byte() % 4
+    value: str | None = None
+    if mode == 1:
+        value = str(reader.u16())
     elif mode == 2:
-        n = _byte(data, 2) % 32
-        value, rest = data[3 : 3 + n].decode("latin-1"), data[3 + n :]
-    else:
-        value, rest = f" {len(data[3:]) - _byte(data, 2)}\t", data[3:]
-    return op_index, value, rest
+        value = reader.raw(reader.byte() % 32).decode("latin-1")
+    elif mode == 3:
+        back = reader.byte()
+        value = f" {len(reader.rest()) - back}\t"
+    return op_index, value, reader.rest()
 
 
 def TestOneInput(data: bytes) -> None:  # noqa: N802 (the name atheris and libFuzzer use)
@@ -104,11 +79,5 @@ def TestOneInput(data: bytes) -> None:  # noqa: N802 (the name atheris and libFu
         assert len(encoded.body) == length + plan.output_nbytes
 
 
-def main() -> None:
-    assert atheris is not None, "atheris is not installed"
-    atheris.Setup(sys.argv, TestOneInput)
-    atheris.Fuzz()
-
-
 if __name__ == "__main__":
-    main()
+    fuzz(TestOneInput)

@@ -74,17 +74,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-try:
-    import atheris  # type: ignore[import-untyped, unused-ignore]
-except ImportError:  # the plain pytest test calls TestOneInput without atheris
-    atheris = None
+from fuzz_support import Reader, fuzz, instrumented
 
-_instrument = (
-    atheris.instrument_imports(include=["tensorbits", "uvicorn"])
-    if atheris is not None and __name__ == "__main__"
-    else contextlib.nullcontext()
-)
-with _instrument:
+with instrumented(__name__, "tensorbits", "uvicorn"):
     import httptools
     import uvicorn
     from uvicorn.server import ServerState
@@ -337,26 +329,16 @@ def _http_log() -> Iterator[None]:
 
 async def _settle(record: Record, transport: FakeTransport, state: ServerState) -> None:
     """Run the loop until nothing moves: the tasks have answered or wait for bytes."""
+
+    def progress() -> tuple[int | bool, ...]:
+        seen, written, tasks = len(record.seen), len(transport.written), len(state.tasks)
+        return record.steps, seen, written, transport.closed, tasks, len(state.connections)
+
     quiet = 0
     for _ in range(SETTLE_MAX_ROUNDS):
-        before = (
-            record.steps,
-            len(record.seen),
-            len(transport.written),
-            transport.closed,
-            len(state.tasks),
-            len(state.connections),
-        )
+        before = progress()
         await asyncio.sleep(0)
-        after = (
-            record.steps,
-            len(record.seen),
-            len(transport.written),
-            transport.closed,
-            len(state.tasks),
-            len(state.connections),
-        )
-        quiet = quiet + 1 if after == before else 0
+        quiet = quiet + 1 if progress() == before else 0
         if quiet >= SETTLE_QUIET_ROUNDS:
             return
     raise AssertionError(f"the connection never went idle in {SETTLE_MAX_ROUNDS} loop rounds")
@@ -514,25 +496,6 @@ def check_outcome(outcome: Outcome) -> Verdict:
 # --- the inputs ---------------------------------------------------------------------------------
 
 
-class Reader:
-    """Reads the fuzz input front to back; past its end every byte is zero."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.pos = 0
-
-    def byte(self) -> int:
-        value = self.data[self.pos] if self.pos < len(self.data) else 0
-        self.pos += 1
-        return value
-
-    def u16(self) -> int:
-        return self.byte() | self.byte() << 8
-
-    def rest(self) -> bytes:
-        return self.data[self.pos :]
-
-
 def split(stream: bytes, points: list[int]) -> list[bytes]:
     cuts = sorted({p % (len(stream) + 1) for p in points} | {0, len(stream)})
     return [stream[a:b] for a, b in itertools.pairwise(cuts)]
@@ -687,13 +650,11 @@ def _dictionary_file() -> str:
 
 def main() -> None:
     global _print_upstream
-    assert atheris is not None, "atheris is not installed"
     _print_upstream = True
     argv = list(sys.argv)
     if not any(arg.startswith("-dict=") for arg in argv):
         argv.append(f"-dict={_dictionary_file()}")
-    atheris.Setup(argv, TestOneInput)
-    atheris.Fuzz()
+    fuzz(TestOneInput, argv)
 
 
 if __name__ == "__main__":

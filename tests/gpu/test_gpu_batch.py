@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 from gpu.gpu_support import cupy_backend_or_skip
-from service.v1_support import outputs, post, rich_batch, run_planned, v1_client
+from support.v1 import outputs, post, rich_batch, run_planned, v1_client
 
 from tensorbits import batch as planner
 from tensorbits.backends import Backend

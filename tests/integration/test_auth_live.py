@@ -15,8 +15,9 @@ from typing import IO, Any
 import numpy as np
 import pytest
 import tritonclient.http as triton
-from hostile import read_response
-from livesupport import LiveServer, serve
+from support.live import LiveServer, serve
+from support.rawhttp import ask
+from support.sdk import assert_both_apis_answer
 from tritonclient.utils import InferenceServerException
 
 from tensorbits_client import AsyncClient, AuthenticationError, Client
@@ -44,25 +45,13 @@ def _log_entries(log: IO[bytes]) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
 
 
-def _exchange(port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(request)
-        reply = read_response(sock)
-    return reply.status, reply.headers, reply.body
-
-
 # --- the SDK --------------------------------------------------------------------------------------
 def test_sdk_with_api_key(keyed: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TENSORBITS_API_KEY", raising=False)
     data = np.arange(64, dtype=np.uint8)
     for key in (KEY, SECOND_KEY):
         with Client(keyed.base_url, api_key=key) as client:
-            np.testing.assert_array_equal(client.dml.bit_not(data), ~data)
-            batch = client.batch()
-            out = batch.empty("out", data.shape, "UINT8")
-            batch.bit_not(batch.input("x", data).tensor(), out=out.tensor())
-            batch.output(out)
-            np.testing.assert_array_equal(batch.run()["out"], ~data)
+            assert_both_apis_answer(client, data)
     for client in (Client(keyed.base_url), Client(keyed.base_url, api_key=WRONG)):
         with client, pytest.raises(AuthenticationError) as caught:
             client.dml.bit_not(data)
@@ -160,14 +149,12 @@ def test_open_and_closed_routes(keyed: LiveServer) -> None:
     for path in ("/v2/health/live", "/v2/health/ready"):
         assert keyed.get(path) == 200
     for path in ("/metrics", "/docs", "/openapi.json", "/v2", "/v1/operators"):
-        status, headers, body = _exchange(
-            keyed.port, f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
-        )
+        status, headers, body = ask(keyed, f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
         assert status == 401, path
         assert headers["www-authenticate"] == 'Bearer realm="tensorbits"'
         assert json.loads(body)["code"] == "unauthorized"
-        status, _, _ = _exchange(
-            keyed.port, f"GET {path} HTTP/1.1\r\nHost: x\r\nX-API-Key: {KEY}\r\n\r\n".encode()
+        status, _, _ = ask(
+            keyed, f"GET {path} HTTP/1.1\r\nHost: x\r\nX-API-Key: {KEY}\r\n\r\n".encode()
         )
         assert status == 200, path
 
@@ -176,14 +163,14 @@ def test_the_log_names_refusals_never_the_key(tmp_path: Path) -> None:
     env = {"TENSORBITS_API_KEYS": f"{KEY},{SECOND_KEY}", "TENSORBITS_LOG_LEVEL": "info"}
     with (tmp_path / "stderr.log").open("w+b") as log_file:
         with serve(env, stderr=log_file) as server:
-            status, _, _ = _exchange(
-                server.port,
+            status, _, _ = ask(
+                server,
                 f"GET /v2 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {WRONG}\r\n"
                 "X-Request-ID: refused-once\r\n\r\n".encode(),
             )
             assert status == 401
-            status, _, _ = _exchange(
-                server.port, f"GET /v2 HTTP/1.1\r\nHost: x\r\nX-API-Key: {KEY}\r\n\r\n".encode()
+            status, _, _ = ask(
+                server, f"GET /v2 HTTP/1.1\r\nHost: x\r\nX-API-Key: {KEY}\r\n\r\n".encode()
             )
             assert status == 200
         # The server has stopped: every line is written.
@@ -206,7 +193,7 @@ def test_a_server_without_keys_is_unchanged(live_server: LiveServer) -> None:
     data = np.arange(8, dtype=np.uint8)
     with Client(live_server.base_url, api_key="anything") as client:
         np.testing.assert_array_equal(client.dml.bit_not(data), ~data)
-    status, headers, _ = _exchange(live_server.port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    status, headers, _ = ask(live_server, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
     assert status == 200
     assert "www-authenticate" not in headers
 

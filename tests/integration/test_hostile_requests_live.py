@@ -13,16 +13,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from hostile import (
-    Reply,
-    assert_json_error,
-    one_reply,
-    peak_rss,
-    repeatedly,
-    request,
-    reset_peak_rss,
-)
-from livesupport import LiveServer, serve
+from support.live import LiveServer, serve
+from support.rawhttp import Reply, assert_json_error, one_reply, repeatedly, request
 
 MiB = 1 << 20
 NOT = "DML_OPERATOR_ELEMENT_WISE_BIT_NOT"
@@ -54,6 +46,7 @@ HUGE = {
     "20000 digits": "9" * 20000,
     "-20000 digits": "-" + "9" * 20000,
 }
+every_huge_value = pytest.mark.parametrize("value", HUGE.values(), ids=list(HUGE))
 
 
 def _batch(op: str = NOT) -> dict[str, Any]:
@@ -118,7 +111,7 @@ def _assert_refused_integer(reply: Reply, field: str, whole: str) -> None:
     assert "9" * 41 not in body["error"]  # a number of over 40 digits is described, not written
 
 
-@pytest.mark.parametrize("value", HUGE.values(), ids=list(HUGE))
+@every_huge_value
 @pytest.mark.parametrize("field", V1_FIELDS)
 def test_v1_integer_fields_refuse_what_64_bits_cannot_hold(
     server: LiveServer, field: str, value: str
@@ -132,7 +125,7 @@ def test_v1_integer_fields_refuse_what_64_bits_cannot_hold(
     _assert_refused_integer(reply, field, "header")
 
 
-@pytest.mark.parametrize("value", HUGE.values(), ids=list(HUGE))
+@every_huge_value
 def test_v1_parameter_values_refuse_what_64_bits_cannot_hold(
     server: LiveServer, value: str
 ) -> None:
@@ -162,7 +155,7 @@ V2_CASES = {
 }
 
 
-@pytest.mark.parametrize("value", HUGE.values(), ids=list(HUGE))
+@every_huge_value
 @pytest.mark.parametrize("field", V2_CASES)
 def test_v2_integer_fields_refuse_what_their_format_cannot_hold(
     server: LiveServer, field: str, value: str
@@ -223,9 +216,9 @@ def test_counts_past_a_limit_are_refused_before_parsing(
 ) -> None:
     path, header = _many(what, count)
     data = _post(path, header)
-    baseline = reset_peak_rss(server)
+    baseline = server.reset_peak_rss()
     (reply, *_) = repeatedly(server, lambda: one_reply(server, data), seconds=0.3)
-    grown = peak_rss(server) - baseline
+    grown = server.peak_rss() - baseline
     body = assert_json_error(reply, 413, field, rule)
     assert body["code"] == "payload_too_large"
     # The body itself, a copy of its header and the scan's blocks: a few times the request, never
@@ -241,9 +234,9 @@ def test_json_values_past_the_limit_are_refused(server: LiveServer) -> None:
     text = b'{"inputs":[{"name":"InputTensor","shape":[%d],"datatype":"UINT8","data":[' % count
     text += b"1," * (count - 1) + b"1]}]}"
     data = request("POST", f"/v2/models/{NOT}/infer", {"Connection": "close"}, text)
-    baseline = reset_peak_rss(server)
+    baseline = server.reset_peak_rss()
     (reply, *_) = repeatedly(server, lambda: one_reply(server, data), seconds=0.3)
-    grown = peak_rss(server) - baseline
+    grown = server.peak_rss() - baseline
     # Within the values a JSON document may hold (the element limit plus an envelope), so read,
     # then refused by its tensor's element count.
     assert_json_error(reply, 413, "inputs", "max_json_elements")

@@ -15,21 +15,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hostile import (
+from support.framing import framed
+from support.live import LiveServer, serve
+from support.rawhttp import (
     assert_json_error,
     exchange,
     one_reply,
-    peak_rss,
     read_replies,
     repeatedly,
     request,
-    reset_peak_rss,
 )
-from livesupport import LiveServer, serve
+from support.v2 import NOT, binary_input
 
 HEAD_LIMIT = 8192
 OPENAPI = json.loads((Path(__file__).parents[2] / "openapi" / "openapi.json").read_text())
-NOT = "DML_OPERATOR_ELEMENT_WISE_BIT_NOT"
 
 
 @pytest.fixture(scope="module")
@@ -44,25 +43,12 @@ def _still_serves(server: LiveServer) -> None:
 
 
 def _infer_request(values: np.ndarray[tuple[int], np.dtype[np.uint8]]) -> bytes:
-    header = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "InputTensor",
-                    "shape": [values.size],
-                    "datatype": "UINT8",
-                    "parameters": {"binary_data_size": values.nbytes},
-                }
-            ],
-            "outputs": [{"name": "OutputTensor", "parameters": {"binary_data": True}}],
-        }
-    ).encode()
-    return request(
-        "POST",
-        f"/v2/models/{NOT}/infer",
-        {"Inference-Header-Content-Length": str(len(header))},
-        header + values.tobytes(),
-    )
+    header = {
+        "inputs": [binary_input("InputTensor", values)],
+        "outputs": [{"name": "OutputTensor", "parameters": {"binary_data": True}}],
+    }
+    body, headers = framed(header, values.tobytes())
+    return request("POST", f"/v2/models/{NOT}/infer", headers, body)
 
 
 # --- 1. request heads past the limit ---------------------------------------------------------
@@ -110,9 +96,9 @@ def test_a_refused_head_costs_memory_by_the_limit_not_by_its_size(
     server: LiveServer, kind: str
 ) -> None:
     data = _long_head(kind, 16 << 20)
-    baseline = reset_peak_rss(server)
+    baseline = server.reset_peak_rss()
     replies = repeatedly(server, lambda: one_reply(server, data), seconds=0.3)
-    grown = peak_rss(server) - baseline
+    grown = server.peak_rss() - baseline
     assert {reply.status for reply in replies} <= {414, 431}
     # Read and dropped a chunk at a time, never accumulated: far less than the 16 MiB sent.
     assert grown < 4 << 20, grown

@@ -9,10 +9,10 @@ import tempfile
 import time
 
 import numpy as np
-from hostile import read_response
-from livesupport import serve
-
-NOT = "DML_OPERATOR_ELEMENT_WISE_BIT_NOT"
+from support.framing import framed
+from support.live import serve
+from support.rawhttp import read_response, request
+from support.v2 import NOT, binary_input
 
 
 def _log_lines(raw: bytes) -> list[dict[str, object]]:
@@ -39,31 +39,23 @@ def test_start_up_logs_backend_and_access_lines_in_json() -> None:
     assert access[0]["route"] == "/v2/health/live"
 
 
-def _read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
-    reply = read_response(sock)
-    return reply.status, reply.headers, reply.body
-
-
 def test_sigterm_lets_an_in_flight_request_finish() -> None:
     data = np.arange(1 << 20, dtype=np.uint32)
-    header = json.dumps(
-        {"inputs": [{"name": "InputTensor", "shape": [data.size], "datatype": "UINT32",
-                     "parameters": {"binary_data_size": data.nbytes}}],
-         "parameters": {"binary_data_output": True}}
-    ).encode()  # fmt: skip
-    body = header + data.tobytes()
+    header = {
+        "inputs": [binary_input("InputTensor", data)],
+        "parameters": {"binary_data_output": True},
+    }
+    body, headers = framed(header, data.tobytes())
+    raw = request("POST", f"/v2/models/{NOT}/infer", headers, body)
+    half = len(raw) - len(body) + len(body) // 2  # the head and half of the body
     with serve() as server, socket.create_connection(("127.0.0.1", server.port)) as sock:
-        sock.sendall(
-            f"POST /v2/models/{NOT}/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
-            f"Inference-Header-Content-Length: {len(header)}\r\n\r\n".encode()
-        )
-        sock.sendall(body[: len(body) // 2])  # the request is now in flight, half uploaded
+        sock.sendall(raw[:half])  # the request is now in flight, half uploaded
         time.sleep(0.3)
         server.proc.send_signal(signal.SIGTERM)
         time.sleep(0.5)
         assert server.proc.poll() is None, "the server quit with a request in flight"
-        sock.sendall(body[len(body) // 2 :])
-        status, headers, response = _read_response(sock)
+        sock.sendall(raw[half:])
+        status, headers, response = read_response(sock)
         assert status == 200, (headers, response[:300])
         json_length = int(headers["inference-header-content-length"])
         result = np.frombuffer(response[json_length:], np.uint32)
@@ -84,7 +76,7 @@ def test_a_slow_body_gets_408_and_others_are_served() -> None:
                 assert server.get("/v2/health/live") == 200  # others are served meanwhile
                 time.sleep(0.1)
             slow.settimeout(10)
-            status, _, body = _read_response(slow)
+            status, _, body = read_response(slow)
             assert status == 408
             assert json.loads(body)["rule"] == "body_read_timeout"
             assert time.monotonic() - started < 5
@@ -129,5 +121,5 @@ def test_slow_request_heads_are_closed_and_others_are_served() -> None:
         with socket.create_connection(("127.0.0.1", server.port)) as kept:
             for _ in range(3):
                 kept.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
-                assert _read_response(kept)[0] == 200
+                assert read_response(kept)[0] == 200
                 time.sleep(0.6)

@@ -16,7 +16,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from livesupport import START_TIMEOUT_S, LiveServer, serve
+from support.live import START_TIMEOUT_S, LiveServer, serve
+from support.sdk import assert_both_apis_answer
 
 from tensorbits_client import APIConnectionError, AsyncClient, AuthenticationError, Client
 
@@ -79,12 +80,7 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsServer]:
 def test_sdk_round_trip_verifying_against_a_ca_bundle(tls_server: TlsServer) -> None:
     data = np.arange(256, dtype=np.uint8)
     with Client(tls_server.base_url, api_key=KEY, verify=str(tls_server.ca_file)) as client:
-        np.testing.assert_array_equal(client.dml.bit_not(data), ~data)
-        batch = client.batch()
-        out = batch.empty("out", data.shape, "UINT8")
-        batch.bit_not(batch.input("x", data).tensor(), out=out.tensor())
-        batch.output(out)
-        np.testing.assert_array_equal(batch.run()["out"], ~data)
+        assert_both_apis_answer(client, data)
         # The key still counts over TLS.
         with pytest.raises(AuthenticationError):
             client.with_options(api_key="wrong").dml.bit_not(data)

@@ -5,7 +5,6 @@ server must still answer ``/v2/health/live``."""
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,7 +12,9 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 from core.bitref import assert_bits_equal, reference
-from livesupport import LiveServer
+from support.framing import HEADER, framed
+from support.live import LiveServer
+from support.rawhttp import ask
 from tritonclient.utils import InferenceServerException
 
 from tensorbits_protocol.operators import OPERATORS, Function, OperatorSpec
@@ -166,32 +167,11 @@ def exchange(
     server: LiveServer, head: str, body: bytes = b"", *, close_write: bool = False
 ) -> tuple[int | None, bytes]:
     """Send raw bytes; return the status and body of the answer (None: the server just closed)."""
-    with socket.create_connection((server.host, server.port), timeout=15) as sock:
-        sock.sendall(head.encode("latin-1") + body)
-        if close_write:
-            sock.shutdown(socket.SHUT_WR)
-        data = b""
-        while True:
-            try:
-                chunk = sock.recv(65536)
-            except TimeoutError:
-                break
-            if not chunk:
-                break
-            data += chunk
-            head_end = data.find(b"\r\n\r\n")
-            if head_end >= 0:
-                headers = data[:head_end].decode("latin-1").lower()
-                length = next(
-                    (int(line.split(":")[1]) for line in headers.split("\r\n") if line.startswith("content-length:")),
-                    0,
-                )  # fmt: skip
-                if len(data) >= head_end + 4 + length:
-                    break
-    if not data:
+    try:
+        reply = ask(server, head.encode("latin-1") + body, timeout=15, close_write=close_write)
+    except (ConnectionError, TimeoutError):
         return None, b""
-    status_line, _, rest = data.partition(b"\r\n")
-    return int(status_line.split()[1]), rest.partition(b"\r\n\r\n")[2]
+    return reply.status, reply.body
 
 
 def post_head(length: int, extra: dict[str, str] | None = None, model: str = NOT) -> str:
@@ -202,11 +182,6 @@ def post_head(length: int, extra: dict[str, str] | None = None, model: str = NOT
     ]
     lines += [f"{k}: {v}" for k, v in (extra or {}).items()]
     return "\r\n".join(lines) + "\r\n\r\n"
-
-
-def framed(header: dict[str, Any], tail: bytes) -> tuple[bytes, str]:
-    head = json.dumps(header).encode()
-    return head + tail, str(len(head))
 
 
 X = np.arange(8, dtype=np.uint32)
@@ -229,8 +204,8 @@ def still_live(live_server: LiveServer) -> Iterator[LiveServer]:
 
 
 def test_truncated_body(still_live: LiveServer) -> None:
-    body, length = framed(BINARY, X.tobytes())
-    head = post_head(len(body) + 1000, {"Inference-Header-Content-Length": length})
+    body, headers = framed(BINARY, X.tobytes())
+    head = post_head(len(body) + 1000, headers)
     status, answer = exchange(still_live, head, body, close_write=True)
     # The client is gone before its body is complete: a 400, or just a closed connection.
     assert status in (None, 400), answer
@@ -250,8 +225,10 @@ def test_truncated_body(still_live: LiveServer) -> None:
 def test_broken_framing(
     still_live: LiveServer, tail: bytes, length: str | None, status: int, words: bytes
 ) -> None:
-    body, real = framed(BINARY, tail)
-    head = post_head(len(body), {"Inference-Header-Content-Length": length or real})
+    body, headers = framed(BINARY, tail)
+    if length is not None:
+        headers[HEADER] = length
+    head = post_head(len(body), headers)
     got, answer = exchange(still_live, head, body)
     assert got == status, answer
     assert words in answer, answer
@@ -260,10 +237,8 @@ def test_broken_framing(
 def test_huge_shape(still_live: LiveServer) -> None:
     header = {"inputs": [{"name": "InputTensor", "shape": [2**40, 2**40], "datatype": "UINT8",
                           "parameters": {"binary_data_size": 8}}]}  # fmt: skip
-    body, length = framed(header, b"\0" * 8)
-    status, answer = exchange(
-        still_live, post_head(len(body), {"Inference-Header-Content-Length": length}), body
-    )
+    body, headers = framed(header, b"\0" * 8)
+    status, answer = exchange(still_live, post_head(len(body), headers), body)
     assert status == 413, answer
     assert b"elements, more than the limit" in answer, answer
 
@@ -280,13 +255,13 @@ def test_garbage_request_line(still_live: LiveServer) -> None:
 
 
 def test_chunked_body(still_live: LiveServer) -> None:
-    body, length = framed(BINARY, X.tobytes())
+    body, headers = framed(BINARY, X.tobytes())
     chunks = b"".join(
         b"%x\r\n%s\r\n" % (len(body[i : i + 7]), body[i : i + 7]) for i in range(0, len(body), 7)
     )
     head = (
         f"POST /v2/models/{NOT}/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n"
-        f"Inference-Header-Content-Length: {length}\r\n\r\n"
+        f"{HEADER}: {headers[HEADER]}\r\n\r\n"
     )
     status, answer = exchange(still_live, head, chunks + b"0\r\n\r\n")
     assert status == 200, answer

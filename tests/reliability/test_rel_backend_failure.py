@@ -3,13 +3,14 @@ CuPy's OutOfMemoryError subclasses) is a 503 JSON error naming the cause; the ne
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
-from rel_support import HEADER, TestClient, small_client
+from support.framing import HEADER, framed
+from support.inprocess import TestClient
+from support.reliability import small_client
 
 from tensorbits.backends.numpy_backend import NumpyBackend
 
@@ -49,12 +50,8 @@ def v2_request(client: TestClient, a: np.ndarray[Any, Any], b: np.ndarray[Any, A
         ],
         "parameters": {"binary_data_output": True},
     }
-    head = json.dumps(header).encode()
-    return client.post(
-        "/v2/models/onnx.BitwiseAnd-18/infer",
-        content=head + a.tobytes() + b.tobytes(),
-        headers={HEADER: str(len(head))},
-    )
+    body, headers = framed(header, a.tobytes(), b.tobytes())
+    return client.post("/v2/models/onnx.BitwiseAnd-18/infer", content=body, headers=headers)
 
 
 def v1_request(client: TestClient, a: np.ndarray[Any, Any]) -> Any:
@@ -76,8 +73,8 @@ def v1_request(client: TestClient, a: np.ndarray[Any, Any]) -> Any:
         ],
         "outputs": ["o"],
     }
-    head = json.dumps(header).encode()
-    return client.post("/v1/batch", content=head + a.tobytes(), headers={HEADER: str(len(head))})
+    body, headers = framed(header, a.tobytes())
+    return client.post("/v1/batch", content=body, headers=headers)
 
 
 def _assert_oom_503(response: Any) -> None:

@@ -27,6 +27,7 @@ import json
 import re
 import socket
 import string
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
@@ -34,7 +35,8 @@ from typing import Any
 import pytest
 from hypothesis import given, note
 from hypothesis import strategies as st
-from rel_support import FUZZ, Live, live_server
+from support.live import LiveServer, serve
+from support.reliability import FUZZ
 
 pytestmark = pytest.mark.integration
 
@@ -49,13 +51,14 @@ VCHAR = "".join(map(chr, range(0x21, 0x7F))) + "\xe9\xff"  # visible, and obs-te
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[Live]:
-    with live_server(
-        TENSORBITS_MAX_HEAD_BYTES=str(LIMIT),
-        TENSORBITS_TIMEOUT_HEADER_READ="1",
-        TENSORBITS_TIMEOUT_BODY_READ="1",
-        TENSORBITS_TIMEOUT_KEEP_ALIVE="1",
-    ) as live:
+def server() -> Iterator[LiveServer]:
+    env = {
+        "TENSORBITS_MAX_HEAD_BYTES": str(LIMIT),
+        "TENSORBITS_TIMEOUT_HEADER_READ": "1",
+        "TENSORBITS_TIMEOUT_BODY_READ": "1",
+        "TENSORBITS_TIMEOUT_KEEP_ALIVE": "1",
+    }
+    with serve(env, stderr=subprocess.DEVNULL) as live:
         yield live
 
 
@@ -368,7 +371,7 @@ def read_responses(data: bytes, requests: list[Request]) -> list[Response]:
     return responses
 
 
-def exchange(server: Live, data: bytes) -> bytes:
+def exchange(server: LiveServer, data: bytes) -> bytes:
     """Send ``data``, then read until the server closes (it must, within READ_TIMEOUT_S)."""
     received = bytearray()
     with socket.create_connection((server.host, server.port), timeout=READ_TIMEOUT_S) as sock:
@@ -415,7 +418,7 @@ def check_response(response: Response, request: Request, is_last: bool) -> None:
 
 @FUZZ
 @given(requests=connections())
-def test_rel_fuzz_head(server: Live, requests: list[Request]) -> None:
+def test_rel_fuzz_head(server: LiveServer, requests: list[Request]) -> None:
     sent = b"".join(r.encode() for r in requests)
     note(f"sent: {sent!r}")
     data = exchange(server, sent)

@@ -2,7 +2,7 @@
 and 2^64, overlapping bindings, missing buffers, self-referencing dispatches, unknown operators.
 Every integer field (buffers' byte_size, bindings' offset and size, descs' sizes, strides,
 total_size and alignment, parameter values) also gets integers no 64-bit field holds: past
-±2^63 and 2^64, and thousands of digits long (``rel_support.hostile_ints``).
+±2^63 and 2^64, and thousands of digits long (``support.reliability.hostile_ints``).
 
 Property: a 200 whose output buffers equal NumPy's, or a 4xx with a JSON ``error`` naming the
 ``field`` it is about; never a 5xx.
@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from rel_support import (
+from support.framing import HEADER
+from support.inprocess import TestClient
+from support.reliability import (
     FUZZ,
-    HEADER,
     OUTSIDE_64_BITS,
     LongInt,
-    TestClient,
     assert_not_server_error,
     dumps,
     hostile_ints,

@@ -6,7 +6,7 @@ more mutations: lying header lengths, binary_data_size mismatches, hostile shape
 types, parameters of the wrong type, deep nesting, NaN literals, truncated or padded bodies,
 gzip garbage. Every integer field (shape dims, binary_data_size, parameter values, integer tensor
 data) also gets integers no 64-bit field holds: past ±2^63 and 2^64, and thousands of digits long
-(``rel_support.hostile_ints``); valid requests carry each data type's extremes.
+(``support.reliability.hostile_ints``); valid requests carry each data type's extremes.
 
 A 4xx must also name the ``field`` it is about.
 """
@@ -23,16 +23,16 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from rel_support import (
+from support.framing import HEADER
+from support.inprocess import TestClient
+from support.reliability import (
     EDGES_64,
     FUZZ,
-    HEADER,
     INT64_MIN,
     OUTSIDE_64_BITS,
     SMALL_LIMITS,
     UINT64_MAX,
     LongInt,
-    TestClient,
     assert_not_server_error,
     dumps,
     hostile_ints,
@@ -175,6 +175,13 @@ hostile_shapes = st.one_of(
     st.just([-1, -1]),
     weird_values,
 )
+
+
+def weird_parameters(keys: list[str]) -> st.SearchStrategy[Any]:
+    """A ``parameters`` member: a weird value, or a few of ``keys`` mapped to weird values."""
+    return st.one_of(weird_values, st.dictionaries(st.sampled_from(keys), weird_values, max_size=3))
+
+
 header_lengths = st.one_of(
     st.sampled_from(["-1", "abc", "", " ", "1e3", "0x10", "+5", "9" * 40, "1.5", "0"]),
     st.integers(-(2**70), 2**70).map(str),
@@ -226,31 +233,11 @@ def mutation(draw: st.DrawFn, request: dict[str, Any]) -> None:
             )
         )
     elif kind == "params":
-        header["parameters"] = draw(
-            st.one_of(
-                weird_values,
-                st.dictionaries(
-                    st.sampled_from(
-                        ["binary_data_output", "feature_level", "direction", "axis", "x"]
-                    ),
-                    weird_values,
-                    max_size=3,
-                ),
-            )
-        )
+        keys = ["binary_data_output", "feature_level", "direction", "axis", "x"]
+        header["parameters"] = draw(weird_parameters(keys))
     elif kind == "tensor_params":
-        tensor["parameters"] = draw(
-            st.one_of(
-                weird_values,
-                st.dictionaries(
-                    st.sampled_from(
-                        ["binary_data_size", "shared_memory_region", "binary_data", "y"]
-                    ),
-                    weird_values,
-                    max_size=3,
-                ),
-            )
-        )
+        keys = ["binary_data_size", "shared_memory_region", "binary_data", "y"]
+        tensor["parameters"] = draw(weird_parameters(keys))
     elif kind == "name":
         tensor["name"] = draw(st.one_of(weird_values, st.text(max_size=20)))
     elif kind == "drop_field":

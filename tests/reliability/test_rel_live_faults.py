@@ -3,9 +3,9 @@ mid-upload or mid-download, slow-loris clients, SIGTERM with requests in flight.
 
 from __future__ import annotations
 
-import json
 import signal
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -14,7 +14,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from rel_support import HEADER, Live, live_server
+from support.framing import HEADER, framed
+from support.live import LiveServer, serve
+from support.rawhttp import read_response, request
+from support.v2 import binary_input
 
 pytestmark = pytest.mark.integration
 MiB = 1 << 20
@@ -23,57 +26,23 @@ MODEL = "onnx.BitwiseXor-18"
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[Live]:
-    with live_server(TENSORBITS_TIMEOUT_KEEP_ALIVE=str(KEEP_ALIVE_S)) as live:
+def server() -> Iterator[LiveServer]:
+    env = {"TENSORBITS_TIMEOUT_KEEP_ALIVE": str(KEEP_ALIVE_S)}
+    with serve(env, stderr=subprocess.DEVNULL) as live:
         yield live
 
 
 def xor_request(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any], model: str = MODEL) -> bytes:
     """A complete HTTP/1.1 request: XOR of two UINT8 vectors, binary in and out."""
     header = {
-        "inputs": [
-            {
-                "name": n,
-                "shape": [x.size],
-                "datatype": "UINT8",
-                "parameters": {"binary_data_size": x.nbytes},
-            }
-            for n, x in (("A", a), ("B", b))
-        ],
+        "inputs": [binary_input("A", a), binary_input("B", b)],
         "parameters": {"binary_data_output": True},
     }
-    head = json.dumps(header).encode()
-    body_len = len(head) + a.nbytes + b.nbytes
-    http = (
-        f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {body_len}\r\n"
-        f"{HEADER}: {len(head)}\r\nContent-Type: application/octet-stream\r\n\r\n"
-    ).encode()
-    return http + head + a.tobytes() + b.tobytes()
+    body, headers = framed(header, a.tobytes(), b.tobytes(), binary=True)
+    return request("POST", f"/v2/models/{model}/infer", headers, body)
 
 
-def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
-    """One HTTP/1.1 response with a Content-Length."""
-    buf = b""
-    while b"\r\n\r\n" not in buf:
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ConnectionError(f"closed before headers: {buf[:200]!r}")
-        buf += chunk
-    head, rest = buf.split(b"\r\n\r\n", 1)
-    lines = head.decode("latin-1").split("\r\n")
-    status = int(lines[0].split()[1])
-    headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
-    length = int(headers["content-length"])
-    body = bytearray(rest)
-    while len(body) < length:
-        chunk = sock.recv(min(1 << 20, length - len(body)))
-        if not chunk:
-            raise ConnectionError("closed mid-body")
-        body += chunk
-    return status, headers, bytes(body)
-
-
-def roundtrip(live: Live, n: int, seed: int, timeout: float = 30) -> float:
+def roundtrip(live: LiveServer, n: int, seed: int, timeout: float = 30) -> float:
     """Send a valid XOR of ``n`` bytes with distinct data, check the answer; return seconds."""
     rng = np.random.default_rng(seed)
     a = rng.integers(0, 256, n, dtype=np.uint8)
@@ -88,13 +57,13 @@ def roundtrip(live: Live, n: int, seed: int, timeout: float = 30) -> float:
     return time.monotonic() - start
 
 
-def assert_healthy(live: Live) -> None:
+def assert_healthy(live: LiveServer) -> None:
     assert live.proc.poll() is None, "server died"
     assert live.get("/v2/health/live") == 200
     roundtrip(live, 4096, seed=12345)
 
 
-def test_rel_disconnect_mid_upload(server: Live) -> None:
+def test_rel_disconnect_mid_upload(server: LiveServer) -> None:
     """Headers and half of a 16 MiB body, then the client closes: the server lives on."""
     n = 8 * MiB
     request = xor_request(np.zeros(n, np.uint8), np.ones(n, np.uint8))
@@ -111,7 +80,7 @@ def test_rel_disconnect_mid_upload(server: Live) -> None:
     assert_healthy(server)
 
 
-def test_rel_disconnect_mid_download(server: Live) -> None:
+def test_rel_disconnect_mid_download(server: LiveServer) -> None:
     """A 32 MiB response, of which the client reads 64 KiB and closes: the server lives on, and
     the admission it held is released (a second such request is admitted at once)."""
     n = 32 * MiB
@@ -132,7 +101,7 @@ def test_rel_disconnect_mid_download(server: Live) -> None:
     roundtrip(server, n, seed=8, timeout=60)
 
 
-def test_rel_slow_loris_does_not_block_others(server: Live, record_property: Any) -> None:
+def test_rel_slow_loris_does_not_block_others(server: LiveServer, record_property: Any) -> None:
     """Clients trickling header bytes and body bytes while others are served normally.
 
     The deadlines that drop such clients (``TENSORBITS_TIMEOUT_HEADER_READ`` /
@@ -183,7 +152,7 @@ def test_rel_slow_loris_does_not_block_others(server: Live, record_property: Any
     assert_healthy(server)
 
 
-def test_rel_idle_connection_closed_after_keep_alive(server: Live) -> None:
+def test_rel_idle_connection_closed_after_keep_alive(server: LiveServer) -> None:
     """After a response, an idle keep-alive connection is closed after TIMEOUT_KEEP_ALIVE."""
     with socket.create_connection((server.host, server.port), timeout=KEEP_ALIVE_S + 10) as sock:
         sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -199,7 +168,8 @@ def test_rel_sigterm_drains_in_flight_requests() -> None:
     """SIGTERM while 6 requests of 8 MiB are mid-upload: each still gets its correct 200, and
     the process exits 0 (or by SIGTERM)."""
     n = 4 * MiB
-    with live_server(TENSORBITS_TIMEOUT_GRACEFUL_SHUTDOWN="20") as live:
+    env = {"TENSORBITS_TIMEOUT_GRACEFUL_SHUTDOWN": "20"}
+    with serve(env, stderr=subprocess.DEVNULL) as live:
         sent_half = threading.Barrier(7)
         go_on = threading.Event()
 

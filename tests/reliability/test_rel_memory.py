@@ -17,13 +17,14 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from livesupport import LiveServer, serve
+from support.framing import HEADER, framed
+from support.live import LiveServer, serve
+from support.v2 import binary_input
 
 from tensorbits import memory
 
 MiB = 1 << 20
 MODEL = "onnx.BitwiseXor-18"
-HEADER = "Inference-Header-Content-Length"
 # Live test: 24 requests of 2 x 8 MiB in, 8 MiB out (24 MiB each), 4 at a time.
 LARGE_BYTES = 8 * MiB
 REQUESTS = 24
@@ -129,26 +130,15 @@ def test_the_real_mallopt_accepts_it() -> None:
 # --- live: resident memory after large requests ----------------------------------------------
 
 
-def rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
 def xor_body(seed: int, nbytes: int) -> tuple[bytes, dict[str, str], np.ndarray[Any, Any]]:
     rng = np.random.default_rng(seed)
     a, b = (rng.integers(0, 256, nbytes, np.uint8) for _ in range(2))
     header = {
-        "inputs": [
-            {"name": n, "shape": [nbytes], "datatype": "UINT8",
-             "parameters": {"binary_data_size": nbytes}}
-            for n in ("A", "B")
-        ],
+        "inputs": [binary_input("A", a), binary_input("B", b)],
         "parameters": {"binary_data_output": True},
-    }  # fmt: skip
-    head = json.dumps(header).encode()
-    return head + a.tobytes() + b.tobytes(), {HEADER: str(len(head))}, a ^ b
+    }
+    body, headers = framed(header, a.tobytes(), b.tobytes())
+    return body, headers, a ^ b
 
 
 def send_large(server: LiveServer, seeds: list[int]) -> None:
@@ -177,7 +167,7 @@ def test_rss_returns_near_baseline_after_large_requests(live: LiveServer) -> Non
     TENSORBITS_MALLOC_TUNING=0 (glibc's dynamic mmap threshold) the freed buffers stayed in
     malloc's heaps: 48 and 64 MiB more in two runs, and this bound fails."""
     send_large(live, [0])  # warm-up: imports, thread pool, first planned header
-    baseline = rss(live.proc.pid)
+    baseline = live.rss()
     seeds = list(range(1, REQUESTS + 1))
     with ThreadPoolExecutor(AT_ONCE) as pool:
         list(
@@ -185,7 +175,7 @@ def test_rss_returns_near_baseline_after_large_requests(live: LiveServer) -> Non
                 lambda part: send_large(live, part), [seeds[i::AT_ONCE] for i in range(AT_ONCE)]
             )
         )
-    after = rss(live.proc.pid)
+    after = live.rss()
     one_request = 3 * LARGE_BYTES
     assert after - baseline <= one_request, (
         f"RSS {baseline / MiB:.0f} MiB before, {after / MiB:.0f} MiB after {REQUESTS} requests"

@@ -9,7 +9,6 @@ it. The v2 infer routes are included through their JSON form (``application/json
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Iterator
 
 import pytest
@@ -17,16 +16,12 @@ import pytest
 schemathesis = pytest.importorskip("schemathesis")
 
 from hypothesis import HealthCheck, settings  # noqa: E402
-from rel_support import SMALL_LIMITS  # noqa: E402
 from schemathesis.checks import not_a_server_error  # noqa: E402
-from starlette.exceptions import StarletteDeprecationWarning  # noqa: E402
+from support.inprocess import TestClient  # noqa: E402
+from support.reliability import SMALL_LIMITS  # noqa: E402
 
 from tensorbits.app import create_app  # noqa: E402
 from tensorbits.config import Settings  # noqa: E402
-
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore", StarletteDeprecationWarning)
-    from fastapi.testclient import TestClient
 
 APP = create_app(Settings(backend="numpy", cpu_threads=2, **SMALL_LIMITS))
 schema = schemathesis.openapi.from_asgi("/openapi.json", APP).exclude(path="/v1/batch")

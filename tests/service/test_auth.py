@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,9 @@ import pytest
 from pydantic import SecretStr, ValidationError
 from starlette.routing import BaseRoute, Mount
 from starlette.types import Message, Scope
-from v2_support import NOT, TestClient, binary_input, framed, v2_client
+from support.framing import framed
+from support.inprocess import TestClient
+from support.v2 import NOT, binary_input, v2_client
 
 from tensorbits import auth, cli
 from tensorbits.api import routers
@@ -266,14 +268,20 @@ async def _never_receive() -> Message:
     raise AssertionError("the body of a refused request was read")
 
 
-@pytest.mark.anyio
-async def test_a_refusal_reads_no_body_and_reaches_nothing_behind_it() -> None:
-    calls: list[Scope] = []
+def _recorded_sends() -> tuple[list[Message], Callable[[Message], Awaitable[None]]]:
+    """An ASGI ``send`` that keeps every message, and the list it keeps them in."""
     sent: list[Message] = []
 
     async def send(message: Message) -> None:
         sent.append(message)
 
+    return sent, send
+
+
+@pytest.mark.anyio
+async def test_a_refusal_reads_no_body_and_reaches_nothing_behind_it() -> None:
+    calls: list[Scope] = []
+    sent, send = _recorded_sends()
     scope = {"type": "http", "method": "POST", "path": "/v1/batch", "headers": []}
     await _middleware(calls)(scope, _never_receive, send)
     assert calls == []
@@ -287,11 +295,7 @@ async def test_a_refusal_reads_no_body_and_reaches_nothing_behind_it() -> None:
 @pytest.mark.anyio
 async def test_a_websocket_without_a_key_is_closed_and_lifespan_passes() -> None:
     calls: list[Scope] = []
-    sent: list[Message] = []
-
-    async def send(message: Message) -> None:
-        sent.append(message)
-
+    sent, send = _recorded_sends()
     middleware = _middleware(calls)
     await middleware({"type": "websocket", "path": "/ws", "headers": []}, _never_receive, send)
     assert sent == [{"type": "websocket.close", "code": 1008}]

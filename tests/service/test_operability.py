@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from v2_support import NOT, TestClient, binary_input, framed, v2_client
+from support.framing import framed
+from support.inprocess import TestClient
+from support.v2 import NOT, binary_input, v2_client
 
 from tensorbits.observability import RequestTally
 from tensorbits.runtime import Drain

@@ -12,7 +12,9 @@ import tracemalloc
 from collections.abc import Iterator
 
 import pytest
-from v1_support import HEADER, TestClient, v1_client
+from support.framing import HEADER
+from support.inprocess import TestClient
+from support.v1 import v1_client
 
 MiB = 1 << 20
 

@@ -8,18 +8,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from service.v1_support import (
-    HEADER,
-    TestClient,
-    batch,
-    bind,
-    data,
-    dispatch,
-    outputs,
-    post,
-    v1_client,
-    zeros,
-)
+from support.framing import HEADER
+from support.inprocess import TestClient
+from support.v1 import batch, bind, data, dispatch, outputs, post, v1_client, zeros
 
 from tensorbits.backends import Backend
 from tensorbits.engine import compute
@@ -39,6 +30,20 @@ def u64(*shape: int) -> np.ndarray[Any, Any]:
     return RNG.integers(0, 2**64, size=shape, dtype=np.uint64)
 
 
+def xor_with_query(
+    rows: int, words: int, parameters: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Buffer "codes" XOR buffer "query" into "diff", UINT64 ``rows`` x ``words``: the query's
+    one row is broadcast over the codes' by a stride of 0."""
+    return dispatch(
+        "BIT_XOR",
+        parameters,
+        ATensor=bind("codes", "UINT64", [rows, words]),
+        BTensor=bind("query", "UINT64", [rows, words], strides=[0, 1]),
+        OutputTensor=bind("diff", "UINT64", [rows, words]),
+    )
+
+
 def test_hamming_distance_chain(client: TestClient) -> None:
     """XOR every packed code with the query (broadcast by stride 0), then count the bits."""
     rows, words = 64, 4
@@ -51,13 +56,7 @@ def test_hamming_distance_chain(client: TestClient) -> None:
             zeros("counts", rows * words),
         ],
         [
-            dispatch(
-                "BIT_XOR",
-                {"feature_level": "4_1"},
-                ATensor=bind("codes", "UINT64", [rows, words]),
-                BTensor=bind("query", "UINT64", [rows, words], strides=[0, 1]),
-                OutputTensor=bind("diff", "UINT64", [rows, words]),
-            ),
+            xor_with_query(rows, words, {"feature_level": "4_1"}),
             dispatch(
                 "BIT_COUNT",
                 InputTensor=bind("diff", "UINT64", [rows, words]),
@@ -349,12 +348,7 @@ def test_large_views_take_the_parallel_path(client: TestClient) -> None:
     header, payload = batch(
         [data("codes", codes), data("query", query), zeros("diff", codes.nbytes)],
         [
-            dispatch(
-                "BIT_XOR",
-                ATensor=bind("codes", "UINT64", [rows, words]),
-                BTensor=bind("query", "UINT64", [rows, words], strides=[0, 1]),
-                OutputTensor=bind("diff", "UINT64", [rows, words]),
-            ),
+            xor_with_query(rows, words),
             dispatch(
                 "BIT_NOT",
                 InputTensor=bind("diff", "UINT64", [rows, words]),

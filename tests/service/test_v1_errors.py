@@ -5,24 +5,14 @@ names, and a phrase of its message."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import pytest
-from service.v1_support import (
-    HEADER,
-    TestClient,
-    batch,
-    bind,
-    data,
-    dispatch,
-    error,
-    post,
-    v1_client,
-    zeros,
-)
+from support.framing import HEADER, framed
+from support.inprocess import TestClient
+from support.v1 import batch, bind, data, dispatch, error, post, v1_client, zeros
 
 Header = dict[str, Any]
 
@@ -367,15 +357,10 @@ def test_in_place_is_refused_where_the_operator_has_none(client: TestClient) -> 
 
 
 # --- framing ------------------------------------------------------------------------------------
-def framed(header: Header, payload: bytes) -> tuple[bytes, int]:
-    head = json.dumps(header).encode()
-    return head + payload, len(head)
-
-
 def test_short_body(client: TestClient) -> None:
     header, payload = valid()
-    body, length = framed(header, payload[:-4])
-    reply = error(client.post("/v1/batch", content=body, headers={HEADER: str(length)}))
+    body, headers = framed(header, payload[:-4])
+    reply = error(client.post("/v1/batch", content=body, headers=headers))
     assert reply["field"] == "buffers[0].byte_size"
     assert reply["error"] == (
         "buffers[0].byte_size: unexpected size for buffer 'in', expecting 128 additional bytes "
@@ -385,8 +370,8 @@ def test_short_body(client: TestClient) -> None:
 
 def test_leftover_body(client: TestClient) -> None:
     header, payload = valid()
-    body, length = framed(header, payload + b"extra")
-    reply = error(client.post("/v1/batch", content=body, headers={HEADER: str(length)}))
+    body, headers = framed(header, payload + b"extra")
+    reply = error(client.post("/v1/batch", content=body, headers=headers))
     assert reply["field"] == "body"
     assert "unexpected additional input data: 5 bytes" in reply["error"]
 

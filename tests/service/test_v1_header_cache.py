@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from v1_support import batch, bind, data, dispatch, error, outputs, post, v1_client, zeros
+from support.v1 import batch, bind, data, dispatch, error, outputs, post, v1_client, zeros
 
 from tensorbits.header_cache import HeaderCache
 

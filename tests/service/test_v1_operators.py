@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from service.v1_support import TestClient, v1_client
+from support.inprocess import TestClient
+from support.v1 import v1_client
 
 from tensorbits_protocol import catalog
 from tensorbits_protocol.operators import OPERATORS, REGISTRY

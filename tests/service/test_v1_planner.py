@@ -11,14 +11,14 @@ from typing import Any
 import numpy as np
 import pytest
 from pydantic import TypeAdapter, ValidationError
-from service.v1_support import (
-    TestClient,
+from support.framing import framed
+from support.inprocess import TestClient
+from support.v1 import (
     batch,
     bind,
     data,
     dispatch,
     error,
-    frame,
     outputs,
     post,
     rich_batch,
@@ -88,7 +88,7 @@ def test_describe_lays_a_description_out_for_any_offset() -> None:
 
 def test_packed_views_equal_strided_views(monkeypatch: pytest.MonkeyPatch) -> None:
     header, payload = rich_batch(RNG)
-    body, headers = frame(header, payload)
+    body, headers = framed(header, payload, binary=True)
     plan = v1._plan(bytearray(body), int(headers["Inference-Header-Content-Length"]), SETTINGS)
     tensors = [t for d in plan.dispatches for t in (*d.inputs, d.output)]
     assert sum(t.desc.packed for t in tensors) >= 14  # both paths are exercised

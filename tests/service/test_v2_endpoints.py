@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from service.v2_support import AND, NOT, TestClient, error_of, v2_client
+from support.inprocess import TestClient
+from support.v2 import AND, NOT, error_of, v2_client
 
 from tensorbits import __version__
 from tensorbits.app import create_app

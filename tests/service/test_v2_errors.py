@@ -15,17 +15,9 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from service.v2_support import (
-    AND,
-    HEADER,
-    NOT,
-    TestClient,
-    binary_input,
-    error_of,
-    framed,
-    json_input,
-    v2_client,
-)
+from support.framing import HEADER, framed
+from support.inprocess import TestClient
+from support.v2 import AND, NOT, binary_input, error_of, json_input, v2_client
 
 from tensorbits.runtime import Runtime
 

@@ -10,17 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 from core.bitref import assert_bits_equal
-from service.v2_support import (
-    HEADER,
-    NOT,
-    TestClient,
-    binary_input,
-    error_of,
-    framed,
-    json_input,
-    output_array,
-    v2_client,
-)
+from support.framing import HEADER, framed
+from support.inprocess import TestClient
+from support.v2 import NOT, binary_input, error_of, json_input, output_array, v2_client
 
 from tensorbits import header_cache, inference
 from tensorbits.config import Settings

@@ -12,14 +12,13 @@ from typing import Any
 import numpy as np
 import pytest
 from core.bitref import assert_bits_equal, reference
-from service.v2_support import (
+from support.framing import HEADER, framed
+from support.inprocess import TestClient
+from support.v2 import (
     AND,
-    HEADER,
     NOT,
-    TestClient,
     binary_input,
     error_of,
-    framed,
     infer_binary,
     infer_json,
     json_input,

@@ -1,7 +1,6 @@
-"""Tools for the live hostile-client tests: raw HTTP/1.1 over a socket, a bystander client that
-keeps checking health while a hostile request is in flight, and the server's peak memory.
-
-Imported as ``hostile`` (pytest puts ``tests/`` on ``sys.path``), beside ``livesupport``."""
+"""HTTP/1.1 by hand over a socket, for the live tests: requests written byte by byte, responses
+read from a connection (one at a time on a keep-alive connection, or all of a connection's), and
+a bystander client that keeps checking health while a hostile request is in flight."""
 
 from __future__ import annotations
 
@@ -13,14 +12,15 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from livesupport import LiveServer
+from support.live import LiveServer
 
 
-@dataclass(frozen=True)
-class Reply:
+class Reply(NamedTuple):
+    """A response: its status, its headers (names in lower case) and its body. A tuple, so
+    ``status, headers, body = read_response(sock)`` reads as well."""
+
     status: int
     headers: dict[str, str]
     body: bytes
@@ -30,35 +30,57 @@ class Reply:
         return document
 
 
+def _head(head: bytes) -> tuple[int, dict[str, str]]:
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, v in (x.split(":", 1) for x in lines[1:])}
+    return int(lines[0].split()[1]), headers
+
+
 def read_replies(data: bytes, methods: Sequence[str] = ()) -> list[Reply]:
     """Every complete response in ``data`` (a connection's bytes, in order); ``methods``: those
     of the requests, where one was HEAD (its response has a Content-Length but no content)."""
     replies: list[Reply] = []
     while b"\r\n\r\n" in data:
         head, _, rest = data.partition(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        headers = {k.strip().lower(): v.strip() for k, v in (x.split(":", 1) for x in lines[1:])}
+        status, headers = _head(head)
         head_request = len(replies) < len(methods) and methods[len(replies)] == "HEAD"
         length = 0 if head_request else int(headers.get("content-length", "0"))
-        replies.append(Reply(int(lines[0].split()[1]), headers, rest[:length]))
+        replies.append(Reply(status, headers, rest[:length]))
         data = rest[length:]
     return replies
 
 
 def read_response(sock: socket.socket) -> Reply:
-    """One response from a keep-alive connection: its head, then Content-Length bytes of body."""
+    """One response from a keep-alive connection: its head, then Content-Length bytes of body
+    (none without one), and not a byte more. ConnectionError if the server closes first."""
     data = b""
     while b"\r\n\r\n" not in data:
-        data += sock.recv(65536)
-    head, _, body = data.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    headers = {k.strip().lower(): v.strip() for k, v in (x.split(":", 1) for x in lines[1:])}
-    while len(body) < int(headers["content-length"]):
-        chunk = sock.recv(1 << 20)
+        chunk = sock.recv(65536)
         if not chunk:
-            break
+            raise ConnectionError(f"closed before a response head: {data[:200]!r}")
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    status, headers = _head(head)
+    length = int(headers.get("content-length", "0"))
+    body = bytearray(rest)
+    while len(body) < length:
+        chunk = sock.recv(min(1 << 20, length - len(body)))
+        if not chunk:
+            raise ConnectionError(f"closed {length - len(body)} bytes before the body's end")
         body += chunk
-    return Reply(int(lines[0].split()[1]), headers, body)
+    return Reply(status, headers, bytes(body))
+
+
+def ask(
+    server: LiveServer, data: bytes, *, timeout: float = 10, close_write: bool = False
+) -> Reply:
+    """Send ``data`` on a new connection and read one response (``close_write``: shut the
+    sending side once it is sent, as a client that is gone)."""
+    with socket.create_connection((server.host, server.port), timeout=timeout) as sock:
+        sock.sendall(data)
+        if close_write:
+            sock.shutdown(socket.SHUT_WR)
+        return read_response(sock)
 
 
 def exchange(
@@ -171,21 +193,3 @@ def repeatedly(server: LiveServer, action: Any, seconds: float = 0.5) -> list[An
         while not results or time.monotonic() < deadline:
             results.append(action())
     return results
-
-
-def reset_peak_rss(server: LiveServer) -> int:
-    """Reset the server's peak resident memory (Linux ``clear_refs``); its RSS now, in bytes."""
-    Path(f"/proc/{server.proc.pid}/clear_refs").write_text("5")
-    return _status_kib(server, "VmRSS") * 1024
-
-
-def peak_rss(server: LiveServer) -> int:
-    """The server's peak resident memory since the last ``reset_peak_rss``, in bytes."""
-    return _status_kib(server, "VmHWM") * 1024
-
-
-def _status_kib(server: LiveServer, key: str) -> int:
-    for line in Path(f"/proc/{server.proc.pid}/status").read_text().splitlines():
-        if line.startswith(f"{key}:"):
-            return int(line.split()[1])
-    raise AssertionError(f"{key} not in /proc/{server.proc.pid}/status")

@@ -3,40 +3,23 @@
 from __future__ import annotations
 
 import json
-import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 
 import numpy as np
 from httpx import Response
-from starlette.exceptions import StarletteDeprecationWarning
 
-with warnings.catch_warnings():
-    # Starlette 1.x asks for httpx2 under its TestClient; the workspace pins httpx 0.28, which
-    # works. Import it here, once, with that one warning silenced (test modules import it from us).
-    warnings.simplefilter("ignore", StarletteDeprecationWarning)
-    from fastapi.testclient import TestClient
-
+from support.framing import HEADER, framed
+from support.inprocess import TestClient, app_client
 from tensorbits.api import v1
-from tensorbits.app import create_app
 from tensorbits.backends import Backend
 from tensorbits.batch import run_batch
 from tensorbits.config import Settings
 
-HEADER = "Inference-Header-Content-Length"
 
-__all__ = ["HEADER", "TestClient"]
-
-
-@contextmanager
-def v1_client(**settings: Any) -> Iterator[TestClient]:
-    """A TestClient on an app (lifespan run) with the given settings, by default the NumPy
-    backend on two threads."""
-    with TestClient(
-        create_app(Settings(**{"backend": "numpy", "cpu_threads": 2, **settings}))
-    ) as client:
-        yield client
+def v1_client(**settings: Any) -> AbstractContextManager[TestClient]:
+    """``app_client`` as the /v1 tests use it: an exception the app lets out fails the test."""
+    return app_client(**settings)
 
 
 def desc(datatype: str, sizes: list[int], **extra: Any) -> dict[str, Any]:
@@ -68,13 +51,8 @@ def zeros(name: str, byte_size: int) -> dict[str, Any]:
     return {"name": name, "byte_size": byte_size, "init": "zeros"}
 
 
-def frame(header: dict[str, Any], payload: bytes = b"") -> tuple[bytes, dict[str, str]]:
-    head = json.dumps(header).encode()
-    return head + payload, {HEADER: str(len(head)), "Content-Type": "application/octet-stream"}
-
-
 def post(client: TestClient, header: dict[str, Any], payload: bytes = b"") -> Response:
-    body, headers = frame(header, payload)
+    body, headers = framed(header, payload, binary=True)
     response: Response = client.post("/v1/batch", content=body, headers=headers)
     return response
 
@@ -193,7 +171,7 @@ def rich_batch(rng: np.random.Generator) -> tuple[dict[str, Any], bytes]:
 
 def run_planned(header: dict[str, Any], payload: bytes, backend: Backend) -> bytes:
     """A batch planned and run in process on ``backend``: its output buffers' bytes, joined."""
-    body, headers = frame(header, payload)
+    body, headers = framed(header, payload, binary=True)
     request = bytearray(body)
     settings = Settings(backend="numpy")
     plan = v1._plan(request, int(headers[HEADER]), settings)

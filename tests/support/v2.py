@@ -4,40 +4,25 @@ binary tensor data extension), so every byte the server sees is the test's choic
 from __future__ import annotations
 
 import json
-import warnings
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from typing import Any
 
 import numpy as np
 from httpx import Response
-from starlette.exceptions import StarletteDeprecationWarning
 
-with warnings.catch_warnings():
-    # Starlette 1.x asks for httpx2 under its TestClient; the workspace pins httpx 0.28, which
-    # works. Import it once here with that one warning silenced.
-    warnings.simplefilter("ignore", StarletteDeprecationWarning)
-    from fastapi.testclient import TestClient
-
-from tensorbits.app import create_app
-from tensorbits.config import Settings
+from support.framing import HEADER, framed
+from support.inprocess import TestClient, app_client
 from tensorbits.runtime import Drain
 from tensorbits_protocol.dtypes import from_numpy
 
-HEADER = "Inference-Header-Content-Length"
 NOT = "DML_OPERATOR_ELEMENT_WISE_BIT_NOT"
 AND = "onnx.BitwiseAnd-18"
 
-__all__ = ["AND", "HEADER", "NOT", "TestClient"]
 
-
-@contextmanager
-def v2_client(drain: Drain | None = None, **settings: Any) -> Iterator[TestClient]:
-    """A TestClient on an app with the NumPy backend (lifespan run) and the given settings;
-    ``drain``: the server's, as ``create_app`` takes it."""
-    app = create_app(Settings(backend="numpy", cpu_threads=2, **settings), drain=drain)
-    with TestClient(app, raise_server_exceptions=False) as client:
-        yield client
+def v2_client(drain: Drain | None = None, **settings: Any) -> AbstractContextManager[TestClient]:
+    """``app_client`` as the v2 tests use it: an exception the app lets out is a 500 answer."""
+    return app_client(drain=drain, raise_server_exceptions=False, **settings)
 
 
 def json_input(name: str, array: np.ndarray[Any, Any], nested: bool = False) -> dict[str, Any]:
@@ -57,12 +42,6 @@ def binary_input(name: str, array: np.ndarray[Any, Any]) -> dict[str, Any]:
         "datatype": str(from_numpy(array.dtype)),
         "parameters": {"binary_data_size": array.nbytes},
     }
-
-
-def framed(header: Mapping[str, Any], *buffers: bytes) -> tuple[bytes, dict[str, str]]:
-    """A binary-extension body and its headers: JSON, then the buffers as given."""
-    head = json.dumps(header).encode()
-    return head + b"".join(buffers), {HEADER: str(len(head))}
 
 
 def infer_binary(

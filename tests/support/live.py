@@ -1,7 +1,7 @@
 """Start the real ``tensorbits serve`` (uvicorn, uvloop, httptools) on a free loopback port.
 
 One helper for every test that needs a live server: the integration, client, deployment and
-reliability suites. Imported as ``livesupport`` (pytest puts ``tests/`` on ``sys.path``)."""
+reliability suites; and the server process's resident memory, read from ``/proc`` (Linux)."""
 
 from __future__ import annotations
 
@@ -52,6 +52,27 @@ class LiveServer:
                 return status
         except urllib.error.HTTPError as exc:
             return exc.code
+
+    def rss(self) -> int:
+        """The server process's resident memory now, in bytes."""
+        return self._status_kib("VmRSS") * 1024
+
+    def reset_peak_rss(self) -> int:
+        """Reset the process's peak resident memory (Linux ``clear_refs``); its RSS now, in
+        bytes."""
+        Path(f"/proc/{self.proc.pid}/clear_refs").write_text("5")
+        return self.rss()
+
+    def peak_rss(self) -> int:
+        """The process's peak resident memory since it started or the last ``reset_peak_rss``,
+        in bytes."""
+        return self._status_kib("VmHWM") * 1024
+
+    def _status_kib(self, key: str) -> int:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith(f"{key}:"):
+                return int(line.split()[1])
+        raise AssertionError(f"{key} not in /proc/{self.proc.pid}/status")
 
 
 def wait_ready(server: LiveServer, path: str = "/v2/health/ready") -> None:

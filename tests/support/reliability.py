@@ -1,5 +1,5 @@
-"""Shared helpers of the reliability tests: an in-process app under small limits, the property
-every answer must satisfy, and a live ``tensorbits serve`` subprocess.
+"""Shared helpers of the reliability tests: an in-process app under small limits, hostile
+integers, and the property every answer must satisfy.
 
 Run longer by hand: ``TENSORBITS_FUZZ_EXAMPLES=5000 .venv/bin/pytest tests/reliability -k fuzz``.
 """
@@ -8,30 +8,18 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from livesupport import LiveServer, serve
-from starlette.exceptions import StarletteDeprecationWarning
 
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore", StarletteDeprecationWarning)
-    from fastapi.testclient import TestClient
-
-from tensorbits.app import create_app
-from tensorbits.config import Settings
+from support.inprocess import TestClient, app_client
 from tensorbits_protocol.integers import INT64_MAX, INT64_MIN, UINT64_MAX
 
 KiB = 1 << 10
 MiB = 1 << 20
-HEADER = "Inference-Header-Content-Length"
 
 # Small limits, so the fuzzer reaches every bound with small inputs.
 SMALL_LIMITS: dict[str, Any] = {
@@ -53,8 +41,6 @@ FUZZ = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     print_blob=True,
 )
-
-__all__ = ["FUZZ", "HEADER", "SMALL_LIMITS", "TestClient"]
 
 
 # --- hostile integers ---------------------------------------------------------------------------
@@ -133,11 +119,10 @@ hostile_ints: st.SearchStrategy[int | LongInt] = st.one_of(
 2**64 + k, -(2**63) - k, and long ones (as ``LongInt`` past 4,300 digits)."""
 
 
-@contextmanager
-def small_client(**overrides: Any) -> Iterator[TestClient]:
-    app = create_app(Settings(backend="numpy", cpu_threads=2, **{**SMALL_LIMITS, **overrides}))
-    with TestClient(app, raise_server_exceptions=False) as client:
-        yield client
+def small_client(**overrides: Any) -> AbstractContextManager[TestClient]:
+    """``app_client`` under ``SMALL_LIMITS`` (and ``overrides``): an exception the app lets out
+    is a 500 answer, which the reliability property refuses."""
+    return app_client(raise_server_exceptions=False, **{**SMALL_LIMITS, **overrides})
 
 
 def assert_not_server_error(
@@ -155,25 +140,3 @@ def assert_not_server_error(
         if names_field and not (status in (404, 405) and document.get("code") == "http_error"):
             # A string, maybe empty: a tensor's errors name the tensor as the client named it.
             assert isinstance(document.get("field"), str), document
-
-
-# --- a live server ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Live(LiveServer):
-    """``livesupport.LiveServer`` and the server process's peak memory."""
-
-    def peak_rss(self) -> int:
-        """VmHWM of the server process, in bytes."""
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-        raise RuntimeError("no VmHWM")
-
-
-@contextmanager
-def live_server(**env: str) -> Iterator[Live]:
-    """``tensorbits serve`` (uvicorn, httptools, uvloop) on a free loopback port."""
-    with serve(env, stderr=subprocess.DEVNULL) as server:
-        yield Live(server.host, server.port, server.proc)

@@ -1,0 +1,35 @@
+"""The app in process: ``create_app`` with the settings a test gives, under Starlette's
+``TestClient`` (its lifespan run, so the runtime and backend exist)."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from starlette.exceptions import StarletteDeprecationWarning
+
+with warnings.catch_warnings():
+    # Starlette 1.x asks for httpx2 under its TestClient; the workspace pins httpx 0.28, which
+    # works. Import it here, once, with that one warning silenced (tests import it from here).
+    warnings.simplefilter("ignore", StarletteDeprecationWarning)
+    from fastapi.testclient import TestClient
+
+from tensorbits.app import create_app
+from tensorbits.config import Settings
+from tensorbits.runtime import Drain
+
+__all__ = ["TestClient", "app_client"]
+
+
+@contextmanager
+def app_client(
+    *, drain: Drain | None = None, raise_server_exceptions: bool = True, **settings: Any
+) -> Iterator[TestClient]:
+    """A TestClient on an app with the NumPy backend on two threads and ``settings`` over that;
+    ``drain``: the server's, as ``create_app`` takes it. ``raise_server_exceptions=False``: an
+    exception the app lets out is a 500 response, as a server answers, not an error in the test."""
+    app = create_app(Settings(**{"backend": "numpy", "cpu_threads": 2, **settings}), drain=drain)
+    with TestClient(app, raise_server_exceptions=raise_server_exceptions) as client:
+        yield client
