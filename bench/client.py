@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 
 from bench._harness import PlainClient, interleaved_best, note, tensorbits_server  # noqa: E402
 from tensorbits_client import Client  # noqa: E402
-from tensorbits_client._codec import EncodedBody, encode_infer  # noqa: E402
+from tensorbits_client._codec import Framed, encode_infer  # noqa: E402
 
 MiB = 1 << 20
 XOR = "DML_OPERATOR_ELEMENT_WISE_BIT_XOR"
@@ -47,7 +47,7 @@ NOT = "DML_OPERATOR_ELEMENT_WISE_BIT_NOT"
 TARGET_PLAIN = 1.3
 
 
-def _request(model: str, inputs: dict[str, np.ndarray[Any, Any]]) -> tuple[str, EncodedBody]:
+def _request(model: str, inputs: dict[str, np.ndarray[Any, Any]]) -> tuple[str, Framed]:
     body = encode_infer(list(inputs.items()), {"feature_level": "6_4"}, binary=True)
     return f"/v2/models/{model}/infer", body
 

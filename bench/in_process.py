@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._baseline_app import app as bare_app
 from bench.http_service import NOT, row_xor_batch, row_xors, v2_binary_request
 from tensorbits import batch as planner
-from tensorbits.api import v1
+from tensorbits import engine
 from tensorbits.app import create_app
 from tensorbits.auth import ApiKeyMiddleware
 from tensorbits.backends.numpy_backend import NumpyBackend
@@ -131,19 +131,20 @@ def batch_small(rounds: int, dispatches: int = 100) -> dict[str, float]:
     header_length = int(encoded.headers["Inference-Header-Content-Length"])
     settings = Settings(backend="numpy")
     cache: HeaderCache[planner.BatchPlan] = HeaderCache(4 * MiB, 256 << 10)
-    plan = v1._plan(body, header_length, settings)
+    limits = planner.BatchLimits.from_settings(settings)
+    plan = planner.plan_rest(body, header_length, limits)
     sinks = [memoryview(bytearray(plan.buffers[i].byte_size)) for i in plan.outputs]
     backend = NumpyBackend(1)
     times = {
         "SDK: build and encode the batch": _best(build, rounds, 50),
         "server: decode and plan, cache off": _best(
-            lambda: v1._plan(body, header_length, settings), rounds, 50
+            lambda: planner.plan_rest(body, header_length, limits), rounds, 50
         ),
         "server: decode and plan, cache on": _best(
-            lambda: v1._plan(body, header_length, settings, cache), rounds, 50
+            lambda: planner.plan_rest(body, header_length, limits, cache), rounds, 50
         ),
         "server: run the plan (NumPy)": _best(
-            lambda: planner.run_batch(plan, body, backend, sinks), rounds, 50
+            lambda: engine.run_batch(plan, body, backend, sinks), rounds, 50
         ),
     }
     client.close()

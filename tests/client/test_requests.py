@@ -22,7 +22,7 @@ from tensorbits_client import (
     LocalValidationError,
     NotFoundError,
 )
-from tensorbits_client._codec import EncodedBody, FramingError
+from tensorbits_client._codec import Framed, FramingError
 from tensorbits_client._constants import DEFAULT_TIMEOUT
 from tensorbits_client._streaming import BodySink, iter_parts
 from tensorbits_protocol import codec
@@ -353,7 +353,7 @@ def test_outputs_are_aligned_writable_views_of_one_buffer() -> None:
             "additional bytes",
         ),
         (b"not json at all", 8, "malformed"),
-        (b"{}", 99, "outside the body"),
+        (b"{}", 99, "should be in range"),  # the shared codec's check and message
     ],
 )
 def test_malformed_responses_raise_response_validation_error(
@@ -458,7 +458,7 @@ def test_async_client_api_mirrors_the_sync_one() -> None:
 # --- the transport's pieces ---------------------------------------------------------------------
 def test_small_parts_are_coalesced_and_large_ones_sliced_without_copy() -> None:
     big = np.arange(3 << 20, dtype=np.uint8)
-    body = EncodedBody.framed(b"{}", [memoryview(b"ab"), big.data, memoryview(b"cd")])
+    body = Framed.framed(b"{}", [memoryview(b"ab"), big.data, memoryview(b"cd")])
     pieces = list(iter_parts(body, chunk=1 << 20))
     assert pieces[0] == b"{}ab"  # header and a tiny tensor in one write
     assert [len(p) for p in pieces[1:4]] == [1 << 20] * 3

@@ -1,7 +1,7 @@
 """A small, obviously-correct reference for every operator, and the strategies that feed it.
 
 The reference never calls a NumPy ufunc: it reads each element's stored bits as a Python int
-(little-endian bytes, ``int.from_bytes``), applies the rule of semantics.md to Python ints, and
+(little-endian bytes, ``int.from_bytes``), applies the rule of docs/semantics.md to Python ints, and
 writes the result's bits back. Shared by tests/core (NumPy backend) and tests/gpu (CuPy backend).
 """
 

@@ -22,7 +22,7 @@ from tensorbits_protocol.dml import (
     ViewLayout,
     check_desc,
     check_placement,
-    describe,
+    layout_of,
     minimum_implied_size,
     ranges_overlap,
 )
@@ -42,8 +42,8 @@ def bound_at(
     name: str, desc: TensorDesc, offset: int, buffer_size: int, *, buffer_name: str = "buffer"
 ) -> ViewLayout:
     """``desc`` bound at ``offset`` of a buffer, checked as the batch planner checks a binding
-    (``describe``, then ``check_placement``): the view the checks passed."""
-    layout = describe(name, desc)
+    (``layout_of``, then ``check_placement``): the view the checks passed."""
+    layout = layout_of(name, desc)
     check_placement(name, layout, offset, buffer_size, buffer_name=buffer_name)
     return ViewLayout(offset, layout.shape, layout.byte_strides, layout.total_size)
 

@@ -127,7 +127,7 @@ def test_shift_counts_at_and_past_the_width(numpy_backend: Backend, dt: DataType
 
 
 def test_shift_spot_values(numpy_backend: Backend) -> None:
-    """A few answers written out by hand (semantics.md rule 3)."""
+    """A few answers written out by hand (docs/semantics.md rule 3)."""
     rs = "openvino.BitwiseRightShift-15"
     ls = "openvino.BitwiseLeftShift-15"
     i8 = np.int8
@@ -300,7 +300,7 @@ def test_pdpd_broadcasts_from_axis(numpy_backend: Backend) -> None:
 
 
 def test_reference_is_not_vacuous() -> None:
-    """The reference disagrees with NumPy exactly where semantics.md says NumPy is wrong."""
+    """The reference disagrees with NumPy exactly where docs/semantics.md says NumPy is wrong."""
     x = np.array([-1], np.int8)
     assert reference(DML + "BIT_COUNT", {"InputTensor": x}).tolist() == [8]
     assert np.bitwise_count(x).tolist() == [1]

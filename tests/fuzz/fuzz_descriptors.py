@@ -2,7 +2,7 @@
 
 Input layout (bytes missing at the end read as zero); byte [0] & 1 picks the part:
 
-0 — ``dml.describe`` and ``dml.check_placement`` (a binding, as the planner checks one) on a
+0 — ``dml.layout_of`` and ``dml.check_placement`` (a binding, as the planner checks one) on a
 ``TensorDesc`` built from the bytes::
 
     [1] datatype (b % 12)   [2] rank 1 + b % 9   [3] flags:
@@ -19,7 +19,7 @@ Input layout (bytes missing at the end read as zero); byte [0] & 1 picks the par
     byte range (the extreme indices: offset + Σ (size_i - 1) · byte_stride_i + itemsize) lies in
     [offset, offset + total_size) ⊆ [0, buffer_size).
 
-1 — the /v1 batch planner, ``api.v1._plan`` (which calls ``batch.plan_batch``)::
+1 — the /v1 batch planner, ``batch.plan_rest`` (which calls ``batch.plan_batch``)::
 
     [1] b & 2: a structured batch (below); else b & 1: an Inference-Header-Content-Length, the
         decimal of [2:4] (little-endian), and the rest is the body (a JSON BatchRequest, then the
@@ -52,8 +52,7 @@ from __future__ import annotations
 from fuzz_support import SMALL_LIMITS, Reader, fuzz, instrumented
 
 with instrumented(__name__, "tensorbits", "tensorbits_protocol"):
-    from tensorbits import batch
-    from tensorbits.api import v1
+    from tensorbits import batch, engine
     from tensorbits.backends.numpy_backend import NumpyBackend
     from tensorbits.config import Settings
     from tensorbits_protocol import codec, dml
@@ -79,6 +78,7 @@ STRUCTURED_TYPES = (
 # digits past which Python refuses to convert an integer to or from text.
 LONG_DIGITS = (20, 39, 309, 4299, 4300, 4301, 20000)
 SETTINGS = Settings(**SMALL_LIMITS, max_buffers=16, max_dispatches=16)
+LIMITS = batch.BatchLimits.from_settings(SETTINGS)
 BACKEND = NumpyBackend(1)
 _WIDTHS = (1, 2, 4, 8)
 
@@ -161,7 +161,7 @@ def fuzz_desc(reader: Integers) -> None:
         buffer_size += offset + (total_size or 0)
     desc = dml.TensorDesc(datatype, sizes, strides, total_size, alignment)
     try:
-        described = dml.describe("fuzz", desc)
+        described = dml.layout_of("fuzz", desc)
         dml.check_placement("fuzz", described, offset, buffer_size)
     except InvalidRequest:
         return
@@ -238,7 +238,7 @@ def fuzz_batch(reader: Integers) -> None:
         return
     try:
         header_length = codec.parse_header_length(value, len(body))
-        plan = v1._plan(body, header_length, SETTINGS)
+        plan = batch.plan_rest(body, header_length, LIMITS)
     except TensorbitsError:
         return
     data_start = len(body) if header_length is None else header_length
@@ -251,7 +251,7 @@ def fuzz_batch(reader: Integers) -> None:
         for tensor in (*dispatch.inputs, dispatch.output):
             _check_tensor(plan, tensor)
     sinks = [memoryview(bytearray(plan.buffers[i].byte_size)) for i in plan.outputs]
-    batch.run_batch(plan, body, BACKEND, sinks)
+    engine.run_batch(plan, body, BACKEND, sinks)
 
 
 def TestOneInput(data: bytes) -> None:  # noqa: N802 (the name atheris and libFuzzer use)

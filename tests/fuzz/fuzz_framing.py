@@ -11,7 +11,7 @@ Input layout (bytes missing at the end read as zero)::
     rest    the request body
 
 The target runs what the server runs on a request: ``codec.parse_header_length``,
-``codec.split_body`` and ``inference.plan`` (small limits, NumPy backend); when a plan comes back
+``codec.split_body`` and ``inference.plan_rest`` (small limits, NumPy backend); when a plan comes back
 it also runs ``inference.execute`` and checks the framing of the response. The property: every
 call returns or raises a ``TensorbitsError``; any other exception is a finding and propagates.
 
@@ -33,7 +33,7 @@ with instrumented(__name__, "tensorbits", "tensorbits_protocol"):
     from tensorbits_protocol.operators import OPERATORS
 
 SETTINGS = Settings(**SMALL_LIMITS)
-LIMITS = inference.Limits.from_settings(SETTINGS)
+LIMITS = inference.request_limits(SETTINGS)
 BACKEND = NumpyBackend(1)
 
 
@@ -63,7 +63,7 @@ def TestOneInput(data: bytes) -> None:  # noqa: N802 (the name atheris and libFu
         header_length = codec.parse_header_length(value, len(body))
         head, tail = codec.split_body(memoryview(body), header_length)
         assert len(head) + len(tail) == len(body)
-        plan = inference.plan(op, body, header_length, LIMITS)
+        plan = inference.plan_rest(op, body, header_length, LIMITS)
     except TensorbitsError:
         return
     assert len(plan.inputs) == len(op.inputs)
@@ -76,7 +76,7 @@ def TestOneInput(data: bytes) -> None:  # noqa: N802 (the name atheris and libFu
         length = encoded.header_length
         assert length is not None
         assert length % codec.ALIGNMENT == 0
-        assert len(encoded.body) == length + plan.output_nbytes
+        assert encoded.content_length == length + plan.output_nbytes
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ def test_operator_matches_reference(
 
 @pytest.mark.parametrize("dt", SIGNED + UNSIGNED)
 def test_shift_counts_at_and_past_the_width(cupy_backend: Backend, dt: DataType) -> None:
-    """CUDA's native << and >> are undefined here; the kernel must enforce semantics.md rule 3."""
+    """CUDA's native << and >> are undefined here; the kernel must enforce docs/semantics.md rule 3."""
     w = width(dt)
     signed = dt in SIGNED
     values = [1, 5, (1 << (w - 1)) - 1, -1 if signed else (1 << w) - 1, 16]

@@ -23,8 +23,7 @@ def through_json(op: OperatorSpec) -> OperatorSpec:
     return catalog.from_wire(json.loads(json.dumps(catalog.to_wire(op))))
 
 
-def test_all_eighteen_are_described() -> None:
-    assert len(OPERATORS) == 18
+def test_every_operator_is_described() -> None:
     assert [info.name for info in catalog.listing().operators] == IDS
 
 

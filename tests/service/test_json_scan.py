@@ -157,20 +157,25 @@ def test_the_largest_batch_header_the_limits_allow_fits_the_defaults() -> None:
     check_structure(raw, header_limits(settings), "header")  # nor past the value bound
 
 
-def test_a_small_batch_header_is_left_to_its_parser(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Fewer commas and brackets than UNSCANNED_HEADER_VALUES: the parser reads it unscanned (its
-    # counts are checked exactly afterwards); one more comma and it is scanned first.
+def test_a_small_batch_header_has_its_members_counted_once_parsed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Fewer commas and brackets than MEMBERS_PARSED_BELOW: its depth and values are scanned on
+    # the bytes (one JSON policy with v2), its counts are checked exactly once it is parsed; one
+    # more comma and the members are counted on the bytes too.
     from tensorbits import batch
 
     limits = header_limits(Settings())
-    scanned: list[bytes] = []
-    monkeypatch.setattr(jsondata, "scan_blocks", lambda doc, names: scanned.append(doc) or iter(()))
-    small = b'{"outputs": [' + b'"a",' * (batch.UNSCANNED_HEADER_VALUES - 1) + b'"a"]}'
+    scanned: list[tuple[bytes, tuple[str, ...]]] = []
+    monkeypatch.setattr(
+        jsondata, "scan_blocks", lambda doc, names: scanned.append((doc, names)) or iter(())
+    )
+    small = b'{"outputs": [' + b'"a",' * (batch.MEMBERS_PARSED_BELOW - 1) + b'"a"]}'
     check_structure(small, limits, "header")
-    assert not scanned
+    assert scanned == [(small, ())]
     large = small.replace(b"[", b'["a",', 1)
     check_structure(large, limits, "header")
-    assert scanned == [large]
+    assert scanned[1:] == [(large, limits.names)]
 
 
 @pytest.mark.parametrize(

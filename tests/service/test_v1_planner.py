@@ -28,18 +28,23 @@ from support.v1 import (
 )
 
 from tensorbits import batch as planner
+from tensorbits import engine
 from tensorbits.api import routers, v1
 from tensorbits.api.fastpath import FastPathMiddleware
 from tensorbits.app import create_app
 from tensorbits.backends.numpy_backend import NumpyBackend
 from tensorbits.config import Settings
-from tensorbits_protocol.dml import TensorDesc, check_placement, describe, is_packed
+from tensorbits_protocol import v1_codec
+from tensorbits_protocol.dml import TensorDesc, check_placement, is_packed, layout_of
 from tensorbits_protocol.dtypes import DataType
-from tensorbits_protocol.v1 import BATCH_REQUEST_DATA, BatchRequest
+from tensorbits_protocol.errors import InvalidRequest
+from tensorbits_protocol.v1 import BatchRequest
+from tensorbits_protocol.v1_codec import BATCH_REQUEST_DATA
 
 RNG = np.random.default_rng(7)
 SETTINGS = Settings(backend="numpy")
-LIMITS = planner.header_limits(SETTINGS)
+BATCH_LIMITS = planner.BatchLimits.from_settings(SETTINGS)
+LIMITS = BATCH_LIMITS.header
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +72,7 @@ def client() -> Iterator[TestClient]:
 def test_packed_means_a_plain_slice(
     sizes: tuple[int, ...], strides: tuple[int, ...] | None, packed: bool
 ) -> None:
-    layout = describe("ATensor", TensorDesc(DataType.UINT16, sizes, strides))
+    layout = layout_of("ATensor", TensorDesc(DataType.UINT16, sizes, strides))
     assert layout.packed is packed
     assert is_packed(layout.shape, layout.byte_strides, 2) is packed
     if packed:
@@ -80,7 +85,7 @@ def test_packed_means_a_plain_slice(
 
 def test_describe_lays_a_description_out_for_any_offset() -> None:
     desc = TensorDesc(DataType.FP32, (2, 3), (4, 1), total_size=32, alignment=32)
-    layout = describe("ATensor", desc)
+    layout = layout_of("ATensor", desc)
     assert (layout.shape, layout.byte_strides, layout.total_size) == ((2, 3), (16, 4), 32)
     assert (layout.alignment, layout.itemsize, layout.elements, layout.packed) == (32, 4, 6, False)
     check_placement("ATensor", layout, 64, 128)  # placed at a multiple of its alignment, inside
@@ -89,13 +94,15 @@ def test_describe_lays_a_description_out_for_any_offset() -> None:
 def test_packed_views_equal_strided_views(monkeypatch: pytest.MonkeyPatch) -> None:
     header, payload = rich_batch(RNG)
     body, headers = framed(header, payload, binary=True)
-    plan = v1._plan(bytearray(body), int(headers["Inference-Header-Content-Length"]), SETTINGS)
+    plan = planner.plan_rest(
+        bytearray(body), int(headers["Inference-Header-Content-Length"]), BATCH_LIMITS
+    )
     tensors = [t for d in plan.dispatches for t in (*d.inputs, d.output)]
     assert sum(t.desc.packed for t in tensors) >= 14  # both paths are exercised
     assert sum(not t.desc.packed for t in tensors) >= 6
 
     fast = run_planned(header, payload, NumpyBackend(1))
-    monkeypatch.setattr(planner._Views, "of", planner._Views.strided)
+    monkeypatch.setattr(engine._Views, "of", engine._Views.strided)
     strided = run_planned(header, payload, NumpyBackend(1))
     assert fast == strided
 
@@ -313,11 +320,11 @@ def test_what_the_dict_reader_refuses_is_read_by_the_models(
     # Were the two ever to differ, the models decide: a refusal by the fast reader alone is not
     # an error, and the models' error is the one reported.
     raw = json.dumps(HEADERS[2]).encode()
-    expected = v1.decode_header(raw, LIMITS)
-    monkeypatch.setattr(v1, "BATCH_REQUEST_DATA", TypeAdapter(int))
-    assert v1.decode_header(raw, LIMITS) == expected
-    with pytest.raises(v1.InvalidRequest) as info:
-        v1.decode_header(json.dumps(BAD_HEADERS[2]).encode(), LIMITS)
+    expected = v1_codec.decode_request(raw, LIMITS)
+    monkeypatch.setattr(v1_codec, "BATCH_REQUEST_DATA", TypeAdapter(int))
+    assert v1_codec.decode_request(raw, LIMITS) == expected
+    with pytest.raises(InvalidRequest) as info:
+        v1_codec.decode_request(json.dumps(BAD_HEADERS[2]).encode(), LIMITS)
     assert info.value.field == "buffers[0].byte_size"
     assert info.value.rule == "int_type"
 

@@ -1,4 +1,4 @@
-"""The v2 header cache (inference.HeaderCache): a repeated all-binary header is planned once,
+"""The v2 header cache (header_cache.HeaderCache): a repeated all-binary header is planned once,
 and nothing but the plan is remembered: every request computes on its own bytes, and anything
 that differs (model, body length, JSON data, a failed check) takes the full path."""
 
@@ -143,9 +143,9 @@ def test_only_headers_up_to_the_bound_are_remembered(header_length: int) -> None
     x = np.arange(4, dtype=np.uint8)
     head = json.dumps({"inputs": [binary_input("InputTensor", x)]}).encode()
     head += b" " * (header_length - len(head))  # JSON whitespace, part of the header
-    limits = inference.Limits.from_settings(Settings())
+    limits = inference.request_limits(Settings())
     for _ in range(2):
         body = bytearray(head + x.tobytes())
-        planned = inference.plan(get_operator(NOT), body, header_length, limits, cache)
+        planned = inference.plan_rest(get_operator(NOT), body, header_length, limits, cache)
         assert_bits_equal(planned.inputs[0], x)
     assert len(cache) == (1 if header_length <= 4096 else 0)

@@ -406,12 +406,12 @@ def test_non_numpy_backends_copy_back_into_the_response(numpy_backend: Any, bina
         "parameters": {"binary_data_output": binary},
     }
     body, headers = framed(header, a.tobytes(), b.tobytes())
-    limits = inference.Limits.from_settings(Settings(backend="numpy"))
-    plan = inference.plan(get_operator(AND), bytearray(body), int(headers[HEADER]), limits)
+    limits = inference.request_limits(Settings(backend="numpy"))
+    plan = inference.plan_rest(get_operator(AND), bytearray(body), int(headers[HEADER]), limits)
     backend = _DeviceLike(numpy_backend)
     encoded = inference.execute(plan, backend)  # type: ignore[arg-type]
     assert backend.copies_in == 2
-    raw = bytes(encoded.body)
+    raw = b"".join(encoded.parts)
     if binary:
         length = encoded.header_length
         assert length is not None

@@ -11,10 +11,10 @@ from httpx import Response
 
 from support.framing import HEADER, framed
 from support.inprocess import TestClient, app_client
-from tensorbits.api import v1
 from tensorbits.backends import Backend
-from tensorbits.batch import run_batch
+from tensorbits.batch import BatchLimits, plan_rest
 from tensorbits.config import Settings
+from tensorbits.engine import run_batch
 
 
 def v1_client(**settings: Any) -> AbstractContextManager[TestClient]:
@@ -174,7 +174,7 @@ def run_planned(header: dict[str, Any], payload: bytes, backend: Backend) -> byt
     body, headers = framed(header, payload, binary=True)
     request = bytearray(body)
     settings = Settings(backend="numpy")
-    plan = v1._plan(request, int(headers[HEADER]), settings)
+    plan = plan_rest(request, int(headers[HEADER]), BatchLimits.from_settings(settings))
     sinks = [bytearray(plan.buffers[i].byte_size) for i in plan.outputs]
     run_batch(plan, request, backend, [memoryview(s) for s in sinks])
     return b"".join(sinks)

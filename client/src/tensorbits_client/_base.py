@@ -33,11 +33,11 @@ from tensorbits_client._catalog import (
 from tensorbits_client._codec import (
     HEADER_LENGTH,
     Body,
-    EncodedBody,
-    FramingError,
+    Framed,
     InferResult,
     decode_infer,
     encode_infer,
+    header_length_hint,
     plain_parameters,
     wire_array,
 )
@@ -129,7 +129,7 @@ class Call(Generic[T]):
     method: str
     path: str
     decode: Callable[[httpx.Response, Body], T]
-    body: EncodedBody | None = None
+    body: Framed | None = None
     timeout: TimeoutTypes | NotGiven = NOT_GIVEN
     max_retries: int | NotGiven = NOT_GIVEN
 
@@ -139,16 +139,7 @@ def _decode_json(response: httpx.Response, body: Body) -> object:
 
 
 def _decode_infer(response: httpx.Response, body: Body) -> InferResult:
-    return decode_infer(body, header_length(response))
-
-
-def header_length(response: httpx.Response) -> int | None:
-    raw = response.headers.get(HEADER_LENGTH)
-    if raw is None:
-        return None
-    if not (raw.isascii() and raw.strip().isdigit()):
-        raise FramingError(f"{HEADER_LENGTH} {raw[:40]!r} is not a byte count")
-    return int(raw)
+    return decode_infer(body, response.headers.get(HEADER_LENGTH))
 
 
 def _content_length(response: httpx.Response) -> int | None:
@@ -286,7 +277,7 @@ class BaseClient(Generic[HttpT, R]):
         # A string join: httpx parses the URL of every request anyway, once is enough.
         return self._url_prefix + path
 
-    def _headers(self, body: EncodedBody | None) -> dict[str, str]:
+    def _headers(self, body: Framed | None) -> dict[str, str]:
         headers = {
             # Tensors do not compress; a server that honours gzip would only burn CPU.
             "Accept-Encoding": "identity",
@@ -363,7 +354,7 @@ class BaseClient(Generic[HttpT, R]):
     def _sink(response: httpx.Response, raw: bool) -> BodySink:
         # Content-Length counts the raw bytes: it sizes the buffer only when those are the body.
         length = _content_length(response) if raw else None
-        return BodySink(length, header_length_or_zero(response))
+        return BodySink(length, header_length_hint(response.headers.get(HEADER_LENGTH)))
 
     @staticmethod
     def _raw_available(response: httpx.Response) -> bool:
@@ -435,10 +426,3 @@ class BaseClient(Generic[HttpT, R]):
         if not math.isfinite(seconds):
             return None
         return max(seconds, 0.0)
-
-
-def header_length_or_zero(response: httpx.Response) -> int:
-    try:
-        return header_length(response) or 0
-    except FramingError:
-        return 0  # judged when the body is decoded

@@ -20,14 +20,14 @@ from typing import Any, Generic, Literal, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from tensorbits_client._batch_wire import buffer_binding, encode_dispatch, encode_header
-from tensorbits_client._codec import Body, EncodedBody, raw_bytes, wire_array
+from tensorbits_client._codec import Body, Framed, raw_bytes, wire_array
 from tensorbits_client._families import DML, CountType, FeatureLevel, method_shape
 from tensorbits_client._types import NOT_GIVEN, Array, NotGiven, ParameterValue, TimeoutTypes
 from tensorbits_protocol.dml import TensorDesc
 from tensorbits_protocol.dtypes import DataType, from_numpy, itemsize, numpy_dtype, parse_datatype
 from tensorbits_protocol.operators import OperatorSpec
 from tensorbits_protocol.v1 import BufferBinding, BufferDeclaration, Dispatch
+from tensorbits_protocol.v1_codec import buffer_binding, encode_dispatch, encode_header
 
 R = TypeVar("R")
 DataTypeLike = DataType | str | np.dtype[Any] | type[np.generic]
@@ -162,7 +162,7 @@ class Buffer:
 
 
 # One TensorDesc per distinct description made by ``Buffer.tensor``, so that its JSON is found by
-# identity when a batch binds the same description at many offsets (``_batch_wire.desc_json``).
+# identity when a batch binds the same description at many offsets (``v1_codec.desc_json``).
 # Only plain values are keys: NumPy's 64 == 64 would otherwise share an entry with a plain 64.
 _DESCRIPTIONS: dict[tuple[object, ...], TensorDesc] = {}
 _DESCRIPTIONS_MAX = 4096
@@ -213,10 +213,10 @@ class _OutputView:
 
 
 @dataclass(frozen=True, slots=True)
-class BatchPlan:
+class PreparedBatch:
     """A batch ready to send: its body, and how to view each buffer that comes back."""
 
-    body: EncodedBody
+    body: Framed
     views: Mapping[str, _OutputView]
 
     def results(self, body: Body, starts: Mapping[str, int]) -> dict[str, Array]:
@@ -226,7 +226,7 @@ class BatchPlan:
         return {name: view.of(body, starts[name]) for name, view in self.views.items()}
 
 
-BatchRunner = Callable[[BatchPlan, TimeoutTypes | NotGiven], R]
+BatchRunner = Callable[[PreparedBatch, TimeoutTypes | NotGiven], R]
 
 
 class Batch(Generic[R]):
@@ -409,7 +409,7 @@ class Batch(Generic[R]):
             return _OutputView(numpy_dtype(buffer.datatype), buffer.shape)
         return _OutputView(np.dtype(np.uint8), (buffer.nbytes,))
 
-    def plan(self) -> BatchPlan:
+    def plan(self) -> PreparedBatch:
         """The request body and the output views (what ``run`` sends)."""
         views = dict(self._outputs)
         if not views and self._last_output is not None:
@@ -418,7 +418,7 @@ class Batch(Generic[R]):
         if not views:
             raise ValueError("nothing to return: name a buffer with batch.output(...)")
         header = encode_header(self.request_id, self._declarations, self._dispatches, list(views))
-        return BatchPlan(EncodedBody.framed(header, self._data), views)
+        return PreparedBatch(Framed.framed(header, self._data), views)
 
     def run(self, *, timeout: TimeoutTypes | NotGiven = NOT_GIVEN) -> R:
         """Send the batch; the outputs come back as arrays keyed by buffer name. Without any

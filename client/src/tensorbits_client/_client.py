@@ -15,10 +15,10 @@ import httpx
 import numpy.typing as npt
 
 from tensorbits_client import _constants as constants
-from tensorbits_client._base import BaseClient, Call, header_length
-from tensorbits_client._batch import Batch, BatchPlan
+from tensorbits_client._base import BaseClient, Call
+from tensorbits_client._batch import Batch, PreparedBatch
 from tensorbits_client._catalog import Registry
-from tensorbits_client._codec import Body, FramingError, InferResult, decode_batch
+from tensorbits_client._codec import HEADER_LENGTH, Body, FramingError, InferResult, decode_batch
 from tensorbits_client._exceptions import APIError, APIResponseValidationError
 from tensorbits_client._map import as_inputs, open_progress, pipeline, run_sync, total_of
 from tensorbits_client._streaming import aiter_parts, iter_parts
@@ -35,9 +35,9 @@ from tensorbits_client._types import (
 T = TypeVar("T")
 
 
-def _batch_decoder(plan: BatchPlan) -> Callable[[httpx.Response, Body], dict[str, Array]]:
+def _batch_decoder(plan: PreparedBatch) -> Callable[[httpx.Response, Body], dict[str, Array]]:
     def decode(response: httpx.Response, body: Body) -> dict[str, Array]:
-        _, starts = decode_batch(body, header_length(response))
+        _, starts = decode_batch(body, response.headers.get(HEADER_LENGTH))
         return plan.results(body, starts)
 
     return decode
@@ -160,7 +160,7 @@ class Client(BaseClient[httpx.Client, Array]):
         """A new /v1 batch; ``run()`` sends it and returns its outputs by buffer name."""
         return Batch(self._run_batch, request_id)
 
-    def _run_batch(self, plan: BatchPlan, timeout: TimeoutTypes | NotGiven) -> dict[str, Array]:
+    def _run_batch(self, plan: PreparedBatch, timeout: TimeoutTypes | NotGiven) -> dict[str, Array]:
         call = Call("POST", "/v1/batch", _batch_decoder(plan), body=plan.body, timeout=timeout)
         result: dict[str, Array] = self._request(call)
         return result
@@ -320,7 +320,7 @@ class AsyncClient(BaseClient[httpx.AsyncClient, Coroutine[Any, Any, Array]]):
         return Batch(self._run_batch, request_id)
 
     async def _run_batch(
-        self, plan: BatchPlan, timeout: TimeoutTypes | NotGiven
+        self, plan: PreparedBatch, timeout: TimeoutTypes | NotGiven
     ) -> dict[str, Array]:
         call = Call("POST", "/v1/batch", _batch_decoder(plan), body=plan.body, timeout=timeout)
         result: dict[str, Array] = await self._request(call)

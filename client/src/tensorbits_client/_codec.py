@@ -12,6 +12,7 @@ into it (zero-copy, writable).
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,43 +22,19 @@ import numpy.typing as npt
 from pydantic import ValidationError
 
 from tensorbits_client._types import Array
-from tensorbits_protocol import codec
-from tensorbits_protocol.dtypes import DataType, from_numpy, numpy_dtype
+from tensorbits_protocol import codec, v1_codec
+from tensorbits_protocol.dtypes import from_numpy
 from tensorbits_protocol.errors import InvalidRequest
-from tensorbits_protocol.jsondata import decode_data, encode_data
-from tensorbits_protocol.v1 import BatchResponse
-from tensorbits_protocol.v2 import InferenceResponse, ResponseOutput
+from tensorbits_protocol.infer import InferRequest, InferResponse, Tensor
+from tensorbits_protocol.jsondata import encode_data
 
 HEADER_LENGTH = codec.HEADER_LENGTH
+# A request body as it is sent (``parts``, ``headers``): the shared codec's, as the server's.
+Framed = codec.Framed
 
 
 class FramingError(ValueError):
     """A response body that does not follow the framing (the caller wraps it with the response)."""
-
-
-@dataclass(frozen=True, slots=True)
-class EncodedBody:
-    """A request body as parts sent in order, with the headers that describe it."""
-
-    parts: tuple[bytes | memoryview, ...]
-    headers: dict[str, str]
-    content_length: int = field(init=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "content_length", sum(len(p) for p in self.parts))
-
-    @classmethod
-    def json(cls, document: object) -> EncodedBody:
-        header = codec.dump_header(document, align=False)
-        return cls((header,), {"Content-Type": codec.JSON_CONTENT_TYPE})
-
-    @classmethod
-    def framed(cls, header: bytes, buffers: Sequence[memoryview]) -> EncodedBody:
-        headers = {
-            "Content-Type": codec.BINARY_CONTENT_TYPE,
-            HEADER_LENGTH: str(len(header)),
-        }
-        return cls((header, *buffers), headers)
 
 
 def wire_array(array: Array) -> Array:
@@ -80,41 +57,27 @@ def encode_infer(
     *,
     binary: bool,
     request_id: str | None = None,
-) -> EncodedBody:
+) -> Framed:
     """The body of ``POST /v2/models/{name}/infer``; ``inputs`` are wire-ready arrays, in order.
 
     Binary: every input as raw bytes after the header, every output asked back as binary data
-    (``binary_data_output``). JSON: ``data`` lists both ways.
-
-    The document is an ``v2.InferenceRequest`` written as a plain dict: building the pydantic
-    models cost ~30 µs a call, a fifth of the SDK's overhead on a small request. The tests
-    validate what this writes against ``InferenceRequest``, so the wire models stay the contract.
-    """
-    document: dict[str, Any] = {}
-    if request_id is not None:
-        document["id"] = request_id
+    (``binary_data_output``). JSON: ``data`` lists both ways. The encoder is the protocol's
+    (``InferRequest.to_rest``), the one the server's decoder is tested against."""
     params: dict[str, object] = dict(parameters)
     if binary:
         params["binary_data_output"] = True
-    if params:
-        document["parameters"] = params
-    tensors = []
-    for name, array in inputs:
-        tensor: dict[str, Any] = {
-            "name": name,
-            "shape": list(array.shape),
-            "datatype": from_numpy(array.dtype).value,
-        }
-        if binary:
-            tensor["parameters"] = {"binary_data_size": array.nbytes}
-        else:
-            tensor["data"] = encode_data(name, array)
-        tensors.append(tensor)
-    document["inputs"] = tensors
-    if not binary:
-        return EncodedBody.json(document)
-    header, buffers = codec.encode_body(document, [raw_bytes(a) for _, a in inputs])
-    return EncodedBody.framed(header, buffers)
+    tensors = tuple(
+        Tensor(
+            name,
+            from_numpy(array.dtype),
+            array.shape,
+            raw=raw_bytes(array) if binary else None,
+            data=None if binary else encode_data(name, array),
+        )
+        for name, array in inputs
+    )
+    header, buffers = InferRequest(tensors, params, id=request_id).to_rest()
+    return Framed.framed(header, buffers) if binary else Framed.json(header)
 
 
 def plain_parameters(parameters: Mapping[str, object] | None) -> dict[str, object]:
@@ -156,15 +119,17 @@ class Body:
     start: int
     end: int
 
-    def header(self, header_length: int | None) -> tuple[bytes, int]:
-        """The JSON header's bytes and the offset where the binary data starts."""
-        size = self.end - self.start
-        if header_length is None:
-            header_length = size
-        if not 0 <= header_length <= size:
-            raise FramingError(f"{HEADER_LENGTH} {header_length} is outside the body")
-        data = self.start + header_length
-        return self.buffer[self.start : data].tobytes(), data  # small: a copy is fine
+    def split(self, header_length: str | None) -> tuple[bytes, memoryview]:
+        """The JSON header's bytes and a view of the binary data after it, split where the
+        ``Inference-Header-Content-Length`` value says: parsed and checked against the body by
+        the shared codec (``parse_header_length``, ``split_body``), as the server's are."""
+        view = self.buffer[self.start : self.end].data
+        try:
+            length = codec.parse_header_length(header_length, len(view))
+        except InvalidRequest as exc:
+            raise FramingError(exc.message) from None
+        head, tail = codec.split_body(view, length)
+        return bytes(head), tail  # the header is small: a copy is fine
 
     def view(self, offset: int, dtype: np.dtype[Any], shape: tuple[int, ...]) -> Array:
         """A zero-copy array of ``shape`` over the bytes at ``offset``."""
@@ -172,66 +137,48 @@ class Body:
         return self.buffer[offset : offset + nbytes].view(dtype).reshape(shape)
 
 
-def _frame(output: ResponseOutput) -> codec.TensorFrame:
-    size = output.parameters.binary_data_size if output.parameters is not None else None
-    return codec.TensorFrame(output.name, DataType(output.datatype), tuple(output.shape), size)
-
-
-def decode_infer(body: Body, header_length: int | None) -> InferResult:
-    """Parse a v2 response; ``header_length`` None: the whole body is JSON.
-
-    Binary outputs become zero-copy views of ``body``; the framing checks (sizes against shapes,
-    nothing short, nothing left over) are the shared codec's."""
-    raw_header, data_start = body.header(header_length)
+def header_length_hint(value: str | None) -> int:
+    """Where a response's binary data will start, before its body is read (to align the buffer
+    it is read into): its ``Inference-Header-Content-Length`` if that parses, else 0 (the value
+    is judged when the body is decoded)."""
     try:
-        document = InferenceResponse.model_validate_json(raw_header)
-        frames = [_frame(output) for output in document.outputs]
-        tail = body.buffer[data_start : body.end].data
-        slices = codec.slice_tensors(
-            frames, tail, document.model_name, header_given=header_length is not None
-        )
-        outputs = {
-            output.name: _output_array(output, frame, raw)
-            for output, frame, raw in zip(document.outputs, frames, slices, strict=True)
-        }
+        return codec.parse_header_length(value, sys.maxsize) or 0
+    except InvalidRequest:
+        return 0
+
+
+def decode_infer(body: Body, header_length: str | None) -> InferResult:
+    """Parse a v2 response; ``header_length`` is its ``Inference-Header-Content-Length`` (None:
+    the whole body is JSON).
+
+    Binary outputs become zero-copy views of ``body``; the decoder is the protocol's
+    (``InferResponse.from_rest``: sizes against shapes, nothing short, nothing left over)."""
+    head, tail = body.split(header_length)
+    try:
+        response = InferResponse.from_rest(head, tail, header_given=header_length is not None)
+        outputs = {tensor.name: tensor.array("output") for tensor in response.outputs}
     except (ValidationError, InvalidRequest) as exc:
         raise FramingError(f"malformed inference response: {exc}") from None
     return InferResult(
-        model_name=document.model_name,
+        model_name=response.model_name,
         outputs=outputs,
-        id=document.id,
-        model_version=document.model_version,
-        parameters=dict(document.parameters or {}),
+        id=response.id,
+        model_version=response.model_version,
+        parameters=dict(response.parameters),
     )
 
 
-def _output_array(
-    output: ResponseOutput, frame: codec.TensorFrame, raw: memoryview | None
-) -> Array:
-    dtype = numpy_dtype(frame.datatype)
-    if raw is not None:
-        return np.frombuffer(raw, dtype=dtype).reshape(frame.shape)
-    if output.data is None:
-        raise FramingError(f"output '{output.name[:100]}' has neither data nor binary_data_size")
-    return decode_data(output.name, frame.datatype, frame.shape, output.data)
-
-
 # --- /v1 batch ----------------------------------------------------------------------------------
-def decode_batch(body: Body, header_length: int | None) -> tuple[str | None, dict[str, int]]:
+def decode_batch(body: Body, header_length: str | None) -> tuple[str | None, dict[str, int]]:
     """Parse a /v1 batch response: its id and where each output buffer starts in ``body``."""
     if header_length is None:
         raise FramingError(f"batch response has no {HEADER_LENGTH} header")
-    raw_header, offset = body.header(header_length)
+    head, tail = body.split(header_length)
     try:
-        document = BatchResponse.model_validate_json(raw_header)
+        request_id, starts = v1_codec.decode_response(head, len(tail))
     except ValidationError as exc:
         raise FramingError(f"batch response header: {exc.errors()[0]['msg']}") from None
-    starts: dict[str, int] = {}
-    for index, output in enumerate(document.outputs):
-        if output.byte_size < 0 or offset + output.byte_size > body.end:
-            raise FramingError(f"outputs[{index}] ({output.name[:100]}): body ends short")
-        starts[output.name] = offset
-        offset += output.byte_size
-    if offset != body.end:
-        raise FramingError(f"{body.end - offset} unexpected bytes after the last output")
-    return document.id, starts
+    except InvalidRequest as exc:
+        raise FramingError(exc.message) from None
+    data_start = body.end - len(tail)
+    return request_id, {name: data_start + start for name, start in starts.items()}

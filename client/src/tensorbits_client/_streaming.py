@@ -1,6 +1,6 @@
 """Moving big bodies through httpx without extra copies.
 
-Sending: the parts of an ``EncodedBody`` are yielded as ``memoryview`` slices of at most
+Sending: the parts of an ``Framed`` are yielded as ``memoryview`` slices of at most
 ``SEND_CHUNK_BYTES`` (see ``_constants``), with an explicit Content-Length, so httpx streams them
 as they are instead of joining them into one ``bytes``.
 
@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Iterator
 import numpy as np
 import numpy.typing as npt
 
-from tensorbits_client._codec import Body, EncodedBody, FramingError
+from tensorbits_client._codec import Body, Framed, FramingError
 from tensorbits_client._constants import SEND_CHUNK_BYTES
 
 ALIGNMENT = 64
@@ -24,7 +24,7 @@ ALIGNMENT = 64
 COALESCE_BYTES = 64 << 10
 
 
-def iter_parts(body: EncodedBody, chunk: int = SEND_CHUNK_BYTES) -> Iterator[bytes | memoryview]:
+def iter_parts(body: Framed, chunk: int = SEND_CHUNK_BYTES) -> Iterator[bytes | memoryview]:
     """The body in pieces of at most ``chunk`` bytes: small parts coalesced (h11 writes each
     piece with its own ``send``, so a small request in four parts cost three extra syscalls and
     packets), large ones sliced without a copy."""
@@ -46,7 +46,7 @@ def iter_parts(body: EncodedBody, chunk: int = SEND_CHUNK_BYTES) -> Iterator[byt
         yield b"".join(pending)
 
 
-async def aiter_parts(body: EncodedBody) -> AsyncIterator[bytes | memoryview]:
+async def aiter_parts(body: Framed) -> AsyncIterator[bytes | memoryview]:
     for part in iter_parts(body):
         yield part
 

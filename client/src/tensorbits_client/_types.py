@@ -9,6 +9,8 @@ import httpx
 import numpy as np
 import numpy.typing as npt
 
+from tensorbits_protocol.validation import ParameterValue  # one definition, the protocol's
+
 __all__ = [
     "NOT_GIVEN",
     "Array",
@@ -51,7 +53,6 @@ T = TypeVar("T")
 Array: TypeAlias = npt.NDArray[Any]
 TimeoutTypes: TypeAlias = float | httpx.Timeout | None
 Headers: TypeAlias = Mapping[str, str]
-ParameterValue: TypeAlias = str | int | float | bool
 Parameters: TypeAlias = Mapping[str, ParameterValue]
 #: Inputs of one call: by tensor name, or in the operator's input order.
 Inputs: TypeAlias = Mapping[str, npt.ArrayLike] | Sequence[npt.ArrayLike]

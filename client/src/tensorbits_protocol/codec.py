@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -115,17 +115,38 @@ def check_content(frame: TensorFrame) -> None:
         )
 
 
+def spans(sizes: Iterable[int | None], start: int = 0) -> list[tuple[int, int] | None]:
+    """Where each part lies when the parts of ``sizes`` follow each other from ``start``; None
+    for a part that is not in the binary data (a size of None).
+
+    The one walk over a framed body's offsets: the decoders of both APIs (server and client),
+    the layout of a body being encoded, and a cached plan's input places all use it."""
+    places: list[tuple[int, int] | None] = []
+    offset = start
+    for size in sizes:
+        if size is None:
+            places.append(None)
+            continue
+        places.append((offset, offset + size))
+        offset += size
+    return places
+
+
+def end_of(places: Sequence[tuple[int, int] | None], start: int = 0) -> int:
+    """Where the last of ``spans``'s parts ends (``start`` when there is none)."""
+    return max((place[1] for place in places if place is not None), default=start)
+
+
 def slice_tensors(
     frames: Sequence[TensorFrame], tail: memoryview, model: str, *, header_given: bool
 ) -> list[memoryview | None]:
     """Each tensor's bytes in ``tail`` (None for a tensor without ``binary_data_size``).
 
     The slices follow each other in header order; every byte of ``tail`` belongs to one."""
+    places = spans(frame.binary_size for frame in frames)
     slices: list[memoryview | None] = []
-    offset = 0
-    for frame in frames:
-        size = frame.binary_size
-        if size is None:
+    for frame, place in zip(frames, places, strict=True):
+        if place is None:
             slices.append(None)
             continue
         if not header_given:
@@ -135,14 +156,14 @@ def slice_tensors(
                 HEADER_LENGTH,
                 "header_missing",
             )
-        if size != frame.nbytes:
+        start, end = place
+        if end - start != frame.nbytes:
             raise _invalid(
                 f"input byte size mismatch for input '{frame.name}' for model '{model}'. "
-                f"Expected {frame.nbytes}, got {size} ({frame.datatype} {list(frame.shape)})",
+                f"Expected {frame.nbytes}, got {end - start} ({frame.datatype} {list(frame.shape)})",
                 frame.name,
                 "binary_data_size",
             )
-        end = offset + size
         if end > len(tail):
             raise _invalid(
                 f"unexpected size for input '{frame.name}', expecting {end - len(tail)} "
@@ -150,12 +171,12 @@ def slice_tensors(
                 frame.name,
                 "truncated",
             )
-        slices.append(tail[offset:end])
-        offset = end
-    if offset != len(tail):
+        slices.append(tail[start:end])
+    used = end_of(places)
+    if used != len(tail):
         raise _invalid(
             f"unexpected additional input data for model '{model}' "
-            f"({len(tail) - offset} bytes after the last binary input)",
+            f"({len(tail) - used} bytes after the last binary input)",
             "body",
             "leftover",
         )
@@ -200,12 +221,44 @@ class BodyLayout:
         wasted pass over memory that the kernel is about to overwrite anyway."""
         body = np.empty(self.total, dtype=np.uint8).data
         body[: len(self.header)] = self.header
-        views = []
-        offset = len(self.header)
-        for size in self.sizes:
-            views.append(body[offset : offset + size])
-            offset += size
-        return body, views
+        places = spans(self.sizes, len(self.header))
+        return body, [body[start:end] for start, end in filter(None, places)]
+
+
+@dataclass(frozen=True, slots=True)
+class Framed:
+    """A body as it is sent, request or response: its parts in order (the JSON header, then each
+    tensor's bytes; or one buffer that holds them all) and the JSON header's byte length when
+    binary data follows it (None: the body is all JSON)."""
+
+    parts: tuple[bytes | memoryview, ...]
+    header_length: int | None
+    content_length: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "content_length", sum(len(p) for p in self.parts))
+
+    @classmethod
+    def json(cls, document: bytes) -> Framed:
+        """A body that is one JSON document."""
+        return cls((document,), None)
+
+    @classmethod
+    def framed(cls, header: bytes, buffers: Sequence[bytes | memoryview]) -> Framed:
+        """A JSON header, then ``buffers``: the header's length travels with it."""
+        return cls((header, *buffers), len(header))
+
+    @property
+    def media_type(self) -> str:
+        return JSON_CONTENT_TYPE if self.header_length is None else BINARY_CONTENT_TYPE
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The HTTP headers that describe the body (but its length)."""
+        headers = {"Content-Type": self.media_type}
+        if self.header_length is not None:
+            headers[HEADER_LENGTH] = str(self.header_length)
+        return headers
 
 
 def encode_body(

@@ -4,7 +4,7 @@ A description (data type, Sizes, optional Strides in elements, TotalTensorSizeIn
 GuaranteedBaseOffsetAlignment) bound at a byte offset of a caller's buffer becomes a strided view.
 Everything is checked first with Python's unbounded integers, so no product or sum can overflow,
 and a binding passes only when every element lies inside the bound range. The check is two
-steps: ``describe`` checks a description on its own (the same description bound at many offsets
+steps: ``layout_of`` checks a description on its own (the same description bound at many offsets
 is checked once) and ``check_placement`` checks one offset into one buffer.
 """
 
@@ -92,6 +92,19 @@ def minimum_implied_size(
 
 
 @lru_cache(maxsize=4096)  # pure; a batch of many small dispatches repeats a few descriptions
+def _check_each(
+    name: str, what: str, values: tuple[int, ...], low: int, rule: str, unit: str = ""
+) -> None:
+    """Every one of ``values`` (a description's Sizes or Strides) in [low, UINT32_MAX]."""
+    for axis, value in enumerate(values):
+        if not low <= value <= UINT32_MAX:
+            raise InvalidRequest(
+                f"{name}: {what}[{axis}] = {value} (allowed: {low} to {UINT32_MAX}{unit})",
+                field=f"{name}.{what.lower()}",
+                rule=rule,
+            )
+
+
 def check_desc(name: str, desc: TensorDesc) -> int:
     """Check a description on its own; return its TotalTensorSizeInBytes (given or implied)."""
     rank = len(desc.sizes)
@@ -101,13 +114,7 @@ def check_desc(name: str, desc: TensorDesc) -> int:
             field=f"{name}.sizes",
             rule="rank",
         )
-    for axis, size in enumerate(desc.sizes):
-        if not 1 <= size <= UINT32_MAX:
-            raise InvalidRequest(
-                f"{name}: Sizes[{axis}] = {size} (allowed: 1 to {UINT32_MAX})",
-                field=f"{name}.sizes",
-                rule="size",
-            )
+    _check_each(name, "Sizes", desc.sizes, 1, "size")
     elements = math.prod(desc.sizes)
     if elements > UINT32_MAX:
         # DirectML's limit per buffer tensor; it also keeps every view within what NumPy and
@@ -125,13 +132,7 @@ def check_desc(name: str, desc: TensorDesc) -> int:
                 field=f"{name}.strides",
                 rule="strides",
             )
-        for axis, stride in enumerate(desc.strides):
-            if not 0 <= stride <= UINT32_MAX:
-                raise InvalidRequest(
-                    f"{name}: Strides[{axis}] = {stride} (allowed: 0 to {UINT32_MAX}, in elements)",
-                    field=f"{name}.strides",
-                    rule="strides",
-                )
+        _check_each(name, "Strides", desc.strides, 0, "strides", ", in elements")
     element = itemsize(desc.datatype)
     if desc.alignment != 0 and (desc.alignment & (desc.alignment - 1) or desc.alignment < element):
         raise InvalidRequest(
@@ -163,7 +164,7 @@ def is_packed(shape: tuple[int, ...], byte_strides: tuple[int, ...], element: in
     return True
 
 
-def describe(name: str, desc: TensorDesc) -> DescLayout:
+def layout_of(name: str, desc: TensorDesc) -> DescLayout:
     """Check a description on its own (``check_desc``, errors named after ``name``) and lay it out."""
     total = check_desc(name, desc)
     element = itemsize(desc.datatype)

@@ -93,11 +93,11 @@ class JsonLimits:
     max_bytes: int | None = None
     bytes_setting: str = ""
     members: tuple[MemberLimit, ...] = ()
-    # A document of fewer raw commas and fewer brackets than this is left to its parser
-    # unscanned: reading it costs little, its depth is bounded by the parser's own recursion
-    # limit, and the counts are checked exactly once it is parsed (``check_members``). 0: judge
-    # depth and counts on the bytes first.
-    unscanned_values: int = 0
+    # A document of fewer raw commas and fewer brackets than this has its counted members
+    # counted once it is parsed (``check_members``, exact), not on its bytes: counting them
+    # doubles the scan, and what the parser builds for so few values is small. Its depth and
+    # values are judged on the bytes like any other's. 0: count members on the bytes too.
+    members_parsed_below: int = 0
 
     def __post_init__(self) -> None:
         if len(self.names) > _MAX_COUNTED or not all(n.isascii() for n in self.names):
@@ -228,17 +228,18 @@ def check_structure(doc: bytes, limits: JsonLimits, what: str = "body") -> None:
     """Refuse ``doc`` past ``limits`` (413, or 400 for depth) before anything is parsed; the scan
     stops at the block where a limit is passed, so a refusal costs in proportion to the limit."""
     check_length(len(doc), limits, what)
+    names = limits.names
     # Raw counts bound the true ones from above (strings can only add brackets and commas): when
     # they are within the limits, as for every small header, the exact scan can be skipped. (A
     # larger document goes straight to the scan: three passes over it would cost a third of it.)
-    if len(doc) <= _SMALL_DOCUMENT or limits.unscanned_values:
+    if len(doc) <= _SMALL_DOCUMENT or limits.members_parsed_below:
         opens, commas = doc.count(b"[") + doc.count(b"{"), doc.count(b",")
-        if max(commas, opens) < limits.unscanned_values:
-            return  # values and containers alike few: what the parser builds is bounded
         smallest = min((m.limit for m in limits.members), default=limits.max_values)
         if opens <= limits.max_depth and commas + 1 <= min(limits.max_values, smallest):
             return
-    for found in scan_blocks(doc, limits.names):
+        if max(commas, opens) < limits.members_parsed_below:
+            names = ()  # members counted once parsed; depth and values judged here
+    for found in scan_blocks(doc, names):
         # Raised where it is made, never held in a local here: a local would tie the traceback to
         # this frame, and the frame to ``doc`` (a whole refused body), in a cycle that only the
         # garbage collector breaks (seen as a sawtooth of RSS under abusive load).
@@ -264,7 +265,7 @@ def _raise_past_limits(found: Structure, limits: JsonLimits, what: str) -> None:
     for member in limits.members:
         # The scan counts an empty array as one element: past the limit by more than that, the
         # count is surely too many; at the edge, ``check_members`` decides on the parsed document.
-        count = sum(found.members[name] for name in member.names)
+        count = sum(found.members.get(name, 0) for name in member.names)
         if count > member.limit + len(member.names):
             raise member.refusal(what, count, exact=False)
     if found.depth > limits.max_depth:

@@ -78,6 +78,11 @@ class ParameterSpec:
     required: bool = False
     description: str = ""
 
+    @property
+    def type(self) -> Literal["string", "integer"]:
+        """The convention above, spelled out for readers of the wire form (``ParameterInfo``)."""
+        return "integer" if self.choices is None else "string"
+
 
 @dataclass(frozen=True, slots=True)
 class OperatorSpec:
@@ -272,7 +277,7 @@ def get_operator(name: str) -> OperatorSpec:
     except KeyError:
         raise OperatorNotFound(
             f"unknown model or operator '{name[:200]}' (GET /v2/repository/index or "
-            "GET /v1/operators lists the 18 that exist)",
+            f"GET /v1/operators lists the {len(REGISTRY)} that exist)",
             field="model_name",
             rule="unknown_operator",
         ) from None

@@ -9,12 +9,16 @@ per member with pydantic's internal member tags in the path.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeVar
 
+from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
+from tensorbits_protocol.errors import InvalidRequest
 from tensorbits_protocol.integers import INT64_MIN, UINT64_MAX
 
 Location = tuple[int | str, ...]
+Model = TypeVar("Model", bound=BaseModel)
 
 # The tags pydantic adds to a location for each member of a union of scalars.
 _MEMBER_TAGS = frozenset({"bool", "int", "float", "str", "constrained-int"})
@@ -45,3 +49,31 @@ def first_error(errors: Sequence[ErrorDetails]) -> tuple[Location, str, str]:
             message = f"Input should be a number; an integer must lie in {INT64_MIN}..{UINT64_MAX}"
         return loc[:-1], message, "parameter_value_type"
     return loc, str(first["msg"]), str(first["type"])
+
+
+def refusal(errors: Sequence[ErrorDetails], what: str, document: object = None) -> InvalidRequest:
+    """The 400 for a document the wire model refused: ``what: <field path>: <message>``.
+
+    Inside a v2 request's ``inputs``/``outputs`` the tensor is named too (``input 'A': ...``),
+    since a position means little to a caller who wrote names."""
+    loc, message, rule = first_error(errors)
+    field = field_path(loc, "body")
+    owner = ""
+    if len(loc) >= 2 and loc[0] in ("inputs", "outputs") and isinstance(loc[1], int):
+        items = document.get(loc[0]) if isinstance(document, dict) else None
+        item = items[loc[1]] if isinstance(items, list) and loc[1] < len(items) else None
+        name = item.get("name") if isinstance(item, dict) else None
+        if isinstance(name, str):
+            owner = f"{str(loc[0])[:-1]} '{name[:100]}': "
+    where = f"{field}: " if loc else ""
+    return InvalidRequest(f"{what}: {owner}{where}{message}", field=field, rule=rule)
+
+
+def validate_document(model: type[Model], document: object, what: str) -> Model:
+    """``document`` (parsed by ``jsondata.parse_json``) as ``model``; pydantic's first complaint
+    becomes a 400 naming the field."""
+    try:
+        return model.model_validate(document)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+    raise refusal(errors, what, document)

@@ -38,15 +38,16 @@ Datatype = Literal[
 """The element types tensorbits serves: the protocol's names, the values of ``dtypes.DataType``.
 (The protocol also has BF16 and BYTES; no bitwise operator takes them.)"""
 
-ParameterValue = StrictBool | Wide64 | JsonFloat | StrictStr
-"""A parameter value: the spec allows a string, a number or a boolean, nothing else."""
+WireParameterValue = StrictBool | Wide64 | JsonFloat | StrictStr
+"""A parameter value on the wire, v2 and /v1 alike: the spec allows a string, a number or a
+boolean, nothing else; strictly read (``validation.ParameterValue`` is the same set in Python)."""
 
 MAX_WIRE_RANK = 32
 """Dimensions a shape may list on the wire. Operators allow rank 8 at most and say so; this bound
 only keeps the product of a hostile shape cheap to compute (Triton's dims are int64 too)."""
 
 Dimension = Annotated[StrictInt, Field(ge=0, le=INT64_MAX)]
-Shape = Annotated[list[Dimension], Field(max_length=MAX_WIRE_RANK)]
+WireShape = Annotated[list[Dimension], Field(max_length=MAX_WIRE_RANK)]
 TensorData = list[Any]
 """Row-major tensor elements, nested in the tensor's shape or flat: ``[[1, 2], [3, 4]]`` or
 ``[1, 2, 3, 4]`` for shape ``[2, 2]``. JSON numbers for integer and float types, ``true``/``false``
@@ -62,7 +63,7 @@ _PARAMETERS = ConfigDict(strict=True, extra="allow")
 class InferenceRequestParameters(BaseModel):
     """Request-level ``parameters``: ``{"binary_data_output"?: bool, <operator parameter>: value}``.
 
-    The operator parameters of tensorbits travel here (semantics.md): ``feature_level`` (DML
+    The operator parameters of tensorbits travel here (docs/semantics.md): ``feature_level`` (DML
     models, ``"1_0"`` .. ``"6_4"``, default ``"6_4"``), ``output_datatype`` (DML BIT_COUNT,
     ``"UINT8"`` or ``"UINT32"``), ``auto_broadcast`` (OpenVINO binary operators, ``"numpy"``,
     ``"none"`` or ``"pdpd"``) with ``axis`` (integer, pdpd only, default -1), and ``direction``
@@ -75,7 +76,7 @@ class InferenceRequestParameters(BaseModel):
         **_PARAMETERS,
         json_schema_extra={"examples": [{"binary_data_output": True, "feature_level": "6_4"}]},
     )
-    __pydantic_extra__: dict[str, ParameterValue] = Field(init=False)
+    __pydantic_extra__: dict[str, WireParameterValue] = Field(init=False)
 
     binary_data_output: StrictBool | None = Field(
         None,
@@ -93,7 +94,7 @@ class RequestInputParameters(BaseModel):
     """
 
     model_config = _PARAMETERS
-    __pydantic_extra__: dict[str, ParameterValue] = Field(init=False)
+    __pydantic_extra__: dict[str, WireParameterValue] = Field(init=False)
 
     binary_data_size: UInt64 | None = None
 
@@ -120,7 +121,7 @@ class RequestInput(BaseModel):
     )
 
     name: StrictStr
-    shape: Shape
+    shape: WireShape
     datatype: Datatype
     parameters: RequestInputParameters | None = None
     data: SkipValidation[TensorData] | None = None
@@ -130,7 +131,7 @@ class RequestOutputParameters(BaseModel):
     """A requested output's ``parameters``: ``{"binary_data"?: bool}`` (binary extension)."""
 
     model_config = _PARAMETERS
-    __pydantic_extra__: dict[str, ParameterValue] = Field(init=False)
+    __pydantic_extra__: dict[str, WireParameterValue] = Field(init=False)
 
     binary_data: StrictBool | None = Field(
         None, description="true: return this output as binary data; false: as JSON `data`"
@@ -227,7 +228,7 @@ class InferenceResponse(BaseModel):
     model_name: str
     model_version: str | None = None
     id: str | None = None
-    parameters: dict[str, ParameterValue] | None = None
+    parameters: dict[str, WireParameterValue] | None = None
     outputs: list[ResponseOutput]
 
 
@@ -306,7 +307,6 @@ __all__ = [
     "InferenceResponse",
     "MetadataTensor",
     "ModelMetadataResponse",
-    "ParameterValue",
     "RepositoryIndexEntry",
     "RepositoryIndexRequest",
     "RequestInput",
@@ -316,6 +316,7 @@ __all__ = [
     "ResponseOutput",
     "ResponseOutputParameters",
     "ServerMetadataResponse",
-    "Shape",
     "TensorData",
+    "WireParameterValue",
+    "WireShape",
 ]

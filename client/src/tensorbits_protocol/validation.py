@@ -28,7 +28,7 @@ from tensorbits_protocol.operators import (
 )
 
 Shape = tuple[int, ...]
-ParameterValue = str | int | float | bool
+ParameterValue = str | int | float | bool  # an operator parameter's value (v2.WireParameterValue)
 
 # Request-level parameters the v2 protocol reserves for itself; they are not operator parameters.
 PROTOCOL_PARAMETERS = frozenset(

@@ -1,40 +1,38 @@
-"""The native batch executor (POST /v1/batch): plan the whole batch, then run it.
+"""The native batch planner (POST /v1/batch): check the whole batch before anything runs.
 
-``plan_batch`` checks every rule before anything runs, so a bad dispatch 7 never leaves
-dispatches 0-6 half done: buffer declarations against the body, every binding against its buffer
-(``dml.plan_view`` proves each strided view lies inside its bound range), every dispatch against
-its operator's rule tables (``validate_call``), outputs for self-overlap and for aliasing an input.
-Each error names its field path in the header, e.g. ``dispatches[2].bindings.BTensor.desc.strides``.
+``plan_batch`` checks every rule first, so a bad dispatch 7 never leaves dispatches 0-6 half
+done: buffer declarations against the body, every binding against its buffer (``dml.layout_of``
+and ``dml.check_placement`` prove each strided view lies inside its bound range), every dispatch
+against its operator's rule tables (``validate_call``), outputs for self-overlap and for aliasing
+an input. Each error names its field path in the header, e.g.
+``dispatches[2].bindings.BTensor.desc.strides``. ``plan_rest`` is the REST entry: it decodes the
+header (``v1_codec.decode_request``) and remembers the plans of repeated headers
+(``header_cache.py``), as ``inference.plan_rest`` does for v2.
 
-``run_batch`` then places the buffers on the backend's device (the data buffers zero-copy on
-NumPy), runs the dispatches in order as strided views over them (a later dispatch reads what an
-earlier one wrote) and copies only the output buffers to the host, into the caller's buffer.
+``engine.run_batch`` then runs the plan: the buffers on the backend's device (the data buffers
+zero-copy on NumPy), the dispatches in order as strided views over them (a later dispatch reads
+what an earlier one wrote), only the output buffers copied to the host, into the response.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import cache, lru_cache
-from typing import Any, NamedTuple
-
-import numpy as np
+from functools import cache
+from typing import NamedTuple
 
 from tensorbits.backends.base import Backend
 from tensorbits.config import Settings
-from tensorbits.kernels import Array
-from tensorbits_protocol.dml import DescLayout, TensorDesc, ViewLayout, check_placement, describe
-from tensorbits_protocol.dtypes import DataType, numpy_dtype, parse_datatype
+from tensorbits.engine import run_batch
+from tensorbits.header_cache import HeaderCache
+from tensorbits_protocol import codec
+from tensorbits_protocol.dml import DescLayout, TensorDesc, ViewLayout, check_placement, layout_of
+from tensorbits_protocol.dtypes import DataType, parse_datatype
 from tensorbits_protocol.errors import InvalidRequest, OperatorNotFound, PayloadTooLarge
-from tensorbits_protocol.jsondata import JsonLimits, MemberLimit, check_members
+from tensorbits_protocol.jsondata import JsonLimits, MemberLimit, check_length
 from tensorbits_protocol.operators import OPERATORS, OperatorSpec, get_operator
-from tensorbits_protocol.v1 import (
-    BatchRequestData,
-    BufferBindingData,
-    BufferDeclarationData,
-    DispatchData,
-    TensorDescriptionData,
-)
+from tensorbits_protocol.plain import PlainDict
+from tensorbits_protocol.v1_codec import decode_request, encode_response
 from tensorbits_protocol.validation import (
     ResolvedCall,
     TensorSpec,
@@ -42,9 +40,10 @@ from tensorbits_protocol.validation import (
     validate_output,
 )
 
-_UINT8 = np.dtype(np.uint8)
 
-
+# The header is read by ``v1_codec.decode_request`` into plain dicts (``PlainDict``) of
+# ``v1.BatchRequest``'s schema: ``BatchRequest``, ``Dispatch``, ``BufferBinding``,
+# ``TensorDescription`` and ``BufferDeclaration`` field for field, defaults filled in.
 # --- the plan -----------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class BufferPlan:
@@ -90,11 +89,14 @@ class DispatchPlan(NamedTuple):  # one per dispatch: a NamedTuple is built faste
 
 @dataclass(frozen=True, slots=True)
 class BatchPlan:
+    """A checked batch, ready to run (``engine.run_batch``), with its response's JSON header."""
+
     id: str | None
     buffers: tuple[BufferPlan, ...]
     dispatches: tuple[DispatchPlan, ...]
     outputs: tuple[int, ...]  # buffer indices, in response order
     body_bytes: int
+    response: codec.BodyLayout  # the response's header and output sizes (no bytes of the body)
 
     @property
     def data_bytes(self) -> int:
@@ -112,7 +114,7 @@ class BatchPlan:
         """Bytes this batch holds while it runs: the body, the zero-filled buffers, the response,
         and the data buffers again where the backend copies them to a device."""
         copies = self.data_bytes if device_copies else 0
-        return self.body_bytes + self.temporary_bytes + self.output_bytes + copies
+        return self.body_bytes + self.temporary_bytes + self.response.total + copies
 
 
 # --- error placement ----------------------------------------------------------------------------
@@ -169,54 +171,84 @@ _VALUES_PER_BINDING = 32
 _VALUES_PER_DISPATCH = 8 + max(len(op.parameters) for op in OPERATORS)
 _BINDINGS_PER_DISPATCH = max(len(op.inputs) + 1 for op in OPERATORS)
 _VALUES_PER_BUFFER = 4
-# A header of at most this many JSON values (about 400 small dispatches) is parsed without the
-# scan: reading it costs a few hundred kilobytes at most, and the scan would add a third to its
-# decoding. Past it, counts, values and depth are judged on the bytes first.
-UNSCANNED_HEADER_VALUES = 8192
+# A header of fewer raw commas and brackets than this (about 400 small dispatches) has its counts
+# checked once parsed, not on its bytes: counting them on the bytes would add a third to its
+# decoding, and what the parser builds for it is a few hundred kilobytes at most. (Its depth and
+# values are judged on the bytes first, as every JSON document's are: jsondata.check_structure.)
+MEMBERS_PARSED_BELOW = 8192
 
 
-@lru_cache(maxsize=8)
+@dataclass(frozen=True, slots=True)
+class BatchLimits:
+    """The limits of ``Settings`` that one batch is held to, built once a runtime (as v2's
+    ``RequestLimits``): the header's JSON bounds, checked on its bytes before it is parsed and
+    again, exactly, on what was parsed (the count limits, the header's length, and as many JSON
+    values as the largest header those limits allow); the zero-filled bytes; the elements of a
+    tensor."""
+
+    header: JsonLimits
+    max_temporary_bytes: int
+    max_tensor_elements: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> BatchLimits:
+        members = (
+            MemberLimit(
+                ("buffers",),
+                settings.max_buffers,
+                "TENSORBITS_MAX_BUFFERS",
+                "max_buffers",
+                "buffers",
+            ),
+            MemberLimit(
+                ("dispatches",),
+                settings.max_dispatches,
+                "TENSORBITS_MAX_DISPATCHES",
+                "max_dispatches",
+                "dispatches",
+            ),
+            # Each output names a declared buffer: no more of them than buffers.
+            MemberLimit(
+                ("outputs",),
+                settings.max_buffers,
+                "TENSORBITS_MAX_BUFFERS",
+                "max_buffers",
+                "outputs",
+            ),
+        )
+        per_dispatch = _VALUES_PER_DISPATCH + _BINDINGS_PER_DISPATCH * _VALUES_PER_BINDING
+        values = (
+            per_dispatch * settings.max_dispatches + 2 * _VALUES_PER_BUFFER * settings.max_buffers
+        )
+        header = JsonLimits(
+            max_depth=settings.max_json_depth,
+            max_values=values + 16,
+            max_bytes=settings.max_batch_header_bytes,
+            bytes_setting="TENSORBITS_MAX_BATCH_HEADER_BYTES",
+            members=members,
+            members_parsed_below=MEMBERS_PARSED_BELOW,
+        )
+        # Zero-filled buffers cost no body bytes, so they get the body's limit of their own.
+        return cls(header, settings.max_body_bytes, settings.max_tensor_elements)
+
+
 def header_limits(settings: Settings) -> JsonLimits:
-    """The /v1 header's bounds, checked on its bytes before it is parsed (the scan in
-    ``jsondata``) and again, exactly, on what was parsed: the count limits, the header's length,
-    and as many JSON values as the largest header those limits allow."""
-    members = (
-        MemberLimit(
-            ("buffers",), settings.max_buffers, "TENSORBITS_MAX_BUFFERS", "max_buffers", "buffers"
-        ),
-        MemberLimit(
-            ("dispatches",),
-            settings.max_dispatches,
-            "TENSORBITS_MAX_DISPATCHES",
-            "max_dispatches",
-            "dispatches",
-        ),
-        # Each output names a declared buffer: no more of them than buffers.
-        MemberLimit(
-            ("outputs",), settings.max_buffers, "TENSORBITS_MAX_BUFFERS", "max_buffers", "outputs"
-        ),
-    )
-    per_dispatch = _VALUES_PER_DISPATCH + _BINDINGS_PER_DISPATCH * _VALUES_PER_BINDING
-    values = per_dispatch * settings.max_dispatches + 2 * _VALUES_PER_BUFFER * settings.max_buffers
-    return JsonLimits(
-        max_depth=settings.max_json_depth,
-        max_values=values + 16,
-        max_bytes=settings.max_batch_header_bytes,
-        bytes_setting="TENSORBITS_MAX_BATCH_HEADER_BYTES",
-        members=members,
-        unscanned_values=UNSCANNED_HEADER_VALUES,
-    )
+    """The /v1 header's JSON bounds under ``settings``."""
+    return BatchLimits.from_settings(settings).header
 
 
 def _plan_buffers(
-    declarations: Sequence[BufferDeclarationData], data_start: int, body_length: int, limit: int
+    declarations: Sequence[PlainDict], data_start: int, body_length: int, limit: int
 ) -> tuple[BufferPlan, ...]:
-    """Buffers with their place in the body, checked against it the way Triton checks inputs:
-    each data buffer must find all its bytes, and no byte may be left over."""
+    """Buffers with their place in the body (``codec.spans``), checked against it the way Triton
+    checks inputs: each data buffer must find all its bytes, and no byte may be left over."""
+    places = codec.spans(
+        (None if decl["init"] is not None else decl["byte_size"] for decl in declarations),
+        data_start,
+    )
     first_seen: dict[str, int] = {}
     plans: list[BufferPlan] = []
-    position = data_start
-    for i, decl in enumerate(declarations):
+    for i, (decl, place) in enumerate(zip(declarations, places, strict=True)):
         name, byte_size = decl["name"], decl["byte_size"]
         if name in first_seen:
             raise _invalid(
@@ -225,19 +257,15 @@ def _plan_buffers(
                 "duplicate_buffer",
             )
         first_seen[name] = i
-        if decl["init"] is not None:
-            plans.append(BufferPlan(name, byte_size, None))
-            continue
-        remaining = body_length - position
-        if byte_size > remaining:
+        if place is not None and place[1] > body_length:
             raise _invalid(
                 f"buffers[{i}].byte_size",
                 f"unexpected size for buffer '{name}', expecting {byte_size} "
-                f"additional bytes but the body has {remaining} left",
+                f"additional bytes but the body has {body_length - place[0]} left",
                 "body_short",
             )
-        plans.append(BufferPlan(name, byte_size, position))
-        position += byte_size
+        plans.append(BufferPlan(name, byte_size, None if place is None else place[0]))
+    position = codec.end_of(places, data_start)
     if position != body_length:
         raise _invalid(
             "body",
@@ -288,7 +316,7 @@ DescKey = tuple[str, tuple[int, ...], tuple[int, ...] | None, int | None, int]
 Signature = tuple[object, ...]
 
 
-def _desc_key(desc: TensorDescriptionData) -> DescKey:
+def _desc_key(desc: PlainDict) -> DescKey:
     strides = desc["strides"]
     return (
         desc["datatype"],
@@ -303,7 +331,7 @@ class _Planner:
     """The checks of one batch's dispatches, each rule in the order docs/batch-api.md gives.
 
     A batch of many small dispatches repeats a few descriptions and a few calls at many offsets,
-    so what depends only on a description (``dml.describe``) or only on a dispatch's signature
+    so what depends only on a description (``dml.layout_of``) or only on a dispatch's signature
     (the operator's tables, the output layout) is checked once per batch and remembered when it
     passes; what depends on where a tensor is bound is checked for every binding. A failure is
     never remembered: the first one in request order raises, with the message it always had."""
@@ -316,7 +344,7 @@ class _Planner:
         self.layouts: dict[DescKey, DescLayout] = {}
         self.calls: dict[Signature, ResolvedCall] = {}
 
-    def layout(self, at: str, name: str, desc: TensorDescriptionData) -> DescLayout:
+    def layout(self, at: str, name: str, desc: PlainDict) -> DescLayout:
         key = _desc_key(desc)
         layout = self.layouts.get(key)
         if layout is None:
@@ -324,13 +352,13 @@ class _Planner:
             assert datatype is not None  # the wire model's Literal admits only names it reads
             tensor_desc = TensorDesc(datatype, key[1], key[2], key[3], key[4])
             try:
-                layout = describe(name, tensor_desc)
+                layout = layout_of(name, tensor_desc)
             except InvalidRequest as exc:
                 raise _relocated(exc, at) from None
             self.layouts[key] = layout
         return layout
 
-    def bind(self, at: str, name: str, binding: BufferBindingData) -> BoundTensor:
+    def bind(self, at: str, name: str, binding: PlainDict) -> BoundTensor:
         buffer_index = self.index.get(binding["buffer"])
         if buffer_index is None:
             raise _invalid(
@@ -378,7 +406,7 @@ class _Planner:
             )
         return BoundTensor(buffer_index, offset, size, layout)
 
-    def dispatch(self, at: str, dispatch: DispatchData) -> DispatchPlan:
+    def dispatch(self, at: str, dispatch: PlainDict) -> DispatchPlan:
         op = _operator(at, dispatch["operator"])
         tensors = _check_binding_names(at, op, dispatch)
         bindings = dispatch["bindings"]
@@ -455,7 +483,7 @@ def _check_aliasing(
     at: str, op: OperatorSpec, bound: Mapping[str, BoundTensor], buffers: Sequence[BufferPlan]
 ) -> None:
     """An output may share bytes with an input only when the operator computes in place and the
-    two bindings are identical (semantics rule 8); any partial overlap is refused."""
+    two bindings are identical (docs/semantics.md rule 8); any partial overlap is refused."""
     out = bound[op.output]
     for name in op.inputs:
         tensor = bound[name]
@@ -485,7 +513,7 @@ def _operator(at: str, name: str) -> OperatorSpec:
         raise _invalid(f"{at}.operator", exc.message, "unknown_operator") from None
 
 
-def _check_binding_names(at: str, op: OperatorSpec, dispatch: DispatchData) -> tuple[str, ...]:
+def _check_binding_names(at: str, op: OperatorSpec, dispatch: PlainDict) -> tuple[str, ...]:
     """The operator's tensors, inputs first then the output: exactly the names bound."""
     tensors, names = _tensors(op.name)
     bindings = dispatch["bindings"]
@@ -516,88 +544,59 @@ def _tensors(name: str) -> tuple[tuple[str, ...], frozenset[str]]:
 
 
 def plan_batch(
-    request: BatchRequestData, *, data_start: int, body_length: int, settings: Settings
+    request: PlainDict, *, data_start: int, body_length: int, limits: BatchLimits
 ) -> BatchPlan:
-    """Check the whole batch; the plan it returns can run without another check."""
-    check_members(request, header_limits(settings), "header")
-    buffers = _plan_buffers(request["buffers"], data_start, body_length, settings.max_body_bytes)
-    planner = _Planner(buffers, settings.max_tensor_elements)
+    """Check the whole batch; the plan it returns can run without another check. ``request``
+    is a decoded header (``v1_codec.decode_request``: its counts already checked)."""
+    buffers = _plan_buffers(request["buffers"], data_start, body_length, limits.max_temporary_bytes)
+    planner = _Planner(buffers, limits.max_tensor_elements)
     dispatches = tuple(
         planner.dispatch(f"dispatches[{i}]", d) for i, d in enumerate(request["dispatches"])
     )
+    outputs = _plan_outputs(request["outputs"], planner.index)
     return BatchPlan(
         id=request["id"],
         buffers=buffers,
         dispatches=dispatches,
-        outputs=_plan_outputs(request["outputs"], planner.index),
+        outputs=outputs,
         body_bytes=body_length,
+        response=encode_response(
+            request["id"], [(buffers[i].name, buffers[i].byte_size) for i in outputs]
+        ),
     )
 
 
-# --- execution ----------------------------------------------------------------------------------
-def _place(backend: Backend, body: bytearray, buffer: BufferPlan) -> Array:
-    """The buffer as a flat uint8 array on the device. On NumPy a data buffer is the body's own
-    memory (the body is a writable bytearray, so outputs may be written into it in place)."""
-    if buffer.body_offset is None:
-        return backend.xp.zeros(buffer.byte_size, dtype=_UINT8)
-    host = np.frombuffer(body, dtype=_UINT8, count=buffer.byte_size, offset=buffer.body_offset)
-    return backend.asarray(host)
+def plan_rest(
+    body: bytearray,
+    header_length: int | None,
+    limits: BatchLimits,
+    cache: HeaderCache[BatchPlan] | None = None,
+) -> BatchPlan:
+    """Decode and plan one REST batch; with a ``cache``, a header planned before (for a body of
+    this length) is not decoded and checked again (header_cache.py): a plan holds no byte of
+    the body."""
+    head = codec.split_body(memoryview(body), header_length)[0]
+    check_length(len(head), limits.header, "header")  # before the header is copied
+    header = bytes(head)
+    key = (header, len(body))
+    if cache is not None and cache.keeps(header):
+        remembered = cache.get(key)
+        if remembered is not None:
+            return remembered
+    plan = plan_batch(
+        decode_request(header, limits.header),
+        data_start=len(header),
+        body_length=len(body),
+        limits=limits,
+    )
+    if cache is not None:
+        cache.put(key, plan, len(header))
+    return plan
 
 
-class _Views:
-    """The arrays a batch's dispatches work on, as views of the placed buffers.
-
-    A packed tensor (``DescLayout.packed``, the common case) is a slice of its buffer viewed as
-    its data type, reshaped: a few hundred nanoseconds, and the typed view of each buffer is made
-    once per data type. Any other layout goes through ``as_strided``, ten times slower. Both stay
-    within the bytes [offset, offset + total size) that the planner proved hold every element
-    (``dml.describe`` and ``dml.check_placement``, the two halves of ``plan_view``), so neither
-    reads or writes outside the bound range: the unchecked ``as_strided`` included."""
-
-    def __init__(self, xp: Any, buffers: Sequence[Array]) -> None:
-        self.xp = xp
-        self.buffers = buffers
-        self.typed: dict[tuple[int, DataType], Array] = {}
-
-    def of(self, tensor: BoundTensor) -> Array:
-        desc = tensor.desc
-        if not desc.packed:
-            return self.strided(tensor)
-        typed = self.typed.get((tensor.buffer, desc.datatype))
-        if typed is None:
-            typed = self.typed_buffer(tensor.buffer, desc.datatype)
-        start = tensor.offset // desc.itemsize  # offsets are multiples of 16: whole elements
-        flat = typed[start : start + desc.elements]
-        return flat if len(desc.shape) == 1 else flat.reshape(desc.shape)
-
-    def typed_buffer(self, index: int, datatype: DataType) -> Array:
-        dtype = numpy_dtype(datatype)
-        buffer = self.buffers[index]
-        whole = buffer.shape[0] // dtype.itemsize * dtype.itemsize
-        typed = buffer[:whole].view(dtype)
-        self.typed[(index, datatype)] = typed
-        return typed
-
-    def strided(self, tensor: BoundTensor) -> Array:
-        desc = tensor.desc
-        dtype = numpy_dtype(desc.datatype)
-        whole = desc.total_size // dtype.itemsize * dtype.itemsize
-        base = self.buffers[tensor.buffer][tensor.offset : tensor.offset + whole].view(dtype)
-        return self.xp.lib.stride_tricks.as_strided(
-            base, shape=desc.shape, strides=desc.byte_strides
-        )
-
-
-def run_batch(
-    plan: BatchPlan, body: bytearray, backend: Backend, sinks: Sequence[memoryview]
-) -> None:
-    """Run a planned batch; copy each output buffer into its sink (in ``plan.outputs`` order).
-
-    Blocking (it waits for the device): call it off the event loop."""
-    arrays = [_place(backend, body, b) for b in plan.buffers]
-    views = _Views(backend.xp, arrays)
-    for dispatch in plan.dispatches:
-        inputs = [views.of(t) for t in dispatch.inputs]
-        backend.run(dispatch.call, inputs, views.of(dispatch.output))
-    for i, sink in zip(plan.outputs, sinks, strict=True):
-        backend.to_host(arrays[i], np.frombuffer(sink, dtype=_UINT8))
+def execute(plan: BatchPlan, body: bytearray, backend: Backend) -> codec.Framed:
+    """Run a plan (``engine.run_batch``) into its response: one buffer, the header written in and
+    each output buffer copied into its place."""
+    response, sinks = plan.response.allocate()
+    run_batch(plan, body, backend, sinks)
+    return codec.Framed((response,), plan.response.header_length)

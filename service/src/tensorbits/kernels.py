@@ -16,7 +16,9 @@ from tensorbits_protocol.dtypes import DTYPES
 from tensorbits_protocol.operators import Encoding, Function
 from tensorbits_protocol.validation import ResolvedCall
 
-Array = Any  # numpy.ndarray or cupy.ndarray: the kernels only use what both provide
+DeviceArray = (
+    Any  # numpy.ndarray or cupy.ndarray (a backend's): the kernels use only what both provide
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,38 +26,46 @@ class BitOps:
     """The backend-specific element-wise pieces.
 
     ``popcount(x, out)`` counts the set bits of unsigned ``x`` into ``out``.
-    ``shift(x, count, out, left)`` shifts by the rule of semantics.md: a count at or above the
+    ``shift(x, count, out, left)`` shifts by the rule of docs/semantics.md: a count at or above the
     width, or negative, gives 0 (a right shift of a negative signed value gives -1); right shifts
     of signed types are arithmetic; left shifts wrap modulo 2^width."""
 
-    popcount: Callable[[Array, Array], None]
-    shift: Callable[[Array, Array, Array, bool], None]
+    popcount: Callable[[DeviceArray, DeviceArray], None]
+    shift: Callable[[DeviceArray, DeviceArray, DeviceArray, bool], None]
 
 
-def _binary(ufunc_name: str) -> Callable[[Any, BitOps, ResolvedCall, Sequence[Array], Array], None]:
+def _binary(
+    ufunc_name: str,
+) -> Callable[[Any, BitOps, ResolvedCall, Sequence[DeviceArray], DeviceArray], None]:
     def kernel(
-        xp: Any, ops: BitOps, call: ResolvedCall, inputs: Sequence[Array], out: Array
+        xp: Any, ops: BitOps, call: ResolvedCall, inputs: Sequence[DeviceArray], out: DeviceArray
     ) -> None:
         getattr(xp, ufunc_name)(inputs[0], inputs[1], out=out)
 
     return kernel
 
 
-def _not(xp: Any, ops: BitOps, call: ResolvedCall, inputs: Sequence[Array], out: Array) -> None:
+def _not(
+    xp: Any, ops: BitOps, call: ResolvedCall, inputs: Sequence[DeviceArray], out: DeviceArray
+) -> None:
     # invert of a bool array is the logical NOT in both NumPy and CuPy (OpenVINO BOOL rule).
     xp.invert(inputs[0], out=out)
 
 
-def _count(xp: Any, ops: BitOps, call: ResolvedCall, inputs: Sequence[Array], out: Array) -> None:
+def _count(
+    xp: Any, ops: BitOps, call: ResolvedCall, inputs: Sequence[DeviceArray], out: DeviceArray
+) -> None:
     ops.popcount(inputs[0], out)
 
 
-def _shift(xp: Any, ops: BitOps, call: ResolvedCall, inputs: Sequence[Array], out: Array) -> None:
+def _shift(
+    xp: Any, ops: BitOps, call: ResolvedCall, inputs: Sequence[DeviceArray], out: DeviceArray
+) -> None:
     assert call.shift_left is not None
     ops.shift(inputs[0], inputs[1], out, call.shift_left)
 
 
-Kernel = Callable[[Any, BitOps, ResolvedCall, Sequence[Array], Array], None]
+Kernel = Callable[[Any, BitOps, ResolvedCall, Sequence[DeviceArray], DeviceArray], None]
 
 KERNELS: dict[Function, Kernel] = {
     Function.AND: _binary("bitwise_and"),
@@ -70,8 +80,8 @@ KERNELS: dict[Function, Kernel] = {
 
 
 def as_kernel_operands(
-    call: ResolvedCall, inputs: Sequence[Array], out: Array
-) -> tuple[list[Array], Array]:
+    call: ResolvedCall, inputs: Sequence[DeviceArray], out: DeviceArray
+) -> tuple[list[DeviceArray], DeviceArray]:
     """Views the kernel works on: unsigned bit views for DML, pdpd-reshaped inputs.
 
     Views only, never copies: ``out`` stays the caller's memory."""
@@ -86,7 +96,7 @@ def as_kernel_operands(
     return operands, out
 
 
-def _bits_view(x: Array, bits: Any) -> Array:
+def _bits_view(x: DeviceArray, bits: Any) -> DeviceArray:
     # An unsigned tensor in native order already is its bits: no view to make (a view and its
     # byte-order dtype cost a microsecond, which a batch of small dispatches pays many times).
     if x.dtype == bits:
@@ -97,7 +107,7 @@ def _bits_view(x: Array, bits: Any) -> Array:
 
 
 def run_kernel(
-    xp: Any, ops: BitOps, call: ResolvedCall, operands: Sequence[Array], out: Array
+    xp: Any, ops: BitOps, call: ResolvedCall, operands: Sequence[DeviceArray], out: DeviceArray
 ) -> None:
     """Run the call's kernel on operands already prepared by ``as_kernel_operands``."""
     KERNELS[call.op.function](xp, ops, call, operands, out)

@@ -6,11 +6,12 @@ import threading
 from dataclasses import dataclass, field
 
 from tensorbits.backends import Selection, select_backend
-from tensorbits.batch import BatchPlan
+from tensorbits.batch import BatchLimits, BatchPlan
 from tensorbits.config import Settings
 from tensorbits.header_cache import HeaderCache, PlanT
-from tensorbits.inference import CACHED_HEADER_MAX_BYTES, Limits, PlanTemplate
+from tensorbits.inference import CACHED_HEADER_MAX_BYTES, PlanTemplate, request_limits
 from tensorbits_protocol.errors import Overloaded
+from tensorbits_protocol.infer import RequestLimits
 
 
 @dataclass
@@ -37,7 +38,7 @@ class Admission:
 
     def acquire(self, nbytes: int) -> Grant:
         """Admit one request for ``nbytes``, or raise Overloaded; the caller must ``release``
-        the grant (``api/framed.py`` does, once the response is sent)."""
+        the grant (``api/admitted.py`` does, once the response is sent)."""
         if self.requests_in_flight >= self.max_requests:
             raise Overloaded(
                 f"server busy: {self.requests_in_flight} requests in flight "
@@ -92,8 +93,9 @@ class Runtime:
     settings: Settings
     selection: Selection
     admission: Admission
-    # The settings' request limits in the form inference checks them: built once, not per call.
-    limits: Limits
+    # The settings' request limits in the form each API checks them: built once, not per call.
+    limits: RequestLimits
+    batch_limits: BatchLimits
     # Request headers already planned (header_cache.py), v2 and /v1; None when switched off.
     v2_plans: HeaderCache[PlanTemplate] | None
     batch_plans: HeaderCache[BatchPlan] | None
@@ -113,7 +115,8 @@ class Runtime:
             settings=settings,
             selection=selection,
             admission=Admission(settings.max_inflight_bytes, settings.max_inflight_requests),
-            limits=Limits.from_settings(settings),
+            limits=request_limits(settings),
+            batch_limits=BatchLimits.from_settings(settings),
             v2_plans=_cache(settings, CACHED_HEADER_MAX_BYTES),
             # A batch header is as long as its dispatches are many: keep up to 1/16 of the budget.
             batch_plans=_cache(settings, settings.header_cache_bytes // 16),

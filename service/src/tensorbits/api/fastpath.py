@@ -86,7 +86,7 @@ class FastPathMiddleware:
         try:
             await route.handle(scope, receive, send)
         except Exception as exc:
-            # The routes send only once all their work is done (api/framed.py), so an error is
+            # The routes send only once all their work is done (api/admitted.py), so an error is
             # raised before any byte went out and can still be answered as a whole response.
             handler = handler_for(exc)
             if handler is None:

@@ -24,6 +24,7 @@ from tensorbits.runtime import Runtime
 from tensorbits_protocol.errors import InvalidRequest
 from tensorbits_protocol.jsondata import JsonLimits, parse_json
 from tensorbits_protocol.operators import OPERATORS, OperatorSpec, get_operator
+from tensorbits_protocol.schema_errors import validate_document
 from tensorbits_protocol.v2 import (
     ErrorResponse,
     MetadataTensor,
@@ -142,7 +143,7 @@ async def repository_index(request: Request) -> list[RepositoryIndexEntry]:
     query = RepositoryIndexRequest()
     if body.strip():
         document = parse_json(body, REPOSITORY_JSON_LIMITS, "request body")
-        query = inference.validate_document(RepositoryIndexRequest, document, "request body")
+        query = validate_document(RepositoryIndexRequest, document, "request body")
     ready = _is_ready(request)
     if query.ready and not ready:
         return []

@@ -5,13 +5,12 @@ A small inference is mostly per-request overhead, so this route skips what a Sta
 FastAPI endpoint costs on every call: dependency and parameter solving, a ``Request`` and its
 ``Headers``, a ``Response`` and its header encoding, an exit stack for the admission. It reads
 the three headers it needs in one pass, the body into one buffer (``receive_body``: bounded,
-timed, decompressed), hands it to ``inference.plan`` and ``inference.execute``, and sends the
+timed, decompressed), hands it to ``inference.plan_rest`` and ``inference.execute``, and sends the
 one response buffer they return. Every failure is a ``TensorbitsError`` raised before the first
 byte is sent, so the app's exception handlers (``api/errors.py``) shape it like any other.
 
-The app serves ``ROUTES`` ahead of the framework (``api/fastpath.py``); ``v2.py`` keeps FastAPI
-twins of the same paths for the OpenAPI schema and the docs, which run this same code if ever
-reached.
+The app registers ``ROUTES`` once (``api/fastpath.py``): served ahead of the framework, listed
+in its route table, documented by ``v2_openapi.infer_operation``.
 """
 
 from __future__ import annotations
@@ -20,9 +19,9 @@ from starlette.types import Receive, Scope, Send
 
 from tensorbits import inference
 from tensorbits.api import v2_openapi
+from tensorbits.api.admitted import AdmittedRequest
 from tensorbits.api.deps import runtime_of_app
 from tensorbits.api.fastpath import FastRoute
-from tensorbits.api.framed import Exchange
 from tensorbits.api.offload import offload
 from tensorbits.runtime import Runtime
 from tensorbits_protocol.operators import OperatorSpec
@@ -37,20 +36,20 @@ async def run_inference(
     op: OperatorSpec, runtime: Runtime, scope: Scope, receive: Receive, send: Send
 ) -> None:
     """One inference of ``op``, from the request's body to the response's last byte."""
-    exchange = Exchange(runtime, scope)
+    exchange = AdmittedRequest(runtime, scope)
     try:
         body, header_length = await exchange.receive(receive)
         json_bytes = len(body) if header_length is None else header_length
         plan = await offload(
-            json_bytes, JSON_INLINE_MAX_BYTES, inference.plan, op, body, header_length,
+            json_bytes, JSON_INLINE_MAX_BYTES, inference.plan_rest, op, body, header_length,
             runtime.limits, runtime.v2_plans,
         )  # fmt: skip
-        exchange.grow(len(body) + plan.output_nbytes)
-        encoded = await offload(
+        exchange.grow(plan.memory_needed(len(body)), "inference", "body, output", "body")
+        framed = await offload(
             plan.work_bytes, COMPUTE_INLINE_MAX_BYTES, inference.execute, plan,
             runtime.selection.backend,
         )  # fmt: skip
-        await exchange.send(send, encoded.body, encoded.media_type, encoded.header_length)
+        await exchange.send(send, framed)
     finally:
         exchange.release()
 

@@ -7,7 +7,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from tensorbits.kernels import Array
+from tensorbits.kernels import DeviceArray
 from tensorbits_protocol.validation import ResolvedCall
 
 
@@ -21,19 +21,19 @@ class Backend(Protocol):
     device: str  # e.g. "cpu (2 threads)" or "cuda:0 NVIDIA H100"
     xp: Any
 
-    def asarray(self, host: np.ndarray[Any, Any]) -> Array:
+    def asarray(self, host: np.ndarray[Any, Any]) -> DeviceArray:
         """The host array on this backend's device (NumPy: the same array, no copy)."""
         ...
 
     def to_host(
-        self, array: Array, out: np.ndarray[Any, Any] | None = None
+        self, array: DeviceArray, out: np.ndarray[Any, Any] | None = None
     ) -> np.ndarray[Any, Any]:
         """The array in host memory, written into ``out`` when given."""
         ...
 
-    def empty(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Array: ...
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> DeviceArray: ...
 
-    def run(self, call: ResolvedCall, inputs: Sequence[Array], out: Array) -> None: ...
+    def run(self, call: ResolvedCall, inputs: Sequence[DeviceArray], out: DeviceArray) -> None: ...
 
     def memory_in_use(self) -> int | None:
         """Device bytes held by the backend's pool, or None where that means nothing (CPU)."""

@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 
 from tensorbits.backends.base import BackendUnavailable
-from tensorbits.kernels import Array, BitOps, as_kernel_operands, run_kernel
+from tensorbits.kernels import BitOps, DeviceArray, as_kernel_operands, run_kernel
 from tensorbits_protocol.validation import ResolvedCall
 
-# CUDA's native << and >> are undefined past the width; these enforce semantics.md rule 3.
+# CUDA's native << and >> are undefined past the width; these enforce docs/semantics.md rule 3.
 # The count is compared as unsigned 64-bit: a negative signed count becomes huge, so one test
 # covers "negative or at least the width".
 _SHIFT_BODY = """
@@ -84,18 +84,18 @@ class CupyBackend:
         if not np.array_equal(got, want) or self.to_host(counts).tolist() != [4, 1, 8, 2]:
             raise BackendUnavailable("the CUDA probe kernels returned wrong results")
 
-    def _run_popcount(self, x: Array, out: Array) -> None:
+    def _run_popcount(self, x: DeviceArray, out: DeviceArray) -> None:
         self._popcount(x, out)
 
-    def _run_shift(self, x: Array, count: Array, out: Array, left: bool) -> None:
+    def _run_shift(self, x: DeviceArray, count: DeviceArray, out: DeviceArray, left: bool) -> None:
         (self._shift_left if left else self._shift_right)(x, count, out)
 
-    def asarray(self, host: np.ndarray[Any, Any]) -> Array:
+    def asarray(self, host: np.ndarray[Any, Any]) -> DeviceArray:
         # CuPy arrays are native-endian only; a big-endian host array is converted (values kept).
         return self._cupy.asarray(host.astype(host.dtype.newbyteorder("="), copy=False))
 
     def to_host(
-        self, array: Array, out: np.ndarray[Any, Any] | None = None
+        self, array: DeviceArray, out: np.ndarray[Any, Any] | None = None
     ) -> np.ndarray[Any, Any]:
         if out is not None and not (out.flags.c_contiguous and out.dtype == array.dtype):
             # cupy.ndarray.get(out=) refuses a strided or differently typed (e.g. big-endian) out.
@@ -104,10 +104,10 @@ class CupyBackend:
         result: np.ndarray[Any, Any] = array.get(out=out)
         return result
 
-    def empty(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Array:
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> DeviceArray:
         return self._cupy.empty(shape, dtype)
 
-    def run(self, call: ResolvedCall, inputs: Sequence[Array], out: Array) -> None:
+    def run(self, call: ResolvedCall, inputs: Sequence[DeviceArray], out: DeviceArray) -> None:
         operands, target = as_kernel_operands(call, inputs, out)
         run_kernel(self._cupy, self.ops, call, operands, target)
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from tensorbits.kernels import Array, BitOps, as_kernel_operands, run_kernel
+from tensorbits.kernels import BitOps, DeviceArray, as_kernel_operands, run_kernel
 from tensorbits_protocol.operators import Function
 from tensorbits_protocol.validation import ResolvedCall
 
@@ -177,21 +177,21 @@ class NumpyBackend:
             else None
         )
 
-    def asarray(self, host: np.ndarray[Any, Any]) -> Array:
+    def asarray(self, host: np.ndarray[Any, Any]) -> DeviceArray:
         return host
 
     def to_host(
-        self, array: Array, out: np.ndarray[Any, Any] | None = None
+        self, array: DeviceArray, out: np.ndarray[Any, Any] | None = None
     ) -> np.ndarray[Any, Any]:
         if out is None:
             return np.asarray(array)
         np.copyto(out, array)
         return out
 
-    def empty(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Array:
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> DeviceArray:
         return np.empty(shape, dtype)
 
-    def run(self, call: ResolvedCall, inputs: Sequence[Array], out: Array) -> None:
+    def run(self, call: ResolvedCall, inputs: Sequence[DeviceArray], out: DeviceArray) -> None:
         operands, target = as_kernel_operands(call, inputs, out)
         work = _work_bytes(call, operands, target)
         if self._pool is None or work < PARALLEL_THRESHOLD_BYTES:

@@ -1,28 +1,42 @@
-"""The /v1 batch header, written as JSON text a dispatch at a time.
+"""The /v1 batch messages in their one encoding: the request's encoder (the client's) and
+decoder (the server's), and the response's encoder (the server's) and decoder (the client's).
 
-Building the wire models (``tensorbits_protocol.v1``) for every binding and dispatch cost about
-15 µs a dispatch, half the SDK's time on a batch of 100 small dispatches. Here each dispatch is
-written straight to JSON as it is added, and what repeats is written once: a description's JSON
+The models of ``tensorbits_protocol.v1`` are the schema; this module reads and writes it.
+
+Encoding the request: building the wire models for every binding and dispatch cost about 15 µs a
+dispatch, half the SDK's time on a batch of 100 small dispatches. Here each dispatch is written
+straight to JSON as it is added, and what repeats is written once: a description's JSON
 (validated and dumped by its wire model the first time it is seen) and each name's JSON string.
 The text is exactly what ``BatchRequest.model_dump_json(exclude_none=True)`` writes, and the
 wire models stay the contract: whatever this fast path does not cover (a NumPy integer for an
 offset, a parameter that is a float, a non-ASCII name, a name of the wrong length) goes through
 the models as before, so their checks and ``ValidationError`` messages are unchanged. The tests
 compare both writers on every kind of batch.
+
+Decoding the request: the one JSON reader both APIs use (``jsondata.parse_json``: strict
+RFC 8259, bounded before it is parsed), then the models' schema read into plain dicts
+(``plain.dict_reader``), the planner's fast input.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any, Protocol
 
+from pydantic import ValidationError
 from pydantic_core import to_json
 
+from tensorbits_protocol import codec
 from tensorbits_protocol.dml import TensorDesc
 from tensorbits_protocol.dtypes import DataType
+from tensorbits_protocol.errors import InvalidRequest
+from tensorbits_protocol.jsondata import JsonLimits, parse_json
+from tensorbits_protocol.plain import PlainDict, dict_reader
+from tensorbits_protocol.schema_errors import field_path, first_error
 from tensorbits_protocol.v1 import (
     BatchRequest,
+    BatchResponse,
     BufferBinding,
     BufferDeclaration,
     Dispatch,
@@ -204,3 +218,76 @@ def encode_header(
         d if isinstance(d, str) else d.model_dump_json(exclude_none=True) for d in dispatches
     )
     return f'{head}"dispatches":[{written}]{tail}'.encode()
+
+
+# --- the request, decoded ----------------------------------------------------------------------
+BATCH_REQUEST_DATA = dict_reader(BatchRequest)
+
+
+def decode_request(header: bytes, limits: JsonLimits) -> PlainDict:
+    """The batch header as plain dicts (``BatchRequest``'s schema, defaults filled in); malformed
+    JSON or fields are a 400 naming the first bad field.
+
+    A header the dict reader refuses is read again by the models, so the error is the
+    documented one, and what the models accept is planned whatever the dict reader thought."""
+    document = parse_json(header, limits, "header")
+    try:
+        return BATCH_REQUEST_DATA.validate_python(document)
+    except ValidationError:
+        pass
+    try:
+        request = BatchRequest.model_validate(document)
+    except ValidationError as exc:
+        loc, message, rule = first_error(exc.errors(include_url=False))
+        path = field_path(loc, "header")
+        raise InvalidRequest(f"{path}: {message}", field=path, rule=rule) from None
+    return request.model_dump()
+
+
+# --- the response -------------------------------------------------------------------------------
+def encode_response(request_id: str | None, outputs: Sequence[tuple[str, int]]) -> codec.BodyLayout:
+    """The response laid out before its buffers are filled: the JSON header (padded so the first
+    output starts aligned, as in a v2 response), then room for each ``(name, byte_size)``."""
+    document: dict[str, Any] = {} if request_id is None else {"id": request_id}
+    document["outputs"] = [{"name": name, "byte_size": size} for name, size in outputs]
+    return codec.BodyLayout(codec.dump_header(document), tuple(size for _, size in outputs))
+
+
+def decode_response(header: bytes, tail_length: int) -> tuple[str | None, dict[str, int]]:
+    """The response's id and where each output buffer starts in the tail (``codec.spans``).
+    Raises InvalidRequest (or pydantic's ValidationError) when the framing is off."""
+    document = BatchResponse.model_validate_json(header)
+    places = codec.spans(max(output.byte_size, 0) for output in document.outputs)
+    starts: dict[str, int] = {}
+    for index, (output, place) in enumerate(zip(document.outputs, places, strict=True)):
+        assert place is not None  # every output has a size
+        if output.byte_size < 0 or place[1] > tail_length:
+            raise InvalidRequest(
+                f"outputs[{index}] ({output.name[:100]}): body ends short",
+                field=f"outputs[{index}]",
+                rule="truncated",
+            )
+        starts[output.name] = place[0]
+    used = codec.end_of(places)
+    if used != tail_length:
+        raise InvalidRequest(
+            f"{tail_length - used} unexpected bytes after the last output",
+            field="body",
+            rule="leftover",
+        )
+    return document.id, starts
+
+
+__all__ = [
+    "BATCH_REQUEST_DATA",
+    "BindingLike",
+    "binding_json",
+    "buffer_binding",
+    "decode_request",
+    "decode_response",
+    "desc_json",
+    "encode_dispatch",
+    "encode_header",
+    "encode_response",
+    "tensor_description",
+]

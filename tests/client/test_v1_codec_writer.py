@@ -1,4 +1,4 @@
-"""The batch header written directly as JSON (``_batch_wire``) against the wire models writing it
+"""The batch header written directly as JSON (``tensorbits_protocol.v1_codec``) against the wire models writing it
 (what the builder did before): the same bytes, and the same errors at the same calls."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError
 
-from tensorbits_client import Batch, Binding, Buffer, Client, _batch, _batch_wire
-from tensorbits_protocol import codec
+from tensorbits_client import Batch, Binding, Buffer, Client, _batch
+from tensorbits_protocol import codec, v1_codec
 from tensorbits_protocol.dml import TensorDesc
 from tensorbits_protocol.dtypes import DataType
 from tensorbits_protocol.v1 import BatchRequest, BufferDeclaration, Dispatch
@@ -163,7 +163,7 @@ def test_the_header_is_what_the_models_wrote(
 
 def test_small_remembered_tables_still_write_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
     # Past their bound the tables of descriptions and their JSON start afresh.
-    monkeypatch.setattr(_batch_wire, "_JSON_OF_MAX", 2)
+    monkeypatch.setattr(v1_codec, "_JSON_OF_MAX", 2)
     monkeypatch.setattr(_batch, "_DESCRIPTIONS_MAX", 3)
     with Client("http://t.test") as client:
         for _ in range(2):

@@ -1,0 +1,330 @@
+"""A v2 inference request and response, whatever protocol carries them, with their REST form.
+
+``InferRequest`` and ``InferResponse`` say what an inference asks and answers: named tensors
+(data type, shape, and either their bytes or JSON ``data``), request parameters, the outputs
+asked for. They are what the server plans from and what the client reads; a front end turns its
+wire form into them. This module holds the REST form (the JSON of ``tensorbits_protocol.v2``
+with Triton's binary tensor data extension, framed by ``codec``): ``InferRequest.from_rest`` /
+``to_rest`` and ``InferResponse.from_rest`` / ``to_rest``, the one encoder and decoder of each
+message, used by the client and the server alike. A gRPC front end adds ``from_grpc`` beside them
+(KServe's ``InferRequest`` is the pattern) and calls the same checks (``check_inputs``).
+
+The documents are written as plain dicts, not built through the pydantic models: building and
+dumping the models costs more than the rest of a small inference. The tests validate what these
+write against the models (``v2.InferenceRequest``, ``v2.InferenceResponse``), which stay the
+contract, and decode it again (round trips). Decoding goes through the models.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tensorbits_protocol import codec
+from tensorbits_protocol.dtypes import BY_NAME, DataType, wire_dtype
+from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
+from tensorbits_protocol.jsondata import (
+    JsonLimits,
+    decode_data,
+    parse_json,
+    require_json_form,
+)
+from tensorbits_protocol.schema_errors import validate_document
+from tensorbits_protocol.v2 import InferenceRequest, InferenceResponse, RequestInput
+
+HostArray = np.ndarray[
+    Any, Any
+]  # a NumPy array in host memory (kernels.DeviceArray: any backend's)
+
+# Output parameters of Triton's classification and shared-memory extensions: they change what an
+# output means, so they are refused rather than ignored (codec.check_content refuses the input's).
+UNSUPPORTED_OUTPUT_PARAMETERS = {
+    "classification": "the classification extension",
+    "shared_memory_region": "the shared-memory extension",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """The bounds a decoded request is held to before any tensor is read (the server's
+    settings: ``TENSORBITS_MAX_TENSORS``, ``_MAX_TENSOR_ELEMENTS``, ``_MAX_JSON_ELEMENTS`` and
+    the JSON reader's)."""
+
+    max_tensors: int
+    max_tensor_elements: int
+    max_json_elements: int
+    json: JsonLimits
+
+
+@dataclass(frozen=True, slots=True)
+class Tensor:
+    """A named tensor of a request or a response: its bytes (``raw``, little-endian, row-major)
+    or its JSON ``data`` (nested or flat, as sent; checked when read); neither for an output
+    whose bytes are yet to be written."""
+
+    name: str
+    datatype: DataType
+    shape: tuple[int, ...]
+    raw: memoryview | None = None
+    data: list[Any] | None = None
+
+    @property
+    def elements(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.elements * wire_dtype(self.datatype).itemsize
+
+    def document(self) -> dict[str, Any]:
+        """The tensor as the REST JSON writes it (``v2.RequestInput``, ``v2.ResponseOutput``):
+        with its ``data``, or without it, as binary data of ``binary_data_size`` bytes."""
+        entry: dict[str, Any] = {
+            "name": self.name,
+            "shape": list(self.shape),
+            "datatype": self.datatype.value,
+        }
+        if self.data is None:
+            size = self.nbytes if self.raw is None else self.raw.nbytes
+            entry["parameters"] = {"binary_data_size": size}
+        else:
+            entry["data"] = self.data
+        return entry
+
+    def array(self, direction: str = "input") -> HostArray:
+        """The tensor as a NumPy array: a view of ``raw`` (no copy; it may be misaligned for its
+        type, which NumPy handles, about 20% slower, still cheaper than the copy that would
+        align it), or ``data`` checked and converted (``jsondata.decode_data``)."""
+        if self.raw is not None:
+            return np.frombuffer(self.raw, wire_dtype(self.datatype)).reshape(self.shape)
+        if self.data is None:
+            raise InvalidRequest(
+                f"{direction} '{self.name[:100]}' has neither data nor binary_data_size",
+                field=self.name[:100],
+                rule="content",
+            )
+        return decode_data(self.name, self.datatype, self.shape, self.data)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestedOutput:
+    """An output the caller asks for: ``binary`` is its ``binary_data`` parameter (None: the
+    request's default), ``parameters`` the names of all its parameters."""
+
+    name: str
+    binary: bool | None = None
+    parameters: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class InferRequest:
+    """One inference request: inputs in the order sent, request-level parameters (operator
+    parameters and the protocol's own, e.g. ``binary_data_output``), the outputs asked for
+    (None: every output)."""
+
+    inputs: tuple[Tensor, ...]
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+    outputs: tuple[RequestedOutput, ...] | None = None
+    id: str | None = None
+
+    @property
+    def binary_output(self) -> bool:
+        """The request-wide default of ``binary_data_output``."""
+        return bool(self.parameters.get("binary_data_output"))
+
+    @classmethod
+    def from_rest(
+        cls,
+        header: bytes,
+        tail: memoryview,
+        *,
+        model: str,
+        header_given: bool,
+        limits: RequestLimits,
+    ) -> InferRequest:
+        """Decode the JSON header and the binary tail of a REST request (strict JSON, bounded
+        before it is parsed; the wire model; the framing; the tensor counts), in that order:
+        every check that needs no operator. The tensors' bytes stay views of ``tail``."""
+        what = "inference header" if header_given else "request body"
+        document = parse_json(header, limits.json, what)  # tensors counted before it is parsed
+        request = validate_document(InferenceRequest, document, what)
+        frames = [_frame(tensor) for tensor in request.inputs]
+        check_unique(frames)
+        for frame in frames:
+            codec.check_content(frame)
+            if frame.has_data:
+                require_json_form(frame.name, frame.datatype, "input")
+        check_sizes(frames, limits)
+        slices = codec.slice_tensors(frames, tail, model, header_given=header_given)
+        inputs = tuple(
+            Tensor(frame.name, frame.datatype, frame.shape, raw, tensor.data)
+            for frame, tensor, raw in zip(frames, request.inputs, slices, strict=True)
+        )
+        outputs = None
+        if request.outputs is not None:
+            outputs = tuple(
+                RequestedOutput(
+                    output.name,
+                    None if output.parameters is None else output.parameters.binary_data,
+                    frozenset(output.parameters.model_dump(exclude_none=True))
+                    if output.parameters is not None
+                    else frozenset(),
+                )
+                for output in request.outputs
+            )
+        parameters = (
+            {} if request.parameters is None else request.parameters.model_dump(exclude_none=True)
+        )
+        return cls(inputs, parameters, outputs, request.id)
+
+    def to_rest(self) -> tuple[bytes, list[memoryview]]:
+        """The JSON header (aligned when binary data follows) and the buffers to send after it,
+        with ``Inference-Header-Content-Length: len(header)`` when there are any. Inputs with
+        ``data`` go with it, the others as binary data (their ``raw``)."""
+        document: dict[str, Any] = {}
+        if self.id is not None:
+            document["id"] = self.id
+        if self.parameters:
+            document["parameters"] = dict(self.parameters)
+        document["inputs"] = [tensor.document() for tensor in self.inputs]
+        buffers = [t.raw for t in self.inputs if t.data is None and t.raw is not None]
+        if self.outputs is not None:
+            document["outputs"] = [_output_document(output) for output in self.outputs]
+        return codec.dump_header(document, align=bool(buffers)), buffers
+
+
+def _output_document(output: RequestedOutput) -> dict[str, Any]:
+    entry: dict[str, Any] = {"name": output.name}
+    if output.binary is not None:
+        entry["parameters"] = {"binary_data": output.binary}
+    return entry
+
+
+@dataclass(frozen=True, slots=True)
+class InferResponse:
+    """One inference response: its outputs, in order, with their bytes (``raw``), their JSON
+    ``data``, or, on the server before the kernel has run, neither (bytes to be written)."""
+
+    model_name: str
+    outputs: tuple[Tensor, ...]
+    model_version: str | None = None
+    id: str | None = None
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+
+    def document(self) -> dict[str, Any]:
+        """The JSON header in the shape of ``v2.InferenceResponse`` (``exclude_none``)."""
+        document: dict[str, Any] = {"model_name": self.model_name}
+        if self.model_version is not None:
+            document["model_version"] = self.model_version
+        if self.id is not None:
+            document["id"] = self.id
+        if self.parameters:
+            document["parameters"] = dict(self.parameters)
+        document["outputs"] = [tensor.document() for tensor in self.outputs]
+        return document
+
+    def to_rest(self) -> codec.BodyLayout:
+        """The response laid out before its binary outputs exist: the JSON header (aligned when
+        binary data follows), then room for each output without ``data``, in order. A body
+        without binary outputs is the header alone, all JSON."""
+        sizes = tuple(t.nbytes for t in self.outputs if t.data is None)
+        return codec.BodyLayout(codec.dump_header(self.document(), align=bool(sizes)), sizes)
+
+    @classmethod
+    def from_rest(cls, header: bytes, tail: memoryview, *, header_given: bool) -> InferResponse:
+        """Decode a REST response: the model, then the framing (sizes against shapes, nothing
+        short, nothing left over: the same checks as a request's). Binary outputs are views of
+        ``tail``. Raises pydantic's ValidationError or InvalidRequest when malformed."""
+        document = InferenceResponse.model_validate_json(header)
+        frames = [
+            codec.TensorFrame(
+                output.name,
+                DataType(output.datatype),
+                tuple(output.shape),
+                None if output.parameters is None else output.parameters.binary_data_size,
+            )
+            for output in document.outputs
+        ]
+        slices = codec.slice_tensors(frames, tail, document.model_name, header_given=header_given)
+        outputs = tuple(
+            Tensor(frame.name, frame.datatype, frame.shape, raw, output.data)
+            for frame, output, raw in zip(frames, document.outputs, slices, strict=True)
+        )
+        return cls(
+            document.model_name,
+            outputs,
+            document.model_version,
+            document.id,
+            dict(document.parameters or {}),
+        )
+
+
+# --- checks every front end makes -----------------------------------------------------------------
+
+
+def _frame(tensor: RequestInput) -> codec.TensorFrame:
+    parameters = tensor.parameters
+    extra = (parameters.model_extra or {}) if parameters is not None else {}
+    return codec.TensorFrame(
+        name=tensor.name,
+        datatype=BY_NAME[tensor.datatype],  # a Literal of the names: always there
+        shape=tuple(tensor.shape),
+        binary_size=parameters.binary_data_size if parameters is not None else None,
+        has_data="data" in tensor.model_fields_set,
+        shared_memory="shared_memory_region" in extra,
+    )
+
+
+def check_unique(frames: Sequence[codec.TensorFrame]) -> None:
+    """Each input named once."""
+    seen: set[str] = set()
+    for frame in frames:
+        if frame.name in seen:
+            raise InvalidRequest(
+                f"input '{frame.name[:100]}' appears more than once",
+                field=frame.name[:100],
+                rule="duplicate_input",
+            )
+        seen.add(frame.name)
+
+
+def check_sizes(frames: Sequence[codec.TensorFrame], limits: RequestLimits) -> None:
+    """Each input within the element limit, and the JSON data of all within its own, judged on
+    the shapes alone: before a byte of any tensor is read."""
+    json_elements = 0
+    for frame in frames:
+        count = math.prod(frame.shape)
+        if count > limits.max_tensor_elements:
+            raise PayloadTooLarge(
+                f"input '{frame.name}': shape {list(frame.shape)} has {count} elements, more than "
+                f"the limit of {limits.max_tensor_elements} (TENSORBITS_MAX_TENSOR_ELEMENTS)",
+                field=frame.name,
+                rule="max_tensor_elements",
+            )
+        if frame.has_data:
+            json_elements += count
+    if json_elements > limits.max_json_elements:
+        raise PayloadTooLarge(
+            f"JSON data of {json_elements} elements exceeds the limit of "
+            f"{limits.max_json_elements} (TENSORBITS_MAX_JSON_ELEMENTS); send large tensors as "
+            "binary data",
+            field="inputs",
+            rule="max_json_elements",
+        )
+
+
+__all__ = [
+    "UNSUPPORTED_OUTPUT_PARAMETERS",
+    "HostArray",
+    "InferRequest",
+    "InferResponse",
+    "RequestLimits",
+    "RequestedOutput",
+    "Tensor",
+    "check_sizes",
+    "check_unique",
+]

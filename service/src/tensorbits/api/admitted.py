@@ -1,0 +1,79 @@
+"""One request admitted on a plain ASGI endpoint (v2 inference, the /v1 batch): its admission,
+its body, its response in the binary extension's framing, and nothing else per request.
+
+``AdmittedRequest`` is mostly admission: it reads the three request headers the framing needs in
+one pass, admits the request for its declared body before a byte is read (many clients declaring
+large bodies at once get 503s instead of each making the server allocate one), grows the grant
+to what the plan says the request needs while it runs (413 when no idle server could hold it),
+reads the body (``receive_body``: bounded, timed, decompressed), and sends a response from the
+one buffer it was written into. Its grant is released by ``release`` once the last byte is
+handed to the server: the response buffer is part of what admission bounds.
+"""
+
+from __future__ import annotations
+
+from starlette.types import Message, Receive, Scope, Send
+
+from tensorbits.api.body import declared_length, header_values, receive_body
+from tensorbits.runtime import Admission, Grant, Runtime
+from tensorbits_protocol import codec
+from tensorbits_protocol.errors import PayloadTooLarge
+
+_HEADER_LENGTH = codec.HEADER_LENGTH.lower().encode()
+
+
+class AdmittedRequest:
+    __slots__ = ("admission", "encoding", "grant", "header_length_value", "length", "settings")
+
+    def __init__(self, runtime: Runtime, scope: Scope) -> None:
+        self.settings = runtime.settings
+        self.admission: Admission = runtime.admission
+        length_value, self.encoding, self.header_length_value = header_values(
+            scope, b"content-length", b"content-encoding", _HEADER_LENGTH
+        )
+        # The declared Content-Length (None: a chunked body), refused past the body limit.
+        self.length = declared_length(length_value, self.settings.max_body_bytes)
+        self.grant: Grant = self.admission.acquire(self.length or 0)
+
+    async def receive(self, receive: Receive) -> tuple[bytearray, int | None]:
+        """The body and its JSON header's length (None: no Inference-Header-Content-Length, the
+        whole body is JSON), checked against each other."""
+        settings = self.settings
+        body = await receive_body(
+            receive, self.length, self.encoding, settings.max_body_bytes, settings.timeout_body_read
+        )
+        return body, codec.parse_header_length(self.header_length_value, len(body))
+
+    def grow(self, needed: int, what: str, parts: str, field: str) -> None:
+        """Hold ``needed`` bytes in all while the request runs, or raise: 413 when no idle server
+        could ever hold them (a 503 would be retried for ever), Overloaded (503) when this one
+        is too busy now. ``what`` needs them for ``parts``; ``field`` is where the caller can
+        make it smaller."""
+        bound = self.admission.max_bytes
+        if needed > bound:
+            raise PayloadTooLarge(
+                f"{what} needs {needed} bytes while it runs ({parts}), more than the server's "
+                f"limit of {bound} (TENSORBITS_MAX_INFLIGHT_BYTES)",
+                field=field,
+                rule="max_inflight_bytes",
+            )
+        self.grant.grow(needed - self.grant.nbytes)
+
+    @staticmethod
+    async def send(send: Send, framed: codec.Framed) -> None:
+        """A 200 with the framed body (its parts in order; one message when it is one part)."""
+        headers = [
+            (b"content-type", framed.media_type.encode()),
+            (b"content-length", str(framed.content_length).encode()),
+        ]
+        if framed.header_length is not None:
+            headers.append((_HEADER_LENGTH, str(framed.header_length).encode()))
+        start: Message = {"type": "http.response.start", "status": 200, "headers": headers}
+        await send(start)
+        *first, last = framed.parts
+        for part in first:
+            await send({"type": "http.response.body", "body": part, "more_body": True})
+        await send({"type": "http.response.body", "body": last})
+
+    def release(self) -> None:
+        self.grant.release()

@@ -1,0 +1,88 @@
+"""One JSON policy for both APIs: the v2 inference document, its binary header, and the /v1
+batch header are read by the same reader (``jsondata.parse_json``) and refused alike.
+
+Two readers of one body must never see two requests (a proxy that keeps the first of two
+duplicate keys and a server that keeps the last would), so every document is strict RFC 8259,
+bounded on its bytes before it is parsed. Each case here is sent to the three places a JSON
+document enters, and each must be refused with the same status, rule and message (but for the
+name of the document: "request body", "inference header", "header").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tensorbits.app import create_app
+from tensorbits.config import Settings
+
+HEADER = "Inference-Header-Content-Length"
+MODEL = "/v2/models/DML_OPERATOR_ELEMENT_WISE_BIT_NOT/infer"
+
+CASES = [
+    pytest.param(b'{"inputs": [], "inputs": []}', "json", "duplicate key 'inputs'", id="dup"),
+    pytest.param(b'{"a": {"b": 1, "b": 2}}', "json", "duplicate key 'b'", id="dup-nested"),
+    pytest.param(b'{"a": NaN}', "json", "NaN is not a JSON value", id="nan"),
+    pytest.param(b'{"a": [-Infinity]}', "json", "-Infinity is not a JSON value", id="inf"),
+    pytest.param(b'{"a": 1' + b"0" * 5000 + b"}", "json", "more than 4300 digits", id="huge-int"),
+    pytest.param(b'{"a": "\xff"}', "json", "JSON must be UTF-8", id="utf8"),
+    pytest.param(b'{"a": tru}', "json", "malformed JSON", id="syntax"),
+    pytest.param(b"[" * 40 + b"]" * 40, "max_json_depth", "nesting depth 40", id="depth"),
+    pytest.param(b"[" * 5000 + b"]" * 5000, "max_json_depth", "nesting depth 5000", id="depth-5k"),
+]
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[TestClient]:
+    settings = Settings(backend="numpy", cpu_threads=1, max_json_depth=32)
+    with TestClient(create_app(settings)) as c:
+        yield c
+
+
+def refusals(client: TestClient, document: bytes) -> dict[str, dict[str, str]]:
+    """The error body of each place a JSON document enters, for ``document``."""
+    framed = {HEADER: str(len(document))}
+    answers = {
+        "request body": client.post(MODEL, content=document),
+        "inference header": client.post(MODEL, content=document, headers=framed),
+        "header": client.post("/v1/batch", content=document, headers=framed),
+    }
+    bodies = {}
+    for what, response in answers.items():
+        assert response.status_code == 400, (what, response.text)
+        bodies[what] = response.json()
+    return bodies
+
+
+@pytest.mark.parametrize(("document", "rule", "phrase"), CASES)
+def test_both_apis_refuse_a_document_alike(
+    client: TestClient, document: bytes, rule: str, phrase: str
+) -> None:
+    bodies = refusals(client, document)
+    messages = set()
+    for what, body in bodies.items():
+        assert body["rule"] == rule, (what, body)
+        assert body["field"] == what, (what, body)
+        assert body["error"].startswith(f"{what}: "), (what, body)
+        messages.add(body["error"].removeprefix(f"{what}: "))
+    (message,) = messages  # one policy, one message
+    assert phrase in message
+
+
+def test_the_batch_header_keeps_no_duplicate_the_old_reader_took() -> None:
+    # pydantic's own JSON parser, which read the /v1 header before, keeps the last of duplicate
+    # keys: this header would have run with byte_size 4.
+    header = (
+        b'{"buffers": [{"name": "a", "byte_size": 8, "byte_size": 4}], '
+        b'"dispatches": [], "outputs": ["a"]}'
+    )
+    with TestClient(create_app(Settings(backend="numpy", cpu_threads=1))) as client:
+        reply = client.post(
+            "/v1/batch", content=header + bytes(4), headers={HEADER: str(len(header))}
+        )
+    assert reply.status_code == 400
+    assert reply.json()["error"] == (
+        "header: invalid JSON: duplicate key 'byte_size' in a JSON object"
+    )
