@@ -10,13 +10,19 @@ name of the document: "request body", "inference header", "header").
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tensorbits.app import create_app
 from tensorbits.config import Settings
+from tensorbits_protocol import jsondata
+from tensorbits_protocol.errors import InvalidRequest
 
 HEADER = "Inference-Header-Content-Length"
 MODEL = "/v2/models/DML_OPERATOR_ELEMENT_WISE_BIT_NOT/infer"
@@ -29,6 +35,7 @@ CASES = [
     pytest.param(b'{"a": 1' + b"0" * 5000 + b"}", "json", "more than 4300 digits", id="huge-int"),
     pytest.param(b'{"a": "\xff"}', "json", "JSON must be UTF-8", id="utf8"),
     pytest.param(b'{"a": tru}', "json", "malformed JSON", id="syntax"),
+    pytest.param(b'{"a": "\\ud800"}', "json", "invalid JSON", id="lone-surrogate"),
     pytest.param(b"[" * 40 + b"]" * 40, "max_json_depth", "nesting depth 40", id="depth"),
     pytest.param(b"[" * 5000 + b"]" * 5000, "max_json_depth", "nesting depth 5000", id="depth-5k"),
 ]
@@ -86,3 +93,50 @@ def test_the_batch_header_keeps_no_duplicate_the_old_reader_took() -> None:
     assert reply.json()["error"] == (
         "header: invalid JSON: duplicate key 'byte_size' in a JSON object"
     )
+
+
+# --- the reader against Python's json -------------------------------------------------------------
+LIMITS = jsondata.JsonLimits(max_depth=64, max_values=10_000)  # never reached here
+values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+def _python_reading(raw: bytes) -> Any:
+    """Python's strict reading (the words of refusals), or InvalidRequest."""
+    try:
+        return jsondata._decode(raw, "body")
+    except InvalidRequest:
+        return InvalidRequest
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=values, cut=st.integers(0, 64), junk=st.binary(max_size=3))
+def test_the_reader_accepts_what_pythons_strict_json_accepts(
+    value: object, cut: int, junk: bytes
+) -> None:
+    # A valid document and a mangled one: the reader (jiter) and Python's json agree on every
+    # one, value for value, but for lone surrogates, which only the reader refuses.
+    raw = json.dumps(value).encode()
+    for document in (raw, raw[: len(raw) - cut] + junk):
+        expected = _python_reading(document)
+        got = _reading(document)
+        if got == "refused" and expected is not InvalidRequest:
+            # Only the reader refuses a lone surrogate escape ("\\ud800" alone is no character).
+            assert b"\\ud" in document.lower(), document
+            continue
+        if got == "refused":
+            got = InvalidRequest
+        assert got == expected or (got != got and expected != expected), document
+
+
+def _reading(raw: bytes) -> Any:
+    """The reader's value, or "refused" (its JSON rule); past a limit, the limit's rule."""
+    try:
+        return jsondata.parse_json(raw, LIMITS)
+    except InvalidRequest as exc:
+        return "refused" if exc.rule == "json" else exc.rule

@@ -77,7 +77,7 @@ def _requests(binary: bool) -> st.SearchStrategy[tuple[InferRequest, list[np.nda
                 RequestedOutput,
                 st.text(min_size=1, max_size=8),
                 st.none() | st.booleans(),
-                st.just(frozenset()),
+                st.just(()),
             ),
             max_size=2,
         ),

@@ -22,8 +22,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -73,9 +72,10 @@ def split_body(body: memoryview, header_length: int | None) -> tuple[memoryview,
     return body[:header_length], body[header_length:]
 
 
-@dataclass(frozen=True, slots=True)
-class TensorFrame:
-    """What the framing needs to know of one tensor of the JSON header, in header order."""
+class TensorFrame(NamedTuple):
+    """What the framing needs to know of one tensor of the JSON header, in header order. (A
+    NamedTuple, as the other per-tensor records of the hot path: built in a third of the time of
+    a frozen dataclass.)"""
 
     name: str
     datatype: DataType
@@ -198,8 +198,7 @@ def dump_header(document: Any, *, align: bool = True) -> bytes:
     return header
 
 
-@dataclass(frozen=True, slots=True)
-class BodyLayout:
+class BodyLayout(NamedTuple):
     """A framed body planned before its tensors exist: the header, then buffers of ``sizes``."""
 
     header: bytes
@@ -222,21 +221,20 @@ class BodyLayout:
         body = np.empty(self.total, dtype=np.uint8).data
         body[: len(self.header)] = self.header
         places = spans(self.sizes, len(self.header))
-        return body, [body[start:end] for start, end in filter(None, places)]
+        return body, [body[place[0] : place[1]] for place in places if place is not None]
 
 
-@dataclass(frozen=True, slots=True)
-class Framed:
+class Framed(NamedTuple):
     """A body as it is sent, request or response: its parts in order (the JSON header, then each
     tensor's bytes; or one buffer that holds them all) and the JSON header's byte length when
     binary data follows it (None: the body is all JSON)."""
 
     parts: tuple[bytes | memoryview, ...]
     header_length: int | None
-    content_length: int = field(init=False)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "content_length", sum(len(p) for p in self.parts))
+    @property
+    def content_length(self) -> int:
+        return sum(map(len, self.parts))
 
     @classmethod
     def json(cls, document: bytes) -> Framed:

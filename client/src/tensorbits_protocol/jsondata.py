@@ -3,7 +3,8 @@
 
 Parsing follows RFC 8259 and nothing more: UTF-8 only, no ``NaN``/``Infinity`` literals (Python's
 ``json`` and pydantic's parser both accept them), no duplicate object keys (which would let two
-readers of one body see different requests). Before the parser runs, one pass over the bytes
+readers of one body see different requests), no lone surrogates. ``parse_json`` is the one reader
+of both APIs (the v2 documents and the /v1 batch header). Before the parser runs, one pass over the bytes
 bounds the nesting depth and the number of values, so a hostile document is refused before it
 can exhaust the stack or memory.
 
@@ -24,6 +25,7 @@ from functools import lru_cache
 from itertools import chain
 from typing import Any, Literal
 
+import jiter
 import numpy as np
 
 from tensorbits_protocol.dtypes import DataType, numpy_dtype
@@ -299,15 +301,32 @@ _DECODER = json.JSONDecoder(parse_constant=_refuse_constant, object_pairs_hook=_
 
 
 def parse_json(doc: bytes | bytearray | memoryview, limits: JsonLimits, what: str = "body") -> Any:
-    """Parse one JSON document under ``limits``; every failure is a 400 (413 past a size)."""
+    """Parse one JSON document under ``limits``; every failure is a 400 (413 past a size).
+
+    The one reader of every JSON document both APIs take. jiter parses it (in Rust: duplicate
+    keys and NaN/Infinity refused as it reads, about twice as fast as Python's ``json`` with a
+    duplicate-key hook); a document it refuses is read again by Python's ``json`` under the same
+    rules, only for the error's words (the position and reason callers were always given).
+    jiter is the stricter of the two: it also refuses a lone surrogate escape (``"\\ud800"``),
+    which is no character and cannot be written back as UTF-8."""
     raw = bytes(doc)
     check_structure(raw, limits, what)
-    document = _decode(raw, what)
-    check_members(document, limits, what)
-    return document
+    try:
+        document = jiter.from_json(
+            raw, allow_inf_nan=False, catch_duplicate_keys=True, cache_mode="keys"
+        )
+    except ValueError as exc:
+        # Raised outside this handler: the exception would otherwise hold this frame and ``raw``.
+        reason = str(exc)
+    else:
+        check_members(document, limits, what)
+        return document
+    _decode(raw, what)  # raises with its message
+    raise InvalidRequest(f"{what}: invalid JSON: {reason[:200]}", field=what, rule="json")
 
 
 def _decode(raw: bytes, what: str) -> Any:
+    """Python's strict reading of ``raw``, for the words of a refusal."""
     try:
         text = raw.decode("utf-8")
         return _DECODER.decode(text)

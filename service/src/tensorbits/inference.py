@@ -16,8 +16,7 @@ thread. Every failure is a ``TensorbitsError`` (400, 404, 413), never a bare exc
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -73,9 +72,9 @@ def request_limits(settings: Settings) -> RequestLimits:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """A checked inference, ready to run: nothing about it can be the caller's fault any more."""
+class Plan(NamedTuple):
+    """A checked inference, ready to run: nothing about it can be the caller's fault any more.
+    (A NamedTuple: one is built per request, in a third of a frozen dataclass's time.)"""
 
     op: OperatorSpec
     call: ResolvedCall
@@ -185,8 +184,7 @@ def plan(op: OperatorSpec, request: InferRequest, limits: RequestLimits) -> Plan
     )
 
 
-@dataclass(frozen=True, slots=True)
-class PlanTemplate:
+class PlanTemplate(NamedTuple):
     """What one all-binary request header decides: everything in a plan but the tensors' bytes,
     and where those lie in the body's tail (per operator input: wire dtype, shape, start, end)."""
 

@@ -70,10 +70,10 @@ class AdmittedRequest:
             headers.append((_HEADER_LENGTH, str(framed.header_length).encode()))
         start: Message = {"type": "http.response.start", "status": 200, "headers": headers}
         await send(start)
-        *first, last = framed.parts
-        for part in first:
+        parts = framed.parts
+        for part in parts[:-1]:  # none: a server response is one buffer
             await send({"type": "http.response.body", "body": part, "more_body": True})
-        await send({"type": "http.response.body", "body": last})
+        await send({"type": "http.response.body", "body": parts[-1]})
 
     def release(self) -> None:
         self.grant.release()
