@@ -24,7 +24,6 @@ from tensorbits_protocol.dml import (
     check_placement,
     layout_of,
     minimum_implied_size,
-    ranges_overlap,
 )
 from tensorbits_protocol.dtypes import DTYPES, DataType
 from tensorbits_protocol.errors import InvalidRequest
@@ -244,17 +243,6 @@ def test_binding_runs_check_desc_first() -> None:
         "ATensor.sizes",
         "size",
     )
-
-
-def test_ranges_overlap() -> None:
-    a = ViewLayout(offset=0, shape=(4,), byte_strides=(1,), total_size=16)
-    b = ViewLayout(offset=16, shape=(4,), byte_strides=(1,), total_size=16)
-    c = ViewLayout(offset=8, shape=(4,), byte_strides=(1,), total_size=16)
-    assert not ranges_overlap(a, b)
-    assert not ranges_overlap(b, a)
-    assert ranges_overlap(a, c)
-    assert ranges_overlap(c, b)
-    assert ranges_overlap(a, a)
 
 
 # --- hostile descriptions ------------------------------------------------------------------------

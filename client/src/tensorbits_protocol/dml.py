@@ -203,7 +203,3 @@ def check_placement(
             field=f"{name}.offset",
             rule="buffer_bounds",
         )
-
-
-def ranges_overlap(a: ViewLayout, b: ViewLayout) -> bool:
-    return a.offset < b.end and b.offset < a.end
