@@ -13,7 +13,14 @@ import tensorbits_protocol
 
 PACKAGE = Path(tensorbits_protocol.__file__).parent
 # What the client distribution installs (client/pyproject.toml), and the package itself.
-ALLOWED = {"tensorbits_protocol", "jiter", "numpy", "pydantic", "pydantic_core", "typing_extensions"}
+ALLOWED = {
+    "tensorbits_protocol",
+    "jiter",
+    "numpy",
+    "pydantic",
+    "pydantic_core",
+    "typing_extensions",
+}
 
 
 def _imported(path: Path) -> set[str]:

@@ -44,9 +44,8 @@ def binary_response(model: str, outputs: dict[str, np.ndarray]) -> httpx.Respons
             for name, a in outputs.items()
         ],
     }
-    header, buffers = codec.encode_body(
-        document, [np.ascontiguousarray(a).tobytes() for a in outputs.values()]
-    )
+    header = codec.dump_header(document)
+    buffers = [np.ascontiguousarray(a).tobytes() for a in outputs.values()]
     content = header + b"".join(bytes(b) for b in buffers)
     headers = {
         "Content-Type": codec.BINARY_CONTENT_TYPE,

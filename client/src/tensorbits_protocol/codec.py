@@ -257,21 +257,3 @@ class Framed(NamedTuple):
         if self.header_length is not None:
             headers[HEADER_LENGTH] = str(self.header_length)
         return headers
-
-
-def encode_body(
-    document: Any, buffers: Sequence[bytes | bytearray | memoryview]
-) -> tuple[bytes, list[memoryview]]:
-    """``(json_header_bytes, [buffers])`` of a request or response: the caller sends the header,
-    then each buffer, with ``Inference-Header-Content-Length: len(header)``. The document must
-    already carry each buffer's ``binary_data_size``."""
-    return dump_header(document), [_bytes_of(b) for b in buffers]
-
-
-def _bytes_of(buffer: bytes | bytearray | memoryview) -> memoryview:
-    """A flat byte view of a C-contiguous buffer (a NumPy array's memoryview included)."""
-    view = memoryview(buffer)
-    if not view.c_contiguous:
-        raise ValueError("a tensor buffer must be C-contiguous (np.ascontiguousarray)")
-    # cast() refuses views with a zero in their shape: an empty tensor is simply no bytes.
-    return view.cast("B") if view.nbytes else memoryview(b"")
