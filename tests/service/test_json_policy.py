@@ -35,7 +35,6 @@ CASES = [
     pytest.param(b'{"a": 1' + b"0" * 5000 + b"}", "json", "more than 4300 digits", id="huge-int"),
     pytest.param(b'{"a": "\xff"}', "json", "JSON must be UTF-8", id="utf8"),
     pytest.param(b'{"a": tru}', "json", "malformed JSON", id="syntax"),
-    pytest.param(b'{"a": "\\ud800"}', "json", "invalid JSON", id="lone-surrogate"),
     pytest.param(b"[" * 40 + b"]" * 40, "max_json_depth", "nesting depth 40", id="depth"),
     pytest.param(b"[" * 5000 + b"]" * 5000, "max_json_depth", "nesting depth 5000", id="depth-5k"),
 ]
@@ -106,37 +105,51 @@ values = st.recursive(
 )
 
 
-def _python_reading(raw: bytes) -> Any:
-    """Python's strict reading (the words of refusals), or InvalidRequest."""
-    try:
-        return jsondata._decode(raw, "body")
-    except InvalidRequest:
-        return InvalidRequest
-
-
 @settings(max_examples=300, deadline=None)
 @given(value=values, cut=st.integers(0, 64), junk=st.binary(max_size=3))
 def test_the_reader_accepts_what_pythons_strict_json_accepts(
     value: object, cut: int, junk: bytes
 ) -> None:
-    # A valid document and a mangled one: the reader (jiter) and Python's json agree on every
-    # one, value for value, but for lone surrogates, which only the reader refuses.
+    # A valid document and a mangled one: the reader (jiter first) gives Python's strict json's
+    # verdict on every one, value for value, with the same words for a refusal.
     raw = json.dumps(value).encode()
     for document in (raw, raw[: len(raw) - cut] + junk):
         expected = _python_reading(document)
         got = _reading(document)
-        if got == "refused" and expected is not InvalidRequest:
-            # Only the reader refuses a lone surrogate escape ("\\ud800" alone is no character).
-            assert b"\\ud" in document.lower(), document
-            continue
-        if got == "refused":
-            got = InvalidRequest
         assert got == expected or (got != got and expected != expected), document
 
 
+@pytest.mark.parametrize(
+    "document",
+    [b'["\\ud800"]', b'{"a": "\\udc00x"}', b'["\\ud83d\\ude00"]', b'{"a": 1' + b"0" * 4299 + b"}"],
+    ids=["lone-high", "lone-low", "pair", "4300-digits"],
+)
+def test_where_jiter_is_stricter_pythons_json_decides(document: bytes) -> None:
+    got = _reading(document)
+    assert got == _python_reading(document)
+    assert not isinstance(got, tuple)  # accepted
+
+
+def test_a_large_document_is_read_by_pythons_json_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Past JITER_MAX_BYTES jiter is not asked (its peak memory on a long array is higher).
+    calls: list[int] = []
+    monkeypatch.setattr(jsondata.jiter, "from_json", lambda raw, **_: calls.append(len(raw)))
+    large = b"[" + b"1," * (jsondata.JITER_MAX_BYTES // 2) + b"1]"
+    assert len(jsondata.parse_json(large, jsondata.JsonLimits(4, 10**6))) > 1000
+    assert calls == []
+
+
 def _reading(raw: bytes) -> Any:
-    """The reader's value, or "refused" (its JSON rule); past a limit, the limit's rule."""
+    """The reader's value, or its refusal: (rule, message)."""
     try:
         return jsondata.parse_json(raw, LIMITS)
     except InvalidRequest as exc:
-        return "refused" if exc.rule == "json" else exc.rule
+        return (exc.rule, exc.message)
+
+
+def _python_reading(raw: bytes) -> Any:
+    """Python's strict reading, or its refusal: (rule, message)."""
+    try:
+        return jsondata._decode(raw, "body")
+    except InvalidRequest as exc:
+        return (exc.rule, exc.message)
