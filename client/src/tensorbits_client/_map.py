@@ -41,8 +41,10 @@ def open_progress(enabled: bool, total: int | None, description: str) -> Progres
     try:
         auto = importlib.import_module("tqdm.auto")  # untyped, and optional: imported by name
     except ImportError:
+        # The client is installed from the repository, not from PyPI: name commands that work.
         raise ImportError(
-            "progress=True needs tqdm: pip install 'tensorbits-client[progress]'"
+            "progress=True needs tqdm: pip install tqdm (or install the client with its "
+            "progress extra, from the repository: pip install './client[progress]')"
         ) from None
     bar: Progress = auto.tqdm(total=total, desc=description, unit="call")
     return bar
