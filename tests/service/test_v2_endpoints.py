@@ -158,10 +158,15 @@ def test_repository_index_body_is_bounded(client: TestClient) -> None:
     assert "exceeds the limit" in error_of(response, 413)
 
 
-def test_load_is_a_check_and_unload_is_refused(client: TestClient) -> None:
+def test_load_of_a_loaded_model_changes_nothing(client: TestClient) -> None:
+    # The unload and load cycle itself: tests/service/test_model_states.py (on apps of its own,
+    # since this module's app is shared).
     load = client.post(f"/v2/repository/models/{NOT}/load")
     assert (load.status_code, load.content) == (200, b"")
-    assert "unknown model" in error_of(client.post("/v2/repository/models/nope/load"), 404)
-    unload = client.post(f"/v2/repository/models/{NOT}/unload")
-    assert error_of(unload, 400) == f"model '{NOT}' is built in and cannot be unloaded"
-    assert "unknown model" in error_of(client.post("/v2/repository/models/nope/unload"), 404)
+    assert client.get(f"/v2/models/{NOT}/ready").status_code == 200
+
+
+@pytest.mark.parametrize("action", ["load", "unload"])
+def test_load_and_unload_of_an_unknown_model_are_404(client: TestClient, action: str) -> None:
+    response = client.post(f"/v2/repository/models/nope/{action}")
+    assert "unknown model or operator 'nope'" in error_of(response, 404)

@@ -13,6 +13,7 @@ from itertools import accumulate
 
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from starlette.routing import Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tensorbits.logs import request_id_var
@@ -146,6 +147,24 @@ def _model_label(scope: Scope) -> str:
     return model if model in REGISTRY else "unknown"
 
 
+def _route_label(scope: Scope) -> str:
+    """The template of the route that answered (FastAPI's routes and ``FastRoute`` record
+    themselves as ``scope["route"]``), else of the mount that did, else ``"unmatched"``."""
+    route = scope.get("route")
+    if route is not None:
+        path: str = route.path
+        return path
+    # A Mount (fastapi-offline's /static-offline-docs, the docs page's scripts and styles)
+    # records no route, only its app as the endpoint: find it among the app's mounts, once per
+    # such request, and label it by its template, "/static-offline-docs/{path}", a bounded set.
+    endpoint = scope.get("endpoint")
+    if endpoint is not None:
+        for candidate in getattr(scope.get("app"), "routes", ()):
+            if isinstance(candidate, Mount) and candidate.app is endpoint:
+                return candidate.path_format
+    return "unmatched"
+
+
 class ObservabilityMiddleware:
     """Gives every request an id (echoing ``X-Request-ID``), counts and times it, logs one line."""
 
@@ -183,7 +202,7 @@ class ObservabilityMiddleware:
             await self.app(scope, receive_counted, send_tagged)
         finally:
             elapsed = time.perf_counter() - start
-            route = getattr(scope.get("route"), "path", "unmatched")
+            route = _route_label(scope)
             metrics = self.metrics()
             if metrics is not None:
                 metrics.tally.add(

@@ -10,7 +10,7 @@ from tensorbits.batch import BatchLimits, BatchPlan
 from tensorbits.config import Settings
 from tensorbits.header_cache import HeaderCache, PlanT
 from tensorbits.inference import CACHED_HEADER_MAX_BYTES, PlanTemplate, request_limits
-from tensorbits_protocol.errors import Overloaded
+from tensorbits_protocol.errors import InvalidRequest, Overloaded
 from tensorbits_protocol.infer import RequestLimits
 
 
@@ -88,6 +88,44 @@ class Drain:
         return self._begun.is_set()
 
 
+class ModelStates:
+    """Which models the v2 repository extension has unloaded on this server (every other one is
+    loaded): ``POST /v2/repository/models/{m}/unload`` and ``.../load``, as Triton clients expect.
+
+    The operators stay compiled in; an unloaded one is only refused, by name, until it is loaded
+    again. The state is this process's alone, like Triton's own repository: replicas share none.
+    Writers (the load and unload routes) swap in a new frozenset under a lock; readers (every
+    inference) test membership in whichever set is current, without the lock."""
+
+    __slots__ = ("_lock", "_unloaded")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._unloaded: frozenset[str] = frozenset()
+
+    def load(self, name: str) -> None:
+        with self._lock:
+            self._unloaded = self._unloaded - {name}
+
+    def unload(self, name: str) -> None:
+        with self._lock:
+            self._unloaded = self._unloaded | {name}
+
+    def is_loaded(self, name: str) -> bool:
+        return name not in self._unloaded
+
+    def check_loaded(self, name: str) -> None:
+        """Raise InvalidRequest (400, as Triton answers a request for a model it has not loaded)
+        naming the model, its state and the way back, if ``name`` is unloaded."""
+        if name in self._unloaded:
+            raise InvalidRequest(
+                f"model '{name}' is unloaded (state UNAVAILABLE): load it again with "
+                f"POST /v2/repository/models/{name}/load",
+                field="model_name",
+                rule="model_unloaded",
+            )
+
+
 @dataclass
 class Runtime:
     settings: Settings
@@ -101,6 +139,8 @@ class Runtime:
     batch_plans: HeaderCache[BatchPlan] | None
     started: bool = True
     drain: Drain = field(default_factory=Drain)  # the server's: begun when it is told to stop
+    # The v2 repository extension's unloaded models (load/unload), checked before each inference.
+    models: ModelStates = field(default_factory=ModelStates)
 
     @property
     def ready(self) -> bool:

@@ -18,10 +18,10 @@ from fastapi.responses import JSONResponse
 from tensorbits import __version__, inference
 from tensorbits.api import v2_openapi
 from tensorbits.api.body import read_body
+from tensorbits.api.deps import RuntimeDep
 from tensorbits.api.v2_openapi import ModelName, ModelVersion
 from tensorbits.inference import resolve_model
 from tensorbits.runtime import Runtime
-from tensorbits_protocol.errors import InvalidRequest
 from tensorbits_protocol.jsondata import JsonLimits, parse_json
 from tensorbits_protocol.operators import OPERATORS, OperatorSpec, get_operator
 from tensorbits_protocol.schema_errors import validate_document
@@ -72,10 +72,28 @@ def _not_ready() -> JSONResponse:
     return JSONResponse(body.model_dump(exclude_none=True), status_code=503)
 
 
-# The endpoint of the three readiness routes (the server's, a model's, a model version's: the
-# last two check the model first). No docstring: FastAPI would print it as their description.
+# The endpoint of the server's readiness route. No docstring on it or on the model readiness
+# endpoints below: FastAPI would print it as their description.
 async def _readiness(request: Request) -> Response:
     return Response(status_code=200) if _is_ready(request) else _not_ready()
+
+
+def _model_readiness(request: Request, op: OperatorSpec) -> Response:
+    runtime = _runtime(request)
+    if runtime is None or not runtime.ready:
+        return _not_ready()
+    # An unloaded model: 400, as Triton answers (tritonclient's is_model_ready is then False),
+    # with the same words as an inference of it gets.
+    runtime.models.check_loaded(op.name)
+    return Response(status_code=200)
+
+
+async def _model_ready(request: Request, op: Model) -> Response:
+    return _model_readiness(request, op)
+
+
+async def _model_version_ready(request: Request, op: ModelAtVersion) -> Response:
+    return _model_readiness(request, op)
 
 
 def _metadata(op: OperatorSpec) -> ModelMetadataResponse:
@@ -144,44 +162,65 @@ async def repository_index(request: Request) -> list[RepositoryIndexEntry]:
     if body.strip():
         document = parse_json(body, REPOSITORY_JSON_LIMITS, "request body")
         query = validate_document(RepositoryIndexRequest, document, "request body")
-    ready = _is_ready(request)
-    if query.ready and not ready:
-        return []
-    return [
-        RepositoryIndexEntry(
-            name=op.name,
-            version=inference.MODEL_VERSION,
-            state="READY" if ready else "UNAVAILABLE",
-            reason=None if ready else "server is not ready",
-        )
-        for op in OPERATORS
-    ]
+    runtime = _runtime(request)
+    entries = []
+    for op in OPERATORS:
+        reason = _unavailable_because(runtime, op.name)
+        if reason is None:
+            entries.append(
+                RepositoryIndexEntry(name=op.name, version=inference.MODEL_VERSION, state="READY")
+            )
+        elif not query.ready:
+            entries.append(
+                RepositoryIndexEntry(
+                    name=op.name, version=inference.MODEL_VERSION, state="UNAVAILABLE",
+                    reason=reason,
+                )
+            )  # fmt: skip
+    return entries
 
 
+def _unavailable_because(runtime: Runtime | None, model: str) -> str | None:
+    """Why ``model`` is not READY in the repository index; None when it is."""
+    if runtime is None or not runtime.ready:
+        return "server is not ready"
+    if not runtime.models.is_loaded(model):
+        return "unloaded"  # Triton's reason for a model unloaded through this extension
+    return None
+
+
+_DONE: dict[int | str, dict[str, Any]] = {200: {"description": "Done (empty body)"}}
+_UNLOADED: dict[int | str, dict[str, Any]] = {
+    400: {
+        "model": ErrorResponse,
+        "description": "The model is unloaded: not ready until `POST "
+        "/v2/repository/models/{model}/load`",
+    }
+}
+
+
+# The operators are compiled in: loading and unloading only change whether this server serves
+# one through v2 (runtime.ModelStates), which is what Triton clients see of a model's lifecycle.
 @router.post(
     "/repository/models/{model}/load",
     response_class=Response,
-    responses={**v2_openapi.EMPTY_OK, **v2_openapi.errors(404)},
-    summary="Load a model: every operator is built in and always loaded, so this only checks it",
+    responses={**_DONE, **v2_openapi.errors(404, 503)},
+    summary="Load a model: it is READY again (a no-op for a model already loaded)",
 )
-async def repository_model_load(model: ModelName) -> Response:
-    get_operator(model)
+async def repository_model_load(model: ModelName, runtime: RuntimeDep) -> Response:
+    runtime.models.load(get_operator(model).name)
     return Response(status_code=200)
 
 
 @router.post(
     "/repository/models/{model}/unload",
     response_class=Response,
-    responses=v2_openapi.errors(400, 404),
-    summary="Unload a model: refused, operators are built in",
+    responses={**_DONE, **v2_openapi.errors(404, 503)},
+    summary="Unload a model: UNAVAILABLE, not ready, and its inferences refused until it is loaded",
 )
-async def repository_model_unload(model: ModelName) -> Response:
-    op = get_operator(model)
-    raise InvalidRequest(
-        f"model '{op.name}' is built in and cannot be unloaded",
-        field="model_name",
-        rule="builtin_model",
-    )
+async def repository_model_unload(model: ModelName, runtime: RuntimeDep) -> Response:
+    runtime.models.unload(get_operator(model).name)
+    return Response(status_code=200)
 
 
 # --- models --------------------------------------------------------------------------------------
@@ -190,11 +229,12 @@ _METADATA: dict[str, Any] = {
     "response_model_exclude_none": True,
     "responses": v2_openapi.errors(404),
 }
-# The readiness routes of a model and of a model version: ``_readiness``, once the model is found.
+# The readiness routes of a model and of a model version: 400 for a model unloaded, 503 while
+# the server is not ready.
 _MODEL_READY: dict[str, Any] = {
     "methods": ["GET"],
     "response_class": Response,
-    "responses": {**v2_openapi.EMPTY_OK, **v2_openapi.errors(404, 503)},
+    "responses": {**v2_openapi.EMPTY_OK, **_UNLOADED, **v2_openapi.errors(404, 503)},
 }
 
 
@@ -214,20 +254,14 @@ async def model_version_metadata(op: ModelAtVersion) -> ModelMetadataResponse:
     return _metadata(op)
 
 
-for _path, _name, _resolve, _summary in (
-    ("/models/{model}/ready", "model_ready", _model, "Model readiness"),
-    (
-        "/models/{model}/versions/{version}/ready",
-        "model_version_ready",
-        _model_version,
-        "Model readiness of one version",
-    ),
-):
-    router.add_api_route(
-        _path,
-        _readiness,
-        name=_name,
-        dependencies=[Depends(_resolve)],
-        summary=_summary,
-        **_MODEL_READY,
-    )
+router.add_api_route(
+    "/models/{model}/ready", _model_ready, name="model_ready", summary="Model readiness",
+    **_MODEL_READY,
+)  # fmt: skip
+router.add_api_route(
+    "/models/{model}/versions/{version}/ready",
+    _model_version_ready,
+    name="model_version_ready",
+    summary="Model readiness of one version",
+    **_MODEL_READY,
+)

@@ -55,13 +55,17 @@ async def run_inference(
 
 
 class InferEndpoint:
-    """The ASGI app of the infer routes: the model (and version) from the path, then
-    ``run_inference``."""
+    """The ASGI app of the infer routes: the model (and version) from the path, refused while
+    the repository extension has it unloaded, then ``run_inference``."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path_params"]
         op = inference.resolve_model(path["model"], path.get("version"))
-        await run_inference(op, runtime_of_app(scope["app"]), scope, receive, send)
+        runtime = runtime_of_app(scope["app"])
+        # Before the body is read or admitted: an unloaded model costs the server nothing. Here
+        # and not in the planner, whose cached plans (runtime.v2_plans) would skip the check.
+        runtime.models.check_loaded(op.name)
+        await run_inference(op, runtime, scope, receive, send)
 
 
 _ENDPOINT = InferEndpoint()
