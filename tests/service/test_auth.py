@@ -146,6 +146,12 @@ def test_every_route_accepts_a_right_key_in_either_header(
         for headers in ({"Authorization": f"Bearer {key}"}, {"X-API-Key": key}):
             assert _request(client, method, path, headers).status_code != 401, headers
             assert _request(file_client, method, path, headers).status_code != 401, headers
+    if path.endswith("/unload"):
+        # An unload is state on these module-wide servers (the repository extension): load the
+        # model again, or the module's later inferences of it are refused.
+        load = path.removesuffix("unload") + "load"
+        for server in (client, file_client):
+            assert server.post(load, headers={"X-API-Key": KEY}).status_code == 200
 
 
 @pytest.mark.parametrize("path", OPEN)
