@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 import signal
+import subprocess
+import sys
 
 import pytest
 import uvicorn
@@ -15,7 +18,8 @@ from tensorbits.cli import main
 from tensorbits.config import Settings
 from tensorbits.guarded_protocol import GuardedHttpProtocol
 from tensorbits.runtime import Drain
-from tensorbits_protocol.operators import OPERATORS
+from tensorbits_protocol.catalog import listing
+from tensorbits_protocol.operators import OPERATORS, REGISTRY
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -25,17 +29,89 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out.strip() == f"tensorbits {__version__}"
 
 
+def _blocks(text: str) -> dict[str, list[str]]:
+    """``operators``' text: one block of lines per operator, keyed by its first word."""
+    return {
+        block.splitlines()[0].split()[0]: block.splitlines() for block in text.strip().split("\n\n")
+    }
+
+
 def test_operators_lists_every_operator_with_its_tensors(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     assert main(["operators"]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
-    assert len(lines) == len(OPERATORS)
-    count = next(line for line in lines if line.startswith("DML_OPERATOR_ELEMENT_WISE_BIT_COUNT "))
-    assert "InputTensor -> OutputTensor" in count
-    shift = next(line for line in lines if line.startswith("onnx.BitShift-11 "))
-    assert "X, Y -> Z" in shift
-    assert "[UINT8, UINT16, UINT32, UINT64]" in shift
+    blocks = _blocks(capsys.readouterr().out)
+    assert list(blocks) == [op.name for op in OPERATORS]
+    assert blocks["DML_OPERATOR_ELEMENT_WISE_BIT_COUNT"][0].endswith("InputTensor -> OutputTensor")
+    shift = blocks["onnx.BitShift-11"]
+    assert shift[0] == "onnx.BitShift-11  X, Y -> Z"
+    assert "  types: UINT8, UINT16, UINT32, UINT64 -> same (rank 0-8)" in shift
+    assert "  parameter direction = LEFT | RIGHT (required): shift direction" in shift
+
+
+def test_operators_text_shows_feature_levels_parameters_and_in_place(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert (
+        main(["operators", "DML_OPERATOR_ELEMENT_WISE_BIT_SHIFT_LEFT", "openvino.BitwiseAnd-13"])
+        == 0
+    )
+    blocks = _blocks(capsys.readouterr().out)
+    assert list(blocks) == ["DML_OPERATOR_ELEMENT_WISE_BIT_SHIFT_LEFT", "openvino.BitwiseAnd-13"]
+    shift = blocks["DML_OPERATOR_ELEMENT_WISE_BIT_SHIFT_LEFT"]
+    spec = REGISTRY["DML_OPERATOR_ELEMENT_WISE_BIT_SHIFT_LEFT"]
+    # One line per support row, newest first, each with its feature level and types.
+    levels = [line for line in shift if line.startswith("  feature level ")]
+    assert [line.split(":")[0] for line in levels] == [
+        f"  feature level {row.since}+" for row in spec.support
+    ]
+    assert levels[-1] == "  feature level 2_1+: UINT8, UINT16, UINT32 -> same (rank 4-4)"
+    feature = next(line for line in shift if line.startswith("  parameter feature_level = "))
+    assert "1_0 | 2_0 |" in feature
+    assert "(default 6_4)" in feature
+    assert "  in place: output may be bound to ATensor, BTensor" in shift
+    broadcast = blocks["openvino.BitwiseAnd-13"]
+    assert any(line.startswith("  parameter axis = integer (default -1)") for line in broadcast)
+    assert any(
+        line.startswith("  parameter auto_broadcast = numpy | none | pdpd (default numpy)")
+        for line in broadcast
+    )
+    assert not any(line.startswith("  in place") for line in broadcast)
+
+
+def test_operators_json_is_the_get_v1_operators_body(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["operators", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == listing().model_dump(mode="json")
+    assert main(["operators", "--json", "onnx.BitShift-11"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert body == listing([REGISTRY["onnx.BitShift-11"]]).model_dump(mode="json")
+
+
+def test_an_unknown_operator_is_refused_with_the_closest_name(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["operators", "onnx.BitShift", "nothing-like-it"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "tensorbits: no operator 'onnx.BitShift'; did you mean onnx.BitShift-11?",
+        "tensorbits: no operator 'nothing-like-it'",
+    ]
+
+
+def _modules_after(code: str) -> set[str]:
+    """The heavy modules loaded by ``code``, run in a fresh interpreter."""
+    heavy = ("uvicorn", "fastapi", "pydantic", "numpy", "httpx", "tensorbits.app")
+    probe = f"{code}\nimport sys\nprint('\\n' + ' '.join(m for m in {heavy!r} if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    return set(done.stdout.splitlines()[-1].split())
+
+
+def test_help_and_version_import_no_server_or_models() -> None:
+    """`tensorbits --help` is argparse alone: no uvicorn, FastAPI, pydantic or NumPy (start-up
+    time: bench/cli_startup.py)."""
+    for flag in ("--help", "--version"):
+        code = f"from tensorbits.cli import main\ntry:\n    main([{flag!r}])\nexcept SystemExit:\n    pass"
+        assert _modules_after(code) == set()
 
 
 def test_unknown_command_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
@@ -52,7 +128,10 @@ def test_invalid_settings_stop_serve_before_it_starts(
     # serve passes its flags on through the environment: let monkeypatch restore what it writes.
     monkeypatch.setenv("TENSORBITS_PORT", "8000")
     assert main(["serve", "--port", "0"]) == 2
-    assert "invalid settings" in capsys.readouterr().err
+    assert capsys.readouterr().err.splitlines() == [
+        "tensorbits: invalid settings: "
+        "TENSORBITS_BACKEND=\"tpu\": Input should be 'auto', 'numpy' or 'cupy'"
+    ]
 
 
 def test_sigterm_turns_readiness_false_before_the_server_stops() -> None:
@@ -62,7 +141,7 @@ def test_sigterm_turns_readiness_false_before_the_server_stops() -> None:
     drain = Drain()
     config = uvicorn.Config(**cli._uvicorn_kwargs(Settings(backend="numpy", cpu_threads=2), drain))
     config.load()  # uvicorn calls the factory: the app is built with the drain
-    server = cli.DrainingServer(config, drain)
+    server = cli.draining_server(config, drain)
     with TestClient(config.loaded_app) as client:
         assert client.get("/v2/health/ready").status_code == 200
         server.handle_exit(signal.SIGTERM, None)

@@ -1,33 +1,86 @@
-"""The ``tensorbits`` command: ``--version``, ``operators``, ``serve``."""
+"""The ``tensorbits`` command: ``--version``, ``operators``, ``serve``.
+
+Every import past the standard library happens in the command that needs it: ``--help`` and
+``--version`` load no FastAPI, uvicorn, pydantic or NumPy (docs/benchmarks.md, CLI start-up).
+"""
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import functools
 import os
 import sys
 from collections.abc import Sequence
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import uvicorn
-from pydantic import ValidationError
+from tensorbits import __version__
 
-from tensorbits import __version__, tls
-from tensorbits.config import Settings
-from tensorbits.guarded_protocol import guarded_protocol
-from tensorbits.logs import configure_logging
-from tensorbits.memory import tune_allocator
-from tensorbits.runtime import Drain
-from tensorbits_protocol.operators import OPERATORS
+if TYPE_CHECKING:
+    import uvicorn
+
+    from tensorbits.config import Settings
+    from tensorbits.runtime import Drain
+    from tensorbits_protocol.v1 import OperatorInfo
 
 
-def _list_operators() -> int:
-    width = max(len(op.name) for op in OPERATORS)
-    for op in OPERATORS:
-        types = ", ".join(str(t) for t in op.support[0].input_types)
-        print(f"{op.name:<{width}}  {', '.join(op.inputs)} -> {op.output}  [{types}]")
+def _describe_operator(info: OperatorInfo) -> str:
+    """One operator's rule tables in words: the same OperatorInfo GET /v1/operators sends."""
+    lines = [f"{info.name}  {', '.join(info.inputs)} -> {info.output}"]
+    if info.summary:
+        lines.append(f"  {info.summary}")
+    for row in info.support:  # newest first
+        since = f"feature level {row.since}+" if row.since is not None else "types"
+        types = ", ".join(str(t) for t in row.input_types)
+        out = ", ".join(str(t) for t in row.output_types) if row.output_types else "same"
+        lines.append(f"  {since}: {types} -> {out} (rank {row.min_rank}-{row.max_rank})")
+    for param in info.parameters:
+        allowed = " | ".join(param.choices) if param.choices is not None else "integer"
+        extra = "required" if param.required else f"default {param.default}"
+        described = f": {param.description}" if param.description else ""
+        lines.append(f"  parameter {param.name} = {allowed} ({extra}){described}")
+    empty = "allowed" if info.allow_empty else "refused"
+    lines.append(f"  shapes: {info.shape_rule} (empty tensors {empty})")
+    if info.in_place:
+        lines.append(f"  in place: output may be bound to {', '.join(info.in_place)}")
+    return "\n".join(lines)
+
+
+def _list_operators(args: argparse.Namespace) -> int:
+    from tensorbits_protocol.catalog import listing
+    from tensorbits_protocol.operators import OPERATORS, REGISTRY
+
+    unknown = [name for name in args.names if name not in REGISTRY]
+    if unknown:
+        for name in unknown:
+            close = difflib.get_close_matches(name, list(REGISTRY), n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            print(f"tensorbits: no operator {name!r}{hint}", file=sys.stderr)
+        return 2
+    body = listing([REGISTRY[name] for name in args.names] if args.names else OPERATORS)
+    if args.json:
+        print(body.model_dump_json(indent=2))  # the GET /v1/operators body, byte for byte the model
+    else:
+        print("\n\n".join(_describe_operator(info) for info in body.operators))
     return 0
+
+
+class _CommandParser(argparse.ArgumentParser):
+    """A command's parser. With ``settings_epilog`` (``serve``) its help ends with every
+    setting, read off the Settings model only when the help is shown: the model needs
+    pydantic, which ``tensorbits --help`` should not load."""
+
+    def __init__(self, *args: Any, settings_epilog: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.settings_epilog = settings_epilog
+
+    def format_help(self) -> str:
+        if self.settings_epilog:
+            from tensorbits.config import settings_help
+
+            self.epilog = settings_help()
+        return super().format_help()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,14 +88,37 @@ def build_parser() -> argparse.ArgumentParser:
         prog="tensorbits", description="Bitwise tensor-operator service (DirectML, OpenVINO, ONNX)."
     )
     parser.add_argument("--version", action="version", version=f"tensorbits {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("operators", help="list every operator with its inputs and data types")
-    serve = commands.add_parser(
-        "serve", help="run the HTTP server (settings from TENSORBITS_* environment variables)"
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_CommandParser)
+    operators = commands.add_parser(
+        "operators",
+        help="every operator's rules: inputs, data types per feature level, parameters",
+        description="Each operator's rule tables, as GET /v1/operators publishes them.",
     )
-    serve.add_argument("--host", help="address to bind (default: TENSORBITS_HOST or 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="port (default: TENSORBITS_PORT or 8000)")
-    serve.add_argument("--workers", type=int, help="worker processes (default: 1; one per GPU)")
+    operators.add_argument("names", nargs="*", metavar="NAME", help="only these operators")
+    operators.add_argument(
+        "--json", action="store_true", help="the GET /v1/operators JSON body instead of text"
+    )
+    serve = commands.add_parser(
+        "serve",
+        help="run the HTTP server (settings from TENSORBITS_* environment variables)",
+        description="Run the HTTP server. Every setting is an environment variable (below);\n"
+        "a flag overrides its variable.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # keep the settings' layout
+        settings_epilog=True,
+    )
+    serve.add_argument("--host", help="address to bind (TENSORBITS_HOST)")
+    serve.add_argument("--port", type=int, help="port (TENSORBITS_PORT)")
+    serve.add_argument(
+        "--workers", type=int, help="worker processes, one per GPU (TENSORBITS_WORKERS)"
+    )
+    serve.add_argument(
+        "--backend", choices=("auto", "numpy", "cupy"), help="compute backend (TENSORBITS_BACKEND)"
+    )
+    serve.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error", "critical"),
+        help="least severe log record written (TENSORBITS_LOG_LEVEL)",
+    )
     return parser
 
 
@@ -50,6 +126,9 @@ def _uvicorn_kwargs(settings: Settings, drain: Drain | None = None) -> dict[str,
     """uvicorn's arguments for ``settings``. With ``drain``: one process, whose app is built
     from these settings and reports not ready once ``drain`` begins. Without: the app is built
     by each worker process (an import string; it reads its settings from the environment)."""
+    from tensorbits import tls
+    from tensorbits.guarded_protocol import guarded_protocol
+
     app: Any = "tensorbits.app:create_app"
     if drain is not None:
         from tensorbits.app import create_app  # here: `tensorbits operators` needs no FastAPI
@@ -73,15 +152,47 @@ def _uvicorn_kwargs(settings: Settings, drain: Drain | None = None) -> dict[str,
     }
 
 
+def _backend_problem(settings: Settings) -> str | None:
+    """Why the backend ``cupy`` cannot run, as one line; checked before uvicorn starts, where
+    the failure would be a traceback inside a log record. (``auto`` falls back; ``numpy``
+    always works.)"""
+    if settings.backend != "cupy":
+        return None
+    from tensorbits.backends import BackendUnavailable, select_backend
+
+    try:
+        selection = select_backend("cupy", device_id=settings.device_id)
+    except BackendUnavailable as exc:
+        return f"tensorbits: {exc}"
+    selection.backend.close()  # the app builds its own at start-up
+    return None
+
+
 def _serve(args: argparse.Namespace) -> int:
-    overrides = {k: v for k in ("host", "port", "workers") if (v := getattr(args, k)) is not None}
+    import uvicorn
+    from pydantic import ValidationError
+
+    from tensorbits.config import Settings, settings_errors, unknown_variables
+    from tensorbits.logs import configure_logging
+    from tensorbits.memory import tune_allocator
+    from tensorbits.runtime import Drain
+
+    flags = ("host", "port", "workers", "backend", "log_level")
+    overrides = {k: v for k in flags if (v := getattr(args, k)) is not None}
     for key, value in overrides.items():
         # Worker processes build their own Settings from the environment: pass the flags on.
         os.environ[f"TENSORBITS_{key.upper()}"] = str(value)
+    for warning in unknown_variables(os.environ):
+        print(warning, file=sys.stderr)  # a warning, not an error: the server still starts
     try:
         settings = Settings()
     except ValidationError as exc:
-        print(f"tensorbits: invalid settings:\n{exc}", file=sys.stderr)
+        for line in settings_errors(exc):
+            print(f"tensorbits: invalid settings: {line}", file=sys.stderr)
+        return 2
+    # Last of the checks: probing a GPU takes seconds.
+    if (problem := _backend_problem(settings)) is not None:
+        print(problem, file=sys.stderr)
         return 2
     configure_logging(settings.log_level, settings.log_json)
     tune_allocator()  # before the first large buffer: RSS bounded over time (memory.py)
@@ -92,27 +203,28 @@ def _serve(args: argparse.Namespace) -> int:
         uvicorn.run(**_uvicorn_kwargs(settings))
     else:
         drain = Drain()
-        DrainingServer(uvicorn.Config(**_uvicorn_kwargs(settings, drain)), drain).run()
+        draining_server(uvicorn.Config(**_uvicorn_kwargs(settings, drain)), drain).run()
     return 0
 
 
-class DrainingServer(uvicorn.Server):
-    """On SIGTERM/SIGINT: turn readiness false first (``drain``, which the app's runtime was
-    given), then let uvicorn finish in-flight requests."""
+def draining_server(config: uvicorn.Config, drain: Drain) -> uvicorn.Server:
+    """A uvicorn server that, on SIGTERM/SIGINT, turns readiness false first (``drain``, which
+    the app's runtime was given), then lets uvicorn finish in-flight requests. The class is
+    made here, not at import, because subclassing uvicorn.Server imports uvicorn."""
+    import uvicorn
 
-    def __init__(self, config: uvicorn.Config, drain: Drain) -> None:
-        super().__init__(config)
-        self.drain = drain
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            drain.begin()
+            super().handle_exit(sig, frame)
 
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        self.drain.begin()
-        super().handle_exit(sig, frame)
+    return DrainingServer(config)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "operators":
-        return _list_operators()
+        return _list_operators(args)
     if args.command == "serve":
         return _serve(args)
     return 2  # argparse rejects unknown commands before this

@@ -1,11 +1,27 @@
-"""Settings, from ``TENSORBITS_*`` environment variables, validated at start-up."""
+"""Settings, from ``TENSORBITS_*`` environment variables, validated at start-up.
+
+The Settings model is the one list of settings: ``tensorbits serve --help`` (``settings_help``),
+the messages for invalid values (``settings_errors``) and the warning about unknown variables
+(``unknown_variables``) are all read off it.
+"""
 
 from __future__ import annotations
 
+import difflib
+import json
+import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
+from pydantic import (
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from tensorbits import auth, tls
@@ -13,20 +29,47 @@ from tensorbits import auth, tls
 MiB = 1 << 20
 GiB = 1 << 30
 
+ENV_PREFIX = "TENSORBITS_"
+
+# TENSORBITS_* variables that are not settings but are read elsewhere in the project (memory.py,
+# the client, the image's health check, docker/compose.yaml, tests and bench scripts): set in the
+# same shell as `serve`, they are no typo, so no warning.
+OTHER_VARIABLES = frozenset(
+    ENV_PREFIX + name
+    for name in (
+        "MALLOC_TUNING",
+        "URL",
+        "API_KEY",
+        "HEALTHCHECK_URL",
+        "HEALTHCHECK_TIMEOUT",
+        "IMAGE",
+        "TAG",
+        "PUBLISH_ADDRESS",
+        "PUBLISH_PORT",
+        "CPU_PUBLISH_PORT",
+        "API_KEYS_SECRET_FILE",
+    )
+)
+OTHER_PREFIXES = (ENV_PREFIX + "PROBE_", ENV_PREFIX + "FUZZ_")
+
 
 class Settings(BaseSettings):
     """Every knob of the server. Limits bound what any single request can make us allocate."""
 
     model_config = SettingsConfigDict(env_prefix="TENSORBITS_", extra="forbid", frozen=True)
 
-    backend: Literal["auto", "numpy", "cupy"] = "auto"
-    device_id: int = Field(0, ge=0)
+    backend: Literal["auto", "numpy", "cupy"] = Field(
+        "auto", description="auto: CuPy when a CUDA device works, else NumPy"
+    )
+    device_id: int = Field(0, ge=0, description="CUDA device of the cupy backend")
     cpu_threads: int | None = Field(None, ge=1, description="NumPy worker threads (default: cores)")
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=0, le=65535)
-    workers: int = Field(1, ge=1)
-    log_level: Literal["debug", "info", "warning", "error", "critical"] = "info"
-    log_json: bool = True
+    host: str = Field("127.0.0.1", description="address to bind")
+    port: int = Field(8000, ge=0, le=65535, description="port to bind (0: any free port)")
+    workers: int = Field(1, ge=1, description="worker processes (one per GPU)")
+    log_level: Literal["debug", "info", "warning", "error", "critical"] = Field(
+        "info", description="least severe log record written"
+    )
+    log_json: bool = Field(True, description="JSON log lines (false: plain text)")
 
     # Request limits (413 past them; 431 for the request head).
     max_head_bytes: int = Field(
@@ -56,18 +99,22 @@ class Settings(BaseSettings):
     )
 
     # Admission (503 + Retry-After past them): bounds memory under load.
-    max_inflight_bytes: int = Field(2 * GiB, ge=MiB)
-    max_inflight_requests: int = Field(64, ge=1)
+    max_inflight_bytes: int = Field(
+        2 * GiB, ge=MiB, description="bytes of the requests in flight (503 past it)"
+    )
+    max_inflight_requests: int = Field(64, ge=1, description="requests in flight (503 past it)")
 
     # Connections.
-    timeout_keep_alive: int = Field(65, ge=1)
+    timeout_keep_alive: int = Field(65, ge=1, description="seconds an idle connection is kept")
     timeout_header_read: float = Field(
         30.0, gt=0, description="seconds a client may take to send a request line and headers"
     )
     timeout_body_read: float = Field(
         60.0, gt=0, description="seconds a client may take to send a request body (408 past it)"
     )
-    timeout_graceful_shutdown: int = Field(30, ge=1)
+    timeout_graceful_shutdown: int = Field(
+        30, ge=1, description="seconds in-flight requests get to finish on SIGTERM"
+    )
 
     # --- Access control and TLS (auth.py, tls.py; docs/reliability.md) -------------------------
     # Keys from both sources are accepted; none at all: no access control (nothing installed).
@@ -152,3 +199,80 @@ class Settings(BaseSettings):
                 "could ever be admitted"
             )
         return self
+
+
+def variable(field: str) -> str:
+    """The environment variable of a Settings field."""
+    return ENV_PREFIX + field.upper()
+
+
+def _is_secret(field: str) -> bool:
+    info = Settings.model_fields.get(field)
+    return info is not None and "SecretStr" in repr(info.annotation)
+
+
+def settings_help() -> str:
+    """Every setting as ``serve --help`` lists it: variable, default, description."""
+    lines = ["environment variables (a flag above overrides its variable):"]
+    for name, info in Settings.model_fields.items():
+        default = info.get_default(call_default_factory=True)
+        if isinstance(default, tuple):  # written in the environment comma-separated
+            shown = ",".join(str(item) for item in default) or "(none)"
+        elif default is None:
+            shown = "(none)"
+        elif isinstance(default, bool):
+            shown = str(default).lower()
+        else:
+            shown = str(default)
+        lines.append(f"  {variable(name)}={shown}")
+        if info.description:
+            lines.append(f"      {info.description}")
+    return "\n".join(lines)
+
+
+_FIELD_NAMES = re.compile(
+    r"\b(" + "|".join(sorted(Settings.model_fields, key=len, reverse=True)) + r")\b"
+)
+
+
+def settings_errors(error: ValidationError) -> list[str]:
+    """One line per invalid setting: the variable, the value given (never a secret's) and what
+    pydantic says is allowed. Errors of the model as a whole (two settings that disagree) name
+    the settings in their message."""
+    lines = []
+    for item in error.errors(include_url=False):
+        message = item["msg"].removeprefix("Value error, ")
+        if not item["loc"]:
+            # A check of the model as a whole names the fields it compares: add their variables.
+            named = dict.fromkeys(variable(m[0]) for m in _FIELD_NAMES.finditer(message))
+            lines.append(f"{message} ({', '.join(named)})" if named else message)
+            continue
+        field = str(item["loc"][0])
+        if _is_secret(field):
+            given = "(secret, not shown)"
+        elif isinstance(item["input"], str):
+            given = json.dumps(item["input"])
+        else:
+            given = repr(item["input"])
+        lines.append(f"{variable(field)}={given}: {message}")
+    return lines
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """A warning for each ``TENSORBITS_*`` variable that no setting reads (a typo, most often),
+    with the closest setting's variable when one is close."""
+    known = [variable(name) for name in Settings.model_fields]
+    warnings = []
+    for name in sorted(environ):
+        upper = name.upper()  # pydantic-settings reads variables case-insensitively
+        if not upper.startswith(ENV_PREFIX) or upper in known or upper in OTHER_VARIABLES:
+            continue
+        if upper.startswith(OTHER_PREFIXES):
+            continue
+        # Compare the part after the prefix, or every name would look alike.
+        close = difflib.get_close_matches(
+            upper.removeprefix(ENV_PREFIX), [k.removeprefix(ENV_PREFIX) for k in known], n=1
+        )
+        hint = f"; did you mean {ENV_PREFIX}{close[0]}?" if close else ""
+        warnings.append(f"tensorbits: warning: {name} is not a setting, ignored{hint}")
+    return warnings

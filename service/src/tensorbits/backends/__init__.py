@@ -20,6 +20,18 @@ class Selection:
     reason: str  # why this backend, in words, for the start-up log and /v2 metadata
 
 
+def _cupy_hint(exc: BackendUnavailable) -> str:
+    """``exc`` with what to do next: the words a user reads when ``cupy`` was asked for."""
+    if isinstance(exc.__cause__, ImportError):
+        fix = (
+            "install the gpu extra (pip install './service[gpu]' from the repository) "
+            "or run the GPU image"
+        )
+    else:
+        fix = "check the NVIDIA driver and TENSORBITS_DEVICE_ID"
+    return f"TENSORBITS_BACKEND=cupy: {exc}; {fix}, or set TENSORBITS_BACKEND=auto or numpy"
+
+
 def select_backend(
     choice: BackendChoice, *, device_id: int = 0, cpu_threads: int | None = None
 ) -> Selection:
@@ -34,7 +46,7 @@ def select_backend(
             selection = Selection(CupyBackend(device_id), f"{choice}: CUDA device works")
         except BackendUnavailable as exc:
             if choice == "cupy":
-                raise
+                raise BackendUnavailable(_cupy_hint(exc)) from exc
             selection = Selection(NumpyBackend(cpu_threads), f"auto: fell back to numpy ({exc})")
     logger.info(
         "backend selected: %s on %s (%s)",
