@@ -12,6 +12,7 @@ import json
 import math
 import os
 import random
+import re
 import ssl
 import time
 from collections.abc import Callable, Mapping
@@ -98,14 +99,57 @@ def status_error_class(status_code: int) -> type[APIStatusError]:
     return InternalServerError if status_code >= 500 else APIStatusError
 
 
-def resolve_base_url(base_url: str | httpx.URL | None) -> httpx.URL:
-    """The argument, else ``$TENSORBITS_URL``, else ``http://127.0.0.1:8000``."""
-    raw = (
-        base_url
-        if base_url is not None
-        else os.environ.get(constants.BASE_URL_ENV) or constants.DEFAULT_BASE_URL
-    )
-    return httpx.URL(str(raw))
+_URL_FORMS = "http://host:port, https://host:port, or host:port (http:// assumed)"
+# A host as a URL spells it (IDNA names decoded, IPv6 without brackets): anything else, a space
+# say, is a typo that would otherwise surface only as a DNS failure after the retries.
+_HOST = re.compile(r"[\w.\-:]+")
+# "scheme:" not followed by a port's digit: "http:/host" or "localhost:abc", not "host:8000".
+_SCHEME_WITHOUT_SLASHES = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:(?![0-9])")
+
+
+def resolve_base_url(base_url: str | httpx.URL | None, verify: object = True) -> httpx.URL:
+    """The argument, else ``$TENSORBITS_URL``, else ``http://127.0.0.1:8000``.
+
+    Also takes ``host:port`` and ``host`` (tritonclient's form): ``http://`` is assumed, or
+    ``https://`` when ``verify`` is other than the default True (a CA bundle, an SSLContext, or
+    False), since those only mean something over TLS. A URL that cannot work (another scheme, a
+    bad port, no host, garbage) is refused here, at construction, rather than after the retries.
+    """
+    name = "base_url"
+    if base_url is None:
+        env = os.environ.get(constants.BASE_URL_ENV)
+        name = f"${constants.BASE_URL_ENV}" if env else name
+        base_url = env or constants.DEFAULT_BASE_URL
+    if not isinstance(base_url, str | httpx.URL):
+        raise TypeError(
+            f"{name} must be a str or httpx.URL ({_URL_FORMS}), "
+            f"got {type(base_url).__name__} {base_url!r:.80}"
+        )
+    text = str(base_url).strip()
+
+    def refuse(why: str) -> ValueError:
+        return ValueError(f"{name} {text[:200]!r}: {why} (allowed: {_URL_FORMS})")
+
+    if "://" not in text:
+        if _SCHEME_WITHOUT_SLASHES.match(text):
+            raise refuse("neither a URL with '://' nor host:port")
+        text_with_scheme = f"{'http' if verify is True else 'https'}://{text}"
+    else:
+        text_with_scheme = text
+    try:
+        url = httpx.URL(text_with_scheme)
+    except httpx.InvalidURL as exc:
+        raise refuse(str(exc)) from None
+    if url.scheme not in ("http", "https"):
+        raise refuse(f"scheme {url.scheme!r} is not supported")
+    if not url.host or not _HOST.fullmatch(url.host):
+        raise refuse("no valid host" if not url.host else f"host {url.host!r} is not valid")
+    if url.port is not None and not 1 <= url.port <= 65535:
+        raise refuse(f"port {url.port} is not in 1..65535")
+    if url.query or url.fragment:
+        # Request paths are appended to the URL: a query or fragment would end up in between.
+        raise refuse("a query or fragment cannot precede the request paths")
+    return url
 
 
 def resolve_api_key(api_key: str | None) -> str | None:
@@ -181,6 +225,19 @@ def _error_message(status_code: int, reason: str, body: object | None) -> str:
     return status
 
 
+def _errno_in(exc: BaseException) -> int | None:
+    """The errno of the innermost OSError among the causes of ``exc`` (a few levels deep)."""
+    found: int | None = None
+    current: BaseException | None = exc
+    for _ in range(8):
+        if current is None:
+            break
+        if isinstance(current, OSError) and isinstance(current.errno, int):
+            found = current.errno
+        current = current.__cause__ or current.__context__
+    return found
+
+
 def _str_field(body: object | None, key: str) -> str | None:
     value = body.get(key) if isinstance(body, Mapping) else None
     return value if isinstance(value, str) else None
@@ -212,7 +269,7 @@ class BaseClient(Generic[HttpT, R]):
     ) -> None:
         if max_retries < 0:
             raise ValueError(f"max_retries must be at least 0, got {max_retries}")
-        self.base_url = resolve_base_url(base_url)
+        self.base_url = resolve_base_url(base_url, verify)
         self._url_prefix = str(self.base_url).rstrip("/")
         if isinstance(timeout, NotGiven):
             # An injected httpx client's own timeout counts as the caller's choice, unless it is
@@ -254,7 +311,10 @@ class BaseClient(Generic[HttpT, R]):
         """A copy with some options changed (``default_headers`` are added to the current ones),
         sharing this client's connection pool, which stays this client's to close.
         ``api_key=None`` means ``$TENSORBITS_API_KEY`` again, as in the constructor."""
-        same_server = base_url is None or str(base_url).rstrip("/") == self._url_prefix
+        same_server = (
+            base_url is None
+            or str(resolve_base_url(base_url, self._verify)).rstrip("/") == self._url_prefix
+        )
         return type(self)(
             self.base_url if base_url is None else base_url,
             timeout=given(timeout, self.timeout),
@@ -388,9 +448,21 @@ class BaseClient(Generic[HttpT, R]):
         if isinstance(exc, httpx.TimeoutException):
             return APITimeoutError(request, f"Request timed out: {type(exc).__name__}")
         detail = str(exc) or type(exc).__name__
+        errno = _errno_in(exc)
+        if errno is not None and os.strerror(errno) not in detail:
+            # asyncio's connect says "All connection attempts failed" (its cause "Connect call
+            # failed"): the errno underneath says why, in the words the sync client shows.
+            detail = f"{detail}: [Errno {errno}] {os.strerror(errno)}"
         return APIConnectionError(request, f"Connection error: {detail}")
 
     # --- retry policy ---------------------------------------------------------------------------
+    @staticmethod
+    def _gave_up(error: APIError, attempts: int) -> None:
+        """Called when ``error`` is raised after ``attempts`` tries: a connection error or timeout
+        says how many (its message named the URL already)."""
+        if isinstance(error, APIConnectionError):
+            error._set_attempts(attempts)
+
     def _should_retry(self, error: APIError, retries_taken: int, max_retries: int) -> bool:
         """Connection errors and timeouts, and RETRY_STATUSES, while retries are left."""
         if retries_taken >= max_retries:

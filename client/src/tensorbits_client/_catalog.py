@@ -23,7 +23,7 @@ from tensorbits_protocol.catalog import registry_from_wire
 from tensorbits_protocol.dtypes import from_numpy
 from tensorbits_protocol.errors import InvalidRequest
 from tensorbits_protocol.operators import REGISTRY, OperatorSpec
-from tensorbits_protocol.validation import TensorSpec, validate_call
+from tensorbits_protocol.validation import TensorSpec, input_count_error, validate_call
 
 Registry = Mapping[str, OperatorSpec]
 OPERATORS_PATH = "/v1/operators"
@@ -78,9 +78,17 @@ def check_call(
 
 
 def input_names(registry: Registry, model: str, count: int) -> tuple[str, ...]:
-    """Names for inputs given in order: the operator's, then placeholders for any extra ones (and
-    for every input of an unknown model). A wrong count is then refused by the same rule, with the
-    same message, as a request naming its inputs."""
+    """Names for inputs given in order: the operator's first ``count``.
+
+    Too many arrays are refused here, whatever ``local_validation`` says, since the extra ones
+    cannot be named: "onnx.BitwiseNot-18 takes 1 input (X), got 2". (A placeholder name would only
+    be refused as an unknown input the caller never wrote, and OpenVINO's inputs are called
+    ``input_1``...) Too few are named and sent, or checked: the shared rule then says which input
+    is missing and how many the operator takes, locally and on the server alike. An unknown
+    model's inputs get placeholders: the server's 404 then says what exists."""
     op = registry.get(model)
-    known = op.inputs[:count] if op is not None else ()
-    return (*known, *(f"input_{i}" for i in range(len(known), count)))
+    if op is None:
+        return tuple(f"input_{i}" for i in range(count))
+    if count > len(op.inputs):
+        raise LocalValidationError.from_protocol(input_count_error(op, count))
+    return op.inputs[:count]

@@ -46,7 +46,9 @@ def _batch_decoder(plan: PreparedBatch) -> Callable[[httpx.Response, Body], dict
 class Client(BaseClient[httpx.Client, Array]):
     """A blocking client of one tensorbits server. Create one, reuse it, close it (``with``).
 
-    ``base_url`` defaults to ``$TENSORBITS_URL``, then ``http://127.0.0.1:8000``. ``timeout``
+    ``base_url`` defaults to ``$TENSORBITS_URL``, then ``http://127.0.0.1:8000``; ``host:port``
+    means ``http://host:port`` (``https://`` when ``verify`` is not True), and a URL that cannot
+    work raises ValueError here. A connection error names the URL and the attempts. ``timeout``
     defaults to 60 s with 5 s to connect. Connection errors, 408, 429, 502, 503 and 504 are
     retried ``max_retries`` times with exponential backoff (honouring ``Retry-After``).
     Calls are checked against the server's operator tables before they are sent unless
@@ -187,6 +189,7 @@ class Client(BaseClient[httpx.Client, Array]):
                 return self._send(call)
             except APIError as error:
                 if not self._should_retry(error, retries_taken, max_retries):
+                    self._gave_up(error, retries_taken + 1)
                     raise
                 self._sleep(self._retry_delay(retries_taken, error))
                 retries_taken += 1
@@ -348,6 +351,7 @@ class AsyncClient(BaseClient[httpx.AsyncClient, Coroutine[Any, Any, Array]]):
                 return await self._send(call)
             except APIError as error:
                 if not self._should_retry(error, retries_taken, max_retries):
+                    self._gave_up(error, retries_taken + 1)
                     raise
                 await self._sleep(self._retry_delay(retries_taken, error))
                 retries_taken += 1

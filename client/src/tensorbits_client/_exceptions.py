@@ -110,18 +110,46 @@ class APIError(TensorbitsClientError):
         self.body = body
 
 
-class APIConnectionError(APIError):
-    """Raised when no response came back: connection refused or reset, DNS, protocol error."""
+def _attempted(reason: str, request: httpx.Request, attempts: int) -> str:
+    """``reason`` with the request it was about and how often it was tried: "Connection refused"
+    alone does not say which server, nor whether the retries were used."""
+    url = request.url
+    if url.userinfo:  # a password in the URL stays out of messages and logs
+        url = url.copy_with(userinfo=b"")
+    tries = "1 attempt" if attempts == 1 else f"{attempts} attempts"
+    return f"{reason.rstrip('.')} ({request.method} {url}, {tries})"
 
-    def __init__(self, request: httpx.Request, message: str = "Connection error.") -> None:
-        super().__init__(message, request, body=None)
+
+class APIConnectionError(APIError):
+    """Raised when no response came back: connection refused or reset, DNS, protocol error.
+
+    The message names the URL tried and ``attempts``, how many times it was tried (the first
+    attempt and the retries taken); ``reason`` is the message without them."""
+
+    reason: str
+    attempts: int
+
+    def __init__(
+        self, request: httpx.Request, message: str = "Connection error.", *, attempts: int = 1
+    ) -> None:
+        super().__init__(_attempted(message, request, attempts), request, body=None)
+        self.reason = message
+        self.attempts = attempts
+
+    def _set_attempts(self, attempts: int) -> None:
+        # The retry loop knows the count only once it gives up, after the error was built.
+        self.attempts = attempts
+        self.message = _attempted(self.reason, self.request, attempts)
+        self.args = (self.message,)
 
 
 class APITimeoutError(APIConnectionError):
     """Raised when connecting, sending, waiting or reading took longer than the timeout."""
 
-    def __init__(self, request: httpx.Request, message: str = "Request timed out.") -> None:
-        super().__init__(request, message)
+    def __init__(
+        self, request: httpx.Request, message: str = "Request timed out.", *, attempts: int = 1
+    ) -> None:
+        super().__init__(request, message, attempts=attempts)
 
 
 class APIResponseValidationError(APIError):

@@ -8,6 +8,8 @@ nothing here branches on an operator's name.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal
@@ -270,14 +272,25 @@ OPERATORS: tuple[OperatorSpec, ...] = (
 REGISTRY: dict[str, OperatorSpec] = {op.name: op for op in OPERATORS}
 
 
+def did_you_mean(value: str, choices: Iterable[str]) -> str:
+    """``"; did you mean 'X'?"`` for the closest of ``choices`` to a misspelt ``value``, or ""
+    when none is close. Case is ignored (``x`` for ``X``); the value is cut to 200 characters
+    first, as difflib's time grows with the product of the lengths."""
+    folded = {choice.casefold(): choice for choice in choices}
+    close = difflib.get_close_matches(value[:200].casefold(), folded, n=1)
+    return f"; did you mean '{folded[close[0]]}'?" if close else ""
+
+
 def get_operator(name: str) -> OperatorSpec:
-    """The operator called ``name``; OperatorNotFound (404) names what exists when there is none."""
+    """The operator called ``name``; OperatorNotFound (404) names what exists when there is none,
+    and the closest name when one is close."""
     try:
         return REGISTRY[name]
     except KeyError:
         raise OperatorNotFound(
             f"unknown model or operator '{name[:200]}' (GET /v2/repository/index or "
-            f"GET /v1/operators lists the {len(REGISTRY)} that exist)",
+            f"GET /v1/operators lists the {len(REGISTRY)} that exist)"
+            f"{did_you_mean(name, REGISTRY)}",
             field="model_name",
             rule="unknown_operator",
         ) from None

@@ -4,18 +4,28 @@ One formatter for both APIs (the /v2 inference document and the /v1 batch header
 the caller wrote it (``dispatches[2].bindings.A.offset``), and a parameter value that matched no
 member of its ``str | number | bool`` union reported once, at the parameter, rather than once
 per member with pydantic's internal member tags in the path.
+
+pydantic's words say the rule but not what was received, nor what was probably meant; the message
+adds both: ``inputs[0].datatype: Input should be 'BOOL', ... (got 'UINT9'; did you mean
+'UINT8'?)``, and for a key the model does not have, its fields and the closest one
+(``paramters: Extra inputs are not permitted (got an object; allowed fields: id, parameters,
+inputs, outputs; did you mean 'parameters'?)``). The value is described in bounded words: a long
+string is cut, a container is named by its size, a huge integer by its number of digits.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TypeVar
+import re
+import types
+from collections.abc import Mapping, Sequence
+from typing import Annotated, TypeVar, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from tensorbits_protocol.errors import InvalidRequest
-from tensorbits_protocol.integers import INT64_MIN, UINT64_MAX
+from tensorbits_protocol.integers import INT64_MIN, UINT64_MAX, shown
+from tensorbits_protocol.operators import did_you_mean
 
 Location = tuple[int | str, ...]
 Model = TypeVar("Model", bound=BaseModel)
@@ -23,6 +33,11 @@ Model = TypeVar("Model", bound=BaseModel)
 # The tags pydantic adds to a location for each member of a union of scalars.
 _MEMBER_TAGS = frozenset({"bool", "int", "float", "str", "constrained-int"})
 _RANGE_ERRORS = frozenset({"less_than_equal", "greater_than_equal"})
+# Errors whose input is not the field's value: a missing field's is the object that lacks it.
+_NO_VALUE_ERRORS = frozenset({"missing"})
+# The choices pydantic lists in a literal or enum error's ``expected``: 'BOOL', 'UINT8' or ...
+_QUOTED = re.compile(r"'([^']*)'")
+_SHOWN_CHARS = 80
 
 
 def field_path(loc: Location, default: str) -> str:
@@ -37,8 +52,87 @@ def _member_tag(part: int | str) -> bool:
     return isinstance(part, str) and (part in _MEMBER_TAGS or part.startswith("function-"))
 
 
-def first_error(errors: Sequence[ErrorDetails]) -> tuple[Location, str, str]:
-    """The location, message and rule of the first error."""
+def described(value: object) -> str:
+    """``value`` in an error message, in bounded words whatever its size: a JSON spelling for
+    scalars (a string cut at 80 characters, an integer past 40 digits by its length), a
+    container by its size (never its contents, which may be the whole body)."""
+    if isinstance(value, str):
+        if len(value) <= _SHOWN_CHARS:
+            return repr(value)
+        return f"{value[:_SHOWN_CHARS]!r}... (a string of {len(value)} characters)"
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "null"}[value]
+    if isinstance(value, int | float):
+        return shown(value)
+    if isinstance(value, Mapping):
+        return "an object" if value else "an empty object"
+    if isinstance(value, list | tuple):
+        return f"an array of {len(value)} item{'' if len(value) == 1 else 's'}"
+    return f"a {type(value).__name__}"
+
+
+def _unwrapped(annotation: object) -> tuple[object, ...]:
+    """The types an annotation may hold: ``Annotated`` stripped, a union split into members."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _unwrapped(get_args(annotation)[0])
+    if origin is Union or origin is types.UnionType:
+        return tuple(t for arg in get_args(annotation) for t in _unwrapped(arg))
+    return (annotation,)
+
+
+def _step(annotation: object, part: int | str) -> object | None:
+    """The annotation one location step inside ``annotation``: a model's field, a list's item,
+    a dict's value; None when the step cannot be followed (the suggestion is then left out)."""
+    for member in _unwrapped(annotation):
+        if isinstance(member, type) and issubclass(member, BaseModel):
+            if isinstance(part, str) and part in member.model_fields:
+                return member.model_fields[part].annotation
+            continue
+        origin, args = get_origin(member), tuple[object, ...](get_args(member))
+        if isinstance(part, int) and origin in (list, tuple, Sequence) and args:
+            return args[0]
+        if isinstance(part, str) and origin in (dict, Mapping) and len(args) == 2:
+            return args[1]
+    return None
+
+
+def _field_names(model: type[BaseModel] | None, loc: Location) -> tuple[str, ...]:
+    """The field names of the object at ``loc`` (a location inside ``model``), by alias."""
+    annotation: object | None = model
+    for part in loc:
+        annotation = _step(annotation, part)
+        if annotation is None:
+            return ()
+    for member in _unwrapped(annotation):
+        if isinstance(member, type) and issubclass(member, BaseModel):
+            return tuple(field.alias or name for name, field in member.model_fields.items())
+    return ()
+
+
+def _received(error: ErrorDetails, loc: Location, model: type[BaseModel] | None) -> str:
+    """What was received and, when a close match exists, what was probably meant."""
+    kind = error["type"]
+    if kind in _NO_VALUE_ERRORS:
+        return ""
+    value = error.get("input")
+    words = f"got {described(value)}"
+    if kind == "extra_forbidden" and loc and isinstance(loc[-1], str):
+        fields = _field_names(model, loc[:-1])
+        if fields:
+            words += f"; allowed fields: {', '.join(fields)}{did_you_mean(loc[-1], fields)}"
+    elif isinstance(value, str):
+        expected = (error.get("ctx") or {}).get("expected")
+        if isinstance(expected, str):  # a literal or enum: the choices are quoted in it
+            words += did_you_mean(value, _QUOTED.findall(expected))
+    return f" ({words})"
+
+
+def first_error(
+    errors: Sequence[ErrorDetails], model: type[BaseModel] | None = None
+) -> tuple[Location, str, str]:
+    """The location, message and rule of the first error. ``model``, the one validated, lets an
+    unknown key be answered with the fields of the object it was found in."""
     first = errors[0]
     loc = tuple(first["loc"])
     siblings = [e for e in errors if tuple(e["loc"])[:-1] == loc[:-1]]
@@ -47,16 +141,21 @@ def first_error(errors: Sequence[ErrorDetails]) -> tuple[Location, str, str]:
         message = "Input should be a string, number or boolean"
         if any(e["type"] in _RANGE_ERRORS for e in siblings):
             message = f"Input should be a number; an integer must lie in {INT64_MIN}..{UINT64_MAX}"
-        return loc[:-1], message, "parameter_value_type"
-    return loc, str(first["msg"]), str(first["type"])
+        return loc[:-1], f"{message} (got {described(first.get('input'))})", "parameter_value_type"
+    return loc, f"{first['msg']}{_received(first, loc, model)}", str(first["type"])
 
 
-def refusal(errors: Sequence[ErrorDetails], what: str, document: object = None) -> InvalidRequest:
+def refusal(
+    errors: Sequence[ErrorDetails],
+    what: str,
+    document: object = None,
+    model: type[BaseModel] | None = None,
+) -> InvalidRequest:
     """The 400 for a document the wire model refused: ``what: <field path>: <message>``.
 
     Inside a v2 request's ``inputs``/``outputs`` the tensor is named too (``input 'A': ...``),
     since a position means little to a caller who wrote names."""
-    loc, message, rule = first_error(errors)
+    loc, message, rule = first_error(errors, model)
     field = field_path(loc, "body")
     owner = ""
     if len(loc) >= 2 and loc[0] in ("inputs", "outputs") and isinstance(loc[1], int):
@@ -76,4 +175,4 @@ def validate_document(model: type[Model], document: object, what: str) -> Model:
         return model.model_validate(document)
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
-    raise refusal(errors, what, document)
+    raise refusal(errors, what, document, model)

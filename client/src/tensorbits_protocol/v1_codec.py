@@ -238,7 +238,7 @@ def decode_request(header: bytes, limits: JsonLimits) -> PlainDict:
     try:
         request = BatchRequest.model_validate(document)
     except ValidationError as exc:
-        loc, message, rule = first_error(exc.errors(include_url=False))
+        loc, message, rule = first_error(exc.errors(include_url=False), BatchRequest)
         path = field_path(loc, "header")
         raise InvalidRequest(f"{path}: {message}", field=path, rule=rule) from None
     return request.model_dump()

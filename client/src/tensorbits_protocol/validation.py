@@ -23,6 +23,7 @@ from tensorbits_protocol.operators import (
     OperatorSpec,
     ShapeRule,
     SupportRow,
+    did_you_mean,
     feature_level_index,
     get_operator,
 )
@@ -78,7 +79,8 @@ def resolve_parameters(
         if key not in op.parameter_index and key not in PROTOCOL_PARAMETERS:
             allowed = _allowed(tuple(op.parameter_index)) or "none"
             raise InvalidRequest(
-                f"parameters.{key[:100]}: unknown parameter for {op.name} (allowed: {allowed})",
+                f"parameters.{key[:100]}: unknown parameter for {op.name} (allowed: {allowed})"
+                f"{did_you_mean(key, (*op.parameter_index, *PROTOCOL_PARAMETERS))}",
                 field=f"parameters.{key[:100]}",
                 rule="unknown_parameter",
             )
@@ -99,7 +101,8 @@ def resolve_parameters(
             if not isinstance(value, str) or value not in spec.choices:
                 raise InvalidRequest(
                     f"{field}: {value!r:.100} is not a valid value for {op.name} "
-                    f"(allowed: {_allowed(spec.choices)})",
+                    f"(allowed: {_allowed(spec.choices)})"
+                    f"{did_you_mean(value, spec.choices) if isinstance(value, str) else ''}",
                     field=field,
                     rule="parameter_value",
                 )
@@ -136,22 +139,44 @@ def _rank_text(row: SupportRow) -> str:
     return f"{row.min_rank} to {row.max_rank}"
 
 
+def takes_inputs(op: OperatorSpec, got: int) -> str:
+    """``"onnx.BitwiseNot-18 takes 1 input (X), got 2"``: the count and the names, which say
+    more to a caller who passed arrays in order than any one name could."""
+    count = "1 input" if len(op.inputs) == 1 else f"{len(op.inputs)} inputs"
+    return f"{op.name} takes {count} ({_allowed(op.inputs)}), got {got}"
+
+
+def input_count_error(op: OperatorSpec, got: int) -> InvalidRequest:
+    """The error for ``got`` inputs given in order to ``op``, which takes fewer."""
+    return InvalidRequest(takes_inputs(op, got), field="inputs", rule="input_count")
+
+
 def _check_inputs_named(op: OperatorSpec, inputs: Mapping[str, TensorSpec]) -> None:
-    for name in op.inputs:
-        if name not in inputs:
-            raise InvalidRequest(
-                f"{name}: missing input of {op.name} (inputs: {_allowed(op.inputs)})",
-                field=name,
-                rule="missing_input",
-            )
-    for name in inputs:
-        if name not in op.inputs:
-            raise InvalidRequest(
-                f"{name[:100]}: {op.name} has no input of that name "
-                f"(inputs: {_allowed(op.inputs)})",
-                field=name[:100],
-                rule="unknown_input",
-            )
+    missing = [name for name in op.inputs if name not in inputs]
+    unknown = [name for name in inputs if name not in op.inputs]
+    if not missing and not unknown:
+        return
+    # A misspelt name is both an unknown input and a missing one: both are said, the unknown
+    # one with the missing name it is closest to.
+    extra = "; ".join(
+        f"unknown input '{name[:100]}'{did_you_mean(name, missing or op.inputs)}"
+        for name in unknown[:3]
+    )
+    if missing:
+        name = missing[0]
+        raise InvalidRequest(
+            f"{name}: missing input of {op.name} (inputs: {_allowed(op.inputs)}); "
+            + (extra or takes_inputs(op, len(inputs))),
+            field=name,
+            rule="missing_input",
+        )
+    name = unknown[0]
+    raise InvalidRequest(
+        f"{name[:100]}: {op.name} has no input of that name (inputs: {_allowed(op.inputs)}); "
+        f"{takes_inputs(op, len(inputs))}",
+        field=name[:100],
+        rule="unknown_input",
+    )
 
 
 def _check_tensor(
