@@ -78,7 +78,7 @@ def test_serve_help_lists_every_setting_with_default_and_description(
     assert "  TENSORBITS_BACKEND=auto" in lines
     assert "  TENSORBITS_PORT=8000" in lines
     assert "  TENSORBITS_CPU_THREADS=(none)" in lines
-    assert "  TENSORBITS_LOG_JSON=true" in lines
+    assert "  TENSORBITS_LOG_JSON=(none)" in lines
     assert "  TENSORBITS_AUTH_OPEN_PATHS=/v2/health/live,/v2/health/ready" in lines
     assert any("--backend {auto,numpy,cupy}" in line for line in lines)
     assert any("--log-level {debug,info,warning,error,critical}" in line for line in lines)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -15,13 +16,24 @@ from tensorbits.api.errors import register_exception_handlers
 from tensorbits.api.head import HeadAsGetMiddleware
 from tensorbits.api.metrics import router as metrics_router
 from tensorbits.config import Settings
+from tensorbits.logs import banner
 from tensorbits.observability import Metrics, ObservabilityMiddleware
 from tensorbits.runtime import Drain, Runtime
+from tensorbits_protocol.operators import OPERATORS
+
+logger = logging.getLogger("tensorbits")
 
 
 def _operation_id(route: APIRoute) -> str:
     # Stable ids for the committed OpenAPI spec: the route function's name, nothing generated.
     return route.name
+
+
+def docs_url(settings: Settings) -> str:
+    """Where a person finds the interactive docs of a server with ``settings``."""
+    scheme = "https" if settings.tls_cert_file is not None else "http"
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    return f"{scheme}://{host}:{settings.port}/docs"
 
 
 def create_app(settings: Settings | None = None, *, drain: Drain | None = None) -> FastAPI:
@@ -34,6 +46,15 @@ def create_app(settings: Settings | None = None, *, drain: Drain | None = None) 
         runtime = Runtime.start(settings, drain)
         app.state.runtime = runtime
         metrics.bind_runtime(runtime)
+        backend = runtime.selection.backend
+        message, fields = banner(
+            __version__,
+            f"{backend.name} on {backend.device}",
+            runtime.selection.reason,
+            docs_url(settings),
+            len(OPERATORS),
+        )
+        logger.info(message, extra=fields)
         try:
             yield
         finally:

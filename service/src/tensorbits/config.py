@@ -69,7 +69,11 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error", "critical"] = Field(
         "info", description="least severe log record written"
     )
-    log_json: bool = Field(True, description="JSON log lines (false: plain text)")
+    log_json: bool | None = Field(
+        None,
+        description="JSON log lines (true), readable lines (false); unset: JSON unless stderr "
+        "is a terminal",
+    )
 
     # Request limits (413 past them; 431 for the request head).
     max_head_bytes: int = Field(

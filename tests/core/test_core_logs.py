@@ -1,0 +1,140 @@
+"""Logs for a person at a terminal, JSON for everything else, and the start-up banner."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support.live import free_port
+
+from tensorbits.logs import (
+    JsonFormatter,
+    ReadableFormatter,
+    banner,
+    configure_logging,
+    json_lines_for,
+    request_id_var,
+)
+from tensorbits_protocol.operators import OPERATORS
+
+TENSORBITS = Path(sys.executable).parent / "tensorbits"
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(
+    ("setting", "stream", "json_lines"),
+    [
+        (None, _Terminal(), False),  # a person at a terminal: readable lines
+        (None, io.StringIO(), True),  # a pipe, a file, a container's log driver: JSON
+        (True, _Terminal(), True),  # the setting wins either way
+        (False, io.StringIO(), False),
+    ],
+)
+def test_json_unless_a_terminal_unless_told(
+    setting: bool | None, stream: io.StringIO, json_lines: bool
+) -> None:
+    assert json_lines_for(setting, stream) is json_lines
+
+
+def _record(message: str, **extra: object) -> logging.LogRecord:
+    record = logging.makeLogRecord({"name": "tensorbits.http", "levelname": "INFO", "msg": message})
+    record.__dict__.update(extra)
+    return record
+
+
+def test_a_readable_line_has_time_level_logger_message_fields_and_request_id() -> None:
+    token = request_id_var.set("req-7")
+    try:
+        line = ReadableFormatter().format(_record("refused", status=413))
+    finally:
+        request_id_var.reset(token)
+    clock, level, logger, rest = line.split(maxsplit=3)
+    assert time.strptime(clock, "%H:%M:%S")
+    assert (level, logger) == ("info", "tensorbits.http")
+    assert rest == "refused  status=413  [req-7]"
+    assert not line.startswith("{")
+
+
+def test_the_banner_is_a_block_for_a_person_and_fields_for_a_machine() -> None:
+    message, fields = banner("1.2.3", "numpy on cpu (2 threads)", "numpy backend requested",
+                             "http://127.0.0.1:8000/docs", 18)  # fmt: skip
+    record = _record(message, **fields)
+    readable = ReadableFormatter().format(record).splitlines()
+    assert readable[0] == "tensorbits 1.2.3"
+    assert "numpy on cpu (2 threads) (numpy backend requested)" in readable[1]
+    assert readable[2].endswith("http://127.0.0.1:8000/docs")
+    assert "18 operators" in readable[3]
+    entry = json.loads(JsonFormatter().format(record))
+    assert "banner" not in entry
+    assert entry["message"] == "tensorbits started"
+    assert (entry["version"], entry["models"]) == ("1.2.3", 18)
+    assert entry["docs"] == "http://127.0.0.1:8000/docs"
+    assert entry["backend_reason"] == "numpy backend requested"
+
+
+@pytest.fixture
+def root_logger() -> Iterator[logging.Logger]:
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield root
+    root.handlers[:], root.level = handlers, level
+
+
+def test_configure_logging_follows_stderr(
+    monkeypatch: pytest.MonkeyPatch, root_logger: logging.Logger
+) -> None:
+    monkeypatch.setattr(sys, "stderr", _Terminal())
+    configure_logging("info", None)
+    (handler,) = root_logger.handlers
+    assert isinstance(handler.formatter, ReadableFormatter)
+    configure_logging("info", True)
+    (handler,) = root_logger.handlers
+    assert isinstance(handler.formatter, JsonFormatter)
+
+
+@pytest.fixture
+def terminal_server() -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
+    """``tensorbits serve`` with its stderr on a pseudo-terminal, as a person starts it."""
+    main, secondary = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TENSORBITS_")}
+    env.update(TENSORBITS_BACKEND="numpy", TENSORBITS_PORT=str(free_port()))
+    proc = subprocess.Popen([str(TENSORBITS), "serve"], env=env, stderr=secondary)
+    os.close(secondary)
+    try:
+        yield main, proc
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        os.close(main)
+
+
+@pytest.mark.integration
+def test_at_a_terminal_the_server_starts_with_a_banner_not_json(
+    terminal_server: tuple[int, subprocess.Popen[bytes]],
+) -> None:
+    main, _ = terminal_server
+    seen = b""
+    deadline = time.monotonic() + 20
+    while b"models" not in seen and time.monotonic() < deadline:
+        ready, _, _ = select.select([main], [], [], 0.5)
+        if ready:
+            seen += os.read(main, 4096)
+    text = seen.decode()
+    assert "tensorbits " in text
+    assert "  docs     http://127.0.0.1:" in text
+    assert f"{len(OPERATORS)} operators" in text
+    assert not any(line.lstrip().startswith("{") for line in text.splitlines()), text
