@@ -206,6 +206,18 @@ def test_v1_misspelt_parameter(v1: TestClient) -> None:
     assert body["error"].endswith("(allowed: feature_level); did you mean 'feature_level'?")
 
 
+def test_v1_misspelt_binding_suggests_the_tensor(v1: TestClient) -> None:
+    header, payload = v1_batch()
+    bindings = header["dispatches"][0]["bindings"]
+    bindings["InputTensr"] = bindings.pop("InputTensor")
+    body = v1_error(v1_post(v1, header, payload))
+    assert body["field"] == "dispatches[0].bindings.InputTensr"
+    assert body["rule"] == "unknown_binding"
+    assert body["error"].endswith(
+        "(tensors: InputTensor, OutputTensor); did you mean 'InputTensor'?"
+    )
+
+
 # --- the client: arrays in order ------------------------------------------------------------------
 
 

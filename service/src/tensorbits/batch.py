@@ -30,7 +30,7 @@ from tensorbits_protocol.dml import DescLayout, TensorDesc, ViewLayout, check_pl
 from tensorbits_protocol.dtypes import DataType, parse_datatype
 from tensorbits_protocol.errors import InvalidRequest, OperatorNotFound, PayloadTooLarge
 from tensorbits_protocol.jsondata import JsonLimits, MemberLimit, check_length
-from tensorbits_protocol.operators import OPERATORS, OperatorSpec, get_operator
+from tensorbits_protocol.operators import OPERATORS, OperatorSpec, did_you_mean, get_operator
 from tensorbits_protocol.plain import PlainDict
 from tensorbits_protocol.v1_codec import decode_request, encode_response
 from tensorbits_protocol.validation import (
@@ -523,7 +523,8 @@ def _check_binding_names(at: str, op: OperatorSpec, dispatch: PlainDict) -> tupl
         if name not in tensors:
             raise _invalid(
                 f"{at}.bindings.{name}",
-                f"{op.name} has no tensor of that name (tensors: {', '.join(tensors)})",
+                f"{op.name} has no tensor of that name (tensors: {', '.join(tensors)})"
+                f"{did_you_mean(name, tensors)}",
                 "unknown_binding",
             )
     for name in tensors:
