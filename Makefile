@@ -4,25 +4,43 @@ UV_VERSION := 0.13.8
 UV := .tools/bin/uv
 VENV := .venv
 BIN := $(VENV)/bin
-HOST ?= 127.0.0.1
-PORT ?= 8000
 
-.PHONY: install serve test check lint typecheck unit bench openapi clean
+.PHONY: install install-serve serve test check lint typecheck unit bench openapi clean
 
 $(UV):
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check --target .tools uv==$(UV_VERSION)
 
-$(VENV)/.installed: $(UV) pyproject.toml service/pyproject.toml client/pyproject.toml uv.lock
-	UV_PYTHON_DOWNLOADS=never PYTHONPATH=.tools $(UV) sync --all-packages --locked --python $(PYTHON)
+# One .venv/, two stamps. Serving needs the runtime only (the service, the client and their
+# dependencies: --no-dev), so a first `make serve` does not pay for mypy, schemathesis or
+# tritonclient; that sync is --inexact so that it never uninstalls the dev tools a `make install`
+# put there. `make install` syncs exactly (runtime and dev group) and marks both stamps: after
+# it `make serve` syncs nothing, and after `make serve` it installs what is missing.
+LOCK_INPUTS := pyproject.toml service/pyproject.toml client/pyproject.toml uv.lock
+SYNC := UV_PYTHON_DOWNLOADS=never PYTHONPATH=.tools $(UV) sync --all-packages --locked --python $(PYTHON)
+
+$(VENV)/.runtime: $(UV) $(LOCK_INPUTS)
+	$(SYNC) --no-dev --inexact
 	touch $@
 
+$(VENV)/.installed: $(UV) $(LOCK_INPUTS)
+	$(SYNC)
+	touch $@ $(VENV)/.runtime
+
 install: $(VENV)/.installed ## create .venv/ with the service, the client and the dev tools
+
+install-serve: $(VENV)/.runtime ## create .venv/ with the service and the client only (what serve runs)
 
 uv.lock: pyproject.toml service/pyproject.toml client/pyproject.toml
 	PYTHONPATH=.tools $(UV) lock
 
-serve: install ## run the server on $(HOST):$(PORT), NumPy backend unless TENSORBITS_BACKEND says otherwise
-	TENSORBITS_BACKEND=$${TENSORBITS_BACKEND:-numpy} $(BIN)/tensorbits serve --host $(HOST) --port $(PORT)
+# --host/--port only when HOST=/PORT= are given on make's command line: otherwise the server
+# reads TENSORBITS_HOST/TENSORBITS_PORT (default 127.0.0.1:8000) like every other setting. Only
+# the command line counts (origin), not the environment: a shell's own HOST or PORT (zsh sets
+# HOST to the machine's name) must not decide where the server listens.
+serve_flag = $(if $(and $(filter command line,$(origin $(1))),$($(1))),$(2) $($(1)))
+
+serve: install-serve ## run the server (TENSORBITS_* settings; PORT=/HOST= override), NumPy backend unless TENSORBITS_BACKEND says otherwise
+	TENSORBITS_BACKEND=$${TENSORBITS_BACKEND:-numpy} $(BIN)/tensorbits serve $(call serve_flag,HOST,--host) $(call serve_flag,PORT,--port)
 
 lint: install
 	$(BIN)/ruff check .

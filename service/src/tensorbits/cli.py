@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import errno
 import functools
 import os
+import socket
 import sys
 from collections.abc import Sequence
 from types import FrameType
@@ -152,6 +154,42 @@ def _uvicorn_kwargs(settings: Settings, drain: Drain | None = None) -> dict[str,
     }
 
 
+def _bind_problem(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on, as one line for stderr; None when it can.
+
+    Checked before uvicorn starts because uvicorn reports a failed bind only after building the
+    app (the backend: seconds on a GPU), as a log record among the start-up records, and then
+    calls sys.exit inside its startup: catching that would depend on uvicorn's internals. The
+    probe binds as asyncio's and uvloop's create_server do (each address the host resolves to,
+    SO_REUSEADDR on POSIX, IPV6_V6ONLY), so a port in TIME_WAIT passes and a listening one does
+    not; it never listens and closes at once. A port taken in the instant between this check
+    and uvicorn's bind still fails, as uvicorn reports it."""
+    if port == 0:
+        return None  # the kernel picks a free port
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        for family, kind, proto, _, address in socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        ):
+            with socket.socket(family, kind, proto) as probe:
+                if os.name == "posix" and sys.platform != "cygwin":  # asyncio's condition
+                    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:
+                    probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                probe.bind(address)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            return (
+                f"tensorbits: {where} is already in use;"
+                " choose another port with TENSORBITS_PORT=<port> or --port <port>"
+            )
+        return (
+            f"tensorbits: cannot listen on {where}: {exc.strerror or exc};"
+            " check TENSORBITS_HOST/--host and TENSORBITS_PORT/--port"
+        )
+    return None
+
+
 def _backend_problem(settings: Settings) -> str | None:
     """Why the backend ``cupy`` cannot run, as one line; checked before uvicorn starts, where
     the failure would be a traceback inside a log record. (``auto`` falls back; ``numpy``
@@ -190,6 +228,9 @@ def _serve(args: argparse.Namespace) -> int:
         for line in settings_errors(exc):
             print(f"tensorbits: invalid settings: {line}", file=sys.stderr)
         return 2
+    if (problem := _bind_problem(settings.host, settings.port)) is not None:
+        print(problem, file=sys.stderr)  # one plain line, not a log record: nothing started yet
+        return 1
     # Last of the checks: probing a GPU takes seconds.
     if (problem := _backend_problem(settings)) is not None:
         print(problem, file=sys.stderr)
