@@ -34,8 +34,9 @@ class Operation:
     ``api/openapi_doc.py`` writes this out beside them), in the terms of a FastAPI route's
     decorator: ``responses`` where a ``"model"`` entry is a JSON body of that model,
     ``response_model`` the 200's JSON body, ``openapi_extra`` the rest of the operation
-    (``parameters``, ``requestBody``) as OpenAPI writes it, and the description of each of the
-    path's parameters by name."""
+    (``parameters``, ``requestBody``) as OpenAPI writes it, the description of each of the
+    path's parameters by name, and what their schemas add (an ``enum``), as ``Path``'s
+    ``json_schema_extra`` adds it."""
 
     operation_id: str
     summary: str
@@ -43,6 +44,7 @@ class Operation:
     responses: Mapping[int | str, Mapping[str, Any]]
     response_model: type[BaseModel] | None = None
     path_parameters: Mapping[str, str] = field(default_factory=dict)
+    path_parameter_schemas: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     openapi_extra: Mapping[str, Any] = field(default_factory=dict)
 
 

@@ -8,7 +8,8 @@ body), and the models they name become component schemas as FastAPI's do.
 FastAPI also documents a 422 "Validation Error" (with its own error schema) on every route that
 has parameters, but ``api/errors.py`` answers a request that fails validation with 400 and the
 protocol's error body (``ErrorResponse``), as the Open Inference Protocol says: each 422 becomes
-that 400, and FastAPI's error schemas go.
+that 400 (with the real error bodies of ``v2_openapi.ERROR_EXAMPLES`` as its examples), and
+FastAPI's error schemas go.
 
 The document is made once, when first asked for.
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI
@@ -27,10 +28,9 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from tensorbits.api.fastpath import FastRoute
-from tensorbits.api.v2_openapi import ERROR_DESCRIPTIONS
+from tensorbits.api.v2_openapi import ERROR_DESCRIPTIONS, error_body
 
 FASTAPI_ERROR_SCHEMAS = ("HTTPValidationError", "ValidationError")
-_ERROR_BODY = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
 # Where FastAPI puts the models' schemas, and how it refers to them.
 REF_TEMPLATE = "#/components/schemas/{model}"
 
@@ -42,7 +42,7 @@ def answer_validation_with_400(document: dict[str, Any]) -> None:
             responses = operation.get("responses", {})
             if responses.pop("422", None) is not None:
                 responses.setdefault(
-                    "400", {"description": ERROR_DESCRIPTIONS[400], "content": _ERROR_BODY}
+                    "400", {"description": ERROR_DESCRIPTIONS[400], "content": error_body(400)}
                 )
     schemas = document.get("components", {}).get("schemas", {})
     for name in FASTAPI_ERROR_SCHEMAS:
@@ -62,10 +62,12 @@ def _models(route: FastRoute) -> Iterable[type[BaseModel]]:
             yield response["model"]
 
 
-def _path_parameter(name: str, description: str) -> dict[str, Any]:
-    # As FastAPI writes a ``str`` path parameter declared with ``Path(description=...)``.
+def _path_parameter(name: str, description: str, extra: Mapping[str, Any]) -> dict[str, Any]:
+    # As FastAPI writes a ``str`` path parameter declared with
+    # ``Path(description=..., json_schema_extra=extra)``.
     title = name.replace("_", " ").title()
-    schema = {"type": "string", "title": title, "description": description}
+    schema = {"type": "string", **copy.deepcopy(dict(extra)), "title": title}
+    schema["description"] = description
     return {
         "name": name,
         "in": "path",
@@ -78,7 +80,12 @@ def _path_parameter(name: str, description: str) -> dict[str, Any]:
 def _operation(route: FastRoute, refs: dict[type[BaseModel], Any]) -> dict[str, Any]:
     operation = route.operation
     extra = copy.deepcopy(dict(operation.openapi_extra))
-    parameters = [_path_parameter(n, operation.path_parameters[n]) for n in route.param_convertors]
+    parameters = [
+        _path_parameter(
+            n, operation.path_parameters[n], operation.path_parameter_schemas.get(n, {})
+        )
+        for n in route.param_convertors
+    ]
     parameters += extra.pop("parameters", [])
     responses: dict[str, Any] = {}
     for status, given in operation.responses.items():
@@ -86,9 +93,12 @@ def _operation(route: FastRoute, refs: dict[type[BaseModel], Any]) -> dict[str, 
         model = given.get("model")
         if str(status) == "200" and operation.response_model is not None:
             model = operation.response_model
-        if model is not None:
-            json_body = {"application/json": {"schema": refs[model]}}
-            response["content"] = {**json_body, **response.get("content", {})}
+        if model is not None:  # the model's schema, beside what the response says of the body
+            content = response.setdefault("content", {})
+            content["application/json"] = {
+                "schema": refs[model],
+                **content.get("application/json", {}),
+            }
         responses[str(status)] = response
     return {
         "tags": list(operation.tags),

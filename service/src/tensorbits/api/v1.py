@@ -21,11 +21,13 @@ from tensorbits.api.admitted import AdmittedRequest
 from tensorbits.api.deps import runtime_of_app
 from tensorbits.api.fastpath import FastRoute, Operation
 from tensorbits.api.offload import offload
+from tensorbits.api.v2_openapi import ERROR_EXAMPLES, request_schema
 from tensorbits.runtime import Runtime
 from tensorbits_protocol.catalog import describe, listing
 from tensorbits_protocol.codec import BINARY_CONTENT_TYPE, HEADER_LENGTH
 from tensorbits_protocol.operators import get_operator
-from tensorbits_protocol.v1 import OperatorInfo, OperatorList
+from tensorbits_protocol.v1 import BatchRequest, OperatorInfo, OperatorList
+from tensorbits_protocol.v2 import ErrorResponse
 
 # Below these sizes a batch is planned / run on the event loop (see api/offload.py).
 PLAN_INLINE_MAX_BYTES = 64 << 10
@@ -36,28 +38,140 @@ RUN_INLINE_MAX_BYTES = 1 << 20
 _TAG = "native batch API"
 router = APIRouter(prefix="/v1", tags=[_TAG])
 
+
+def _zeros_binding(buffer: str) -> dict[str, Any]:
+    return {"buffer": buffer, "desc": {"datatype": "UINT8", "sizes": [16]}}
+
+
+# Runnable from /docs: JSON alone (no Inference-Header-Content-Length), every buffer zero-filled.
+_BATCH_EXAMPLES: dict[str, dict[str, Any]] = {
+    "bit_not": {
+        "summary": "BIT_NOT of a zero-filled buffer (16 bytes of 0xFF back)",
+        "value": {
+            "id": "not-zeros",
+            "buffers": [
+                {"name": "zeros", "byte_size": 16, "init": "zeros"},
+                {"name": "ones", "byte_size": 16, "init": "zeros"},
+            ],
+            "dispatches": [
+                {
+                    "operator": "DML_OPERATOR_ELEMENT_WISE_BIT_NOT",
+                    "bindings": {
+                        "InputTensor": _zeros_binding("zeros"),
+                        "OutputTensor": _zeros_binding("ones"),
+                    },
+                }
+            ],
+            "outputs": ["ones"],
+        },
+    },
+    "not_then_count": {
+        "summary": "BIT_NOT, then BIT_COUNT of its output (16 bytes of 8 back)",
+        "value": {
+            "id": "count-ones",
+            "buffers": [
+                {"name": "bits", "byte_size": 16, "init": "zeros"},
+                {"name": "counts", "byte_size": 16, "init": "zeros"},
+            ],
+            "dispatches": [
+                {
+                    "operator": "DML_OPERATOR_ELEMENT_WISE_BIT_NOT",
+                    "bindings": {
+                        "InputTensor": _zeros_binding("bits"),
+                        "OutputTensor": _zeros_binding("bits"),
+                    },
+                },
+                {
+                    "operator": "DML_OPERATOR_ELEMENT_WISE_BIT_COUNT",
+                    "bindings": {
+                        "InputTensor": _zeros_binding("bits"),
+                        "OutputTensor": _zeros_binding("counts"),
+                    },
+                },
+            ],
+            "outputs": ["counts"],
+        },
+    },
+}
 _BATCH_BODY: dict[str, Any] = {
     "requestBody": {
         "required": True,
         "description": (
             f"A JSON header (BatchRequest; its byte length in the {HEADER_LENGTH} header) "
             "followed by the data buffers' bytes, concatenated in declaration order. Without "
-            f"{HEADER_LENGTH} the whole body is the JSON header. See docs/batch-api.md."
+            f"{HEADER_LENGTH} the whole body is the JSON header: `application/json`, every "
+            'buffer then `"init": "zeros"` (the examples run as they are). See '
+            "docs/batch-api.md."
         ),
-        "content": {BINARY_CONTENT_TYPE: {"schema": {"type": "string", "format": "binary"}}},
+        "content": {
+            "application/json": {
+                "schema": request_schema(BatchRequest),
+                "examples": _BATCH_EXAMPLES,
+            },
+            BINARY_CONTENT_TYPE: {"schema": {"type": "string", "format": "binary"}},
+        },
     }
+}
+# The server's own words (tests/service/test_openapi.py sends the request behind each).
+_BATCH_ERROR_EXAMPLES: dict[int, dict[str, dict[str, Any]]] = {
+    400: {
+        "unknown_buffer": {
+            "summary": "A binding names no declared buffer",
+            "value": {
+                "error": "dispatches[0].bindings.InputTensor.buffer: no buffer named 'zz' "
+                "(declared: zeros, ones)",
+                "code": "invalid_request",
+                "field": "dispatches[0].bindings.InputTensor.buffer",
+                "rule": "unknown_buffer",
+            },
+        },
+        "json": {
+            "summary": "A header that is not JSON",
+            "value": {
+                "error": "header: malformed JSON: Expecting property name enclosed in double "
+                "quotes at line 1 column 2",
+                "code": "invalid_request",
+                "field": "header",
+                "rule": "json",
+            },
+        },
+    },
+    413: {
+        "max_temporary_bytes": {
+            "summary": "Zero-filled buffers over the limit",
+            "value": {
+                "error": "buffers: 4611686018427387920 bytes of zero-filled buffers, more than "
+                "the limit of 268435456 (TENSORBITS_MAX_BODY_BYTES)",
+                "code": "payload_too_large",
+                "field": "buffers",
+                "rule": "max_temporary_bytes",
+            },
+        },
+    },
+    503: ERROR_EXAMPLES[503],
+}
+_BATCH_ERRORS = {
+    400: "a rule of the batch is broken; `field` names where",
+    413: "a size or count limit of the server was passed",
+    503: "too much in flight; retry after Retry-After seconds",
 }
 _BATCH_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {
         "description": (
             f"A JSON header (BatchResponse; its byte length in the {HEADER_LENGTH} header) "
-            "followed by the output buffers' bytes in the order of `outputs`."
+            "followed by the output buffers' bytes in the order of `outputs`. /docs shows the "
+            "headers and offers the body as a file to download."
         ),
         "content": {BINARY_CONTENT_TYPE: {"schema": {"type": "string", "format": "binary"}}},
     },
-    400: {"description": "a rule of the batch is broken; `field` names where"},
-    413: {"description": "a size or count limit of the server was passed"},
-    503: {"description": "too much in flight; retry after Retry-After seconds"},
+    **{
+        status: {
+            "model": ErrorResponse,
+            "description": description,
+            "content": {"application/json": {"examples": _BATCH_ERROR_EXAMPLES[status]}},
+        }
+        for status, description in _BATCH_ERRORS.items()
+    },
 }
 
 
