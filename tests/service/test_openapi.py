@@ -198,11 +198,7 @@ def test_every_error_body_has_real_examples(generated: str) -> None:
     assert ("post", "/v1/batch", "400") in bodies
     assert ("post", "/v2/models/{model}/infer", "404") in bodies
     missing = {where for where, media in bodies.items() if not media.get("examples")}
-    # Not yet: api/v2.py's 400 of an unloaded model (its _UNLOADED) gives no example.
-    assert missing <= {
-        ("get", "/v2/models/{model}/ready", "400"),
-        ("get", "/v2/models/{model}/versions/{version}/ready", "400"),
-    }, missing
+    assert not missing, missing
     for where, media in bodies.items():
         for example in media.get("examples", {}).values():
             body = ErrorResponse.model_validate(example["value"])
@@ -288,6 +284,12 @@ def test_the_error_examples_are_what_the_server_answers(generated: str) -> None:
                 answer = client.post(path, json=body)
             assert answer.status_code == status, answer.text
             assert answer.json() == example
+        # 400 of the readiness routes: what an unloaded model's readiness answers.
+        name = OPERATORS[0].name
+        assert client.post(f"/v2/repository/models/{name}/unload").status_code == 200
+        example = bodies[("get", "/v2/models/{model}/ready", "400")]["examples"]["model_unloaded"]
+        answer = client.get(f"/v2/models/{name}/ready")
+        assert (answer.status_code, answer.json()) == (400, example["value"])
     # 503: what admission says when the requests in flight are at the default bound.
     bound = Settings().max_inflight_requests
     admission = Admission(max_bytes=1 << 30, max_requests=bound, requests_in_flight=bound)

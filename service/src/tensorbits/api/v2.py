@@ -21,7 +21,8 @@ from tensorbits.api.body import read_body
 from tensorbits.api.deps import RuntimeDep
 from tensorbits.api.v2_openapi import ModelName, ModelVersion
 from tensorbits.inference import resolve_model
-from tensorbits.runtime import Runtime
+from tensorbits.runtime import ModelStates, Runtime
+from tensorbits_protocol.errors import InvalidRequest
 from tensorbits_protocol.jsondata import JsonLimits, parse_json
 from tensorbits_protocol.operators import OPERATORS, OperatorSpec, get_operator
 from tensorbits_protocol.schema_errors import validate_document
@@ -190,11 +191,29 @@ def _unavailable_because(runtime: Runtime | None, model: str) -> str | None:
 
 
 _DONE: dict[int | str, dict[str, Any]] = {200: {"description": "Done (empty body)"}}
+
+
+def _unloaded_example(name: str) -> dict[str, Any]:
+    """What the server answers for ``name`` unloaded: the example is its own words."""
+    states = ModelStates()
+    states.unload(name)
+    try:
+        states.check_loaded(name)
+    except InvalidRequest as exc:
+        return {"summary": "The model is unloaded", "value": exc.to_dict()}
+    raise AssertionError("an unloaded model passed check_loaded")
+
+
 _UNLOADED: dict[int | str, dict[str, Any]] = {
     400: {
         "model": ErrorResponse,
         "description": "The model is unloaded: not ready until `POST "
         "/v2/repository/models/{model}/load`",
+        "content": {
+            "application/json": {
+                "examples": {"model_unloaded": _unloaded_example(OPERATORS[0].name)}
+            }
+        },
     }
 }
 
