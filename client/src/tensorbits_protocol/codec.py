@@ -92,6 +92,8 @@ class TensorFrame(NamedTuple):
 
 def check_content(frame: TensorFrame) -> None:
     """An input carries its elements exactly one way, as Triton's ValidateInputContentType says."""
+    if frame.has_data is not (frame.binary_size is not None) and not frame.shared_memory:
+        return  # the usual case, decided without building the message's words
     given = {
         "'data'": frame.has_data,
         "'binary_data_size'": frame.binary_size is not None,

@@ -21,7 +21,7 @@ import json
 import math
 import sys
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import chain
 from typing import Any, Literal
@@ -101,10 +101,14 @@ class JsonLimits:
     # doubles the scan, and what the parser builds for so few values is small. Its depth and
     # values are judged on the bytes like any other's. 0: count members on the bytes too.
     members_parsed_below: int = 0
+    # Derived once (every document is checked against them): the tightest count bound.
+    fewest_values: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if len(self.names) > _MAX_COUNTED or not all(n.isascii() for n in self.names):
             raise ValueError(f"at most {_MAX_COUNTED} counted member names, in ASCII")
+        smallest = min((m.limit for m in self.members), default=self.max_values)
+        object.__setattr__(self, "fewest_values", min(self.max_values, smallest))
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -231,18 +235,16 @@ def check_structure(doc: bytes, limits: JsonLimits, what: str = "body") -> None:
     """Refuse ``doc`` past ``limits`` (413, or 400 for depth) before anything is parsed; the scan
     stops at the block where a limit is passed, so a refusal costs in proportion to the limit."""
     check_length(len(doc), limits, what)
-    names = limits.names
+    counted = True  # members counted on the bytes (False: once parsed)
     # Raw counts bound the true ones from above (strings can only add brackets and commas): when
     # they are within the limits, as for every small header, the exact scan can be skipped. (A
     # larger document goes straight to the scan: three passes over it would cost a third of it.)
     if len(doc) <= _SMALL_DOCUMENT or limits.members_parsed_below:
         opens, commas = doc.count(b"[") + doc.count(b"{"), doc.count(b",")
-        smallest = min((m.limit for m in limits.members), default=limits.max_values)
-        if opens <= limits.max_depth and commas + 1 <= min(limits.max_values, smallest):
+        if opens <= limits.max_depth and commas + 1 <= limits.fewest_values:
             return
-        if max(commas, opens) < limits.members_parsed_below:
-            names = ()  # members counted once parsed; depth and values judged here
-    for found in scan_blocks(doc, names):
+        counted = max(commas, opens) >= limits.members_parsed_below
+    for found in scan_blocks(doc, limits.names if counted else ()):
         # Raised where it is made, never held in a local here: a local would tie the traceback to
         # this frame, and the frame to ``doc`` (a whole refused body), in a cycle that only the
         # garbage collector breaks (seen as a sawtooth of RSS under abusive load).
