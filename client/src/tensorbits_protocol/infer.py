@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tensorbits_protocol import codec
-from tensorbits_protocol.dtypes import BY_NAME, DataType, wire_dtype
+from tensorbits_protocol.dtypes import BY_NAME, DataType, itemsize, wire_dtype
 from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
 from tensorbits_protocol.jsondata import (
     JsonLimits,
@@ -82,7 +82,7 @@ class Tensor(NamedTuple):
 
     @property
     def nbytes(self) -> int:
-        return self.elements * wire_dtype(self.datatype).itemsize
+        return math.prod(self.shape) * itemsize(self.datatype)
 
     def document(self) -> dict[str, Any]:
         """The tensor as the REST JSON writes it (``v2.RequestInput``, ``v2.ResponseOutput``):
@@ -233,11 +233,7 @@ class InferResponse(NamedTuple):
         binary data follows), then room for each output without ``data``, in order. A body
         without binary outputs is the header alone, all JSON."""
         document = self.document()
-        sizes = tuple(
-            output["parameters"]["binary_data_size"]
-            for output in document["outputs"]
-            if "data" not in output
-        )
+        sizes = tuple([t.nbytes for t in self.outputs if t.data is None])
         return codec.BodyLayout(codec.dump_header(document, align=bool(sizes)), sizes)
 
     @classmethod

@@ -20,6 +20,9 @@ from tensorbits_protocol import codec
 from tensorbits_protocol.errors import PayloadTooLarge
 
 _HEADER_LENGTH = codec.HEADER_LENGTH.lower().encode()
+# codec.Framed.media_type, encoded once (the send runs for every response).
+_JSON = codec.JSON_CONTENT_TYPE.encode()
+_BINARY = codec.BINARY_CONTENT_TYPE.encode()
 
 
 class AdmittedRequest:
@@ -62,16 +65,18 @@ class AdmittedRequest:
     @staticmethod
     async def send(send: Send, framed: codec.Framed) -> None:
         """A 200 with the framed body (its parts in order; one message when it is one part)."""
+        parts, header_length = framed
+        # A server response is one buffer: no sum over parts, no loop below.
+        length = len(parts[0]) if len(parts) == 1 else sum(map(len, parts))
         headers = [
-            (b"content-type", framed.media_type.encode()),
-            (b"content-length", str(framed.content_length).encode()),
+            (b"content-type", _JSON if header_length is None else _BINARY),
+            (b"content-length", str(length).encode()),
         ]
-        if framed.header_length is not None:
-            headers.append((_HEADER_LENGTH, str(framed.header_length).encode()))
+        if header_length is not None:
+            headers.append((_HEADER_LENGTH, str(header_length).encode()))
         start: Message = {"type": "http.response.start", "status": 200, "headers": headers}
         await send(start)
-        parts = framed.parts
-        for part in parts[:-1]:  # none: a server response is one buffer
+        for part in parts[:-1]:
             await send({"type": "http.response.body", "body": part, "more_body": True})
         await send({"type": "http.response.body", "body": parts[-1]})
 
