@@ -84,13 +84,15 @@ def test_serve_help_lists_every_setting_with_default_and_description(
     assert any("--log-level {debug,info,warning,error,critical}" in line for line in lines)
 
 
+def _environment(monkeypatch: pytest.MonkeyPatch, **settings: str) -> None:
+    for name, value in settings.items():
+        monkeypatch.setenv(f"TENSORBITS_{name}", value)
+
+
 def test_flags_override_the_environment(
     monkeypatch: pytest.MonkeyPatch, started: list[Any]
 ) -> None:
-    monkeypatch.setenv("TENSORBITS_BACKEND", "cupy")
-    monkeypatch.setenv("TENSORBITS_LOG_LEVEL", "debug")
-    monkeypatch.setenv("TENSORBITS_HOST", "0.0.0.0")
-    monkeypatch.setenv("TENSORBITS_CPU_THREADS", "2")
+    _environment(monkeypatch, BACKEND="cupy", LOG_LEVEL="debug", HOST="0.0.0.0", CPU_THREADS="2")
     argv = ["serve", "--backend", "numpy", "--log-level", "warning", "--host", "127.0.0.1"]
     assert main([*argv, "--port", "0"]) == 0
     (config,) = started
@@ -111,9 +113,7 @@ def test_flags_override_the_environment(
 def test_the_environment_applies_without_flags(
     monkeypatch: pytest.MonkeyPatch, started: list[Any]
 ) -> None:
-    monkeypatch.setenv("TENSORBITS_BACKEND", "numpy")
-    monkeypatch.setenv("TENSORBITS_LOG_LEVEL", "error")
-    monkeypatch.setenv("TENSORBITS_PORT", "0")
+    _environment(monkeypatch, BACKEND="numpy", LOG_LEVEL="error", PORT="0")
     assert main(["serve"]) == 0
     settings = _settings(started[0])
     assert (settings.backend, settings.log_level) == ("numpy", "error")

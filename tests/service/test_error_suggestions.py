@@ -9,33 +9,20 @@ in order to an operator that takes fewer are refused by count, naming the inputs
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 from support.inprocess import TestClient
-from support.v1 import batch, bind, data, dispatch, v1_client, zeros
+from support.v1 import batch, bind, data, dispatch, zeros
 from support.v1 import error as v1_error
 from support.v1 import post as v1_post
-from support.v2 import NOT, v2_client
+from support.v2 import NOT
 
 from tensorbits_client import Client, LocalValidationError
 from tensorbits_client._catalog import Catalog
 
 U8 = {"shape": [2], "datatype": "UINT8", "data": [1, 2]}
-
-
-@pytest.fixture(scope="module")
-def v2() -> Iterator[TestClient]:
-    with v2_client() as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def v1() -> Iterator[TestClient]:
-    with v1_client() as c:
-        yield c
 
 
 def v2_refusal(client: TestClient, model: str, document: Any, status: int = 400) -> Any:

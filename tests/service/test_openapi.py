@@ -16,7 +16,7 @@ import pytest
 from fastapi.openapi.utils import get_openapi
 from support.inprocess import app_client
 
-from tensorbits.api import routers
+from tensorbits.api import routers, v1
 from tensorbits.app import create_app
 from tensorbits.config import Settings
 from tensorbits.runtime import Admission
@@ -212,22 +212,8 @@ ERROR_CODES = {
     413: "payload_too_large",
     503: "overloaded",
 }
-BATCH = {
-    "buffers": [
-        {"name": "zeros", "byte_size": 16, "init": "zeros"},
-        {"name": "ones", "byte_size": 16, "init": "zeros"},
-    ],
-    "dispatches": [
-        {
-            "operator": "DML_OPERATOR_ELEMENT_WISE_BIT_NOT",
-            "bindings": {
-                "InputTensor": {"buffer": "zeros", "desc": {"datatype": "UINT8", "sizes": [16]}},
-                "OutputTensor": {"buffer": "ones", "desc": {"datatype": "UINT8", "sizes": [16]}},
-            },
-        }
-    ],
-    "outputs": ["ones"],
-}
+# The first documented batch (its own test runs it), without its id: the base of the refusals.
+BATCH = {k: v for k, v in v1._BATCH_EXAMPLES["bit_not"]["value"].items() if k != "id"}
 
 
 def _batch(*, buffer: str = "zeros", byte_size: int = 16) -> dict[str, Any]:

@@ -16,9 +16,8 @@ from tensorbits_protocol.operators import OPERATORS, OperatorSpec
 
 
 @pytest.fixture(scope="module")
-def client() -> Iterator[TestClient]:
-    with v2_client() as c:
-        yield c
+def client(v2: TestClient) -> TestClient:
+    return v2  # tests/service/conftest.py's app
 
 
 @pytest.fixture(scope="module")

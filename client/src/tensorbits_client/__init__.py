@@ -9,6 +9,7 @@
 ``tensorbits_client._exceptions``. docs/client.md has the guide.
 """
 
+# ruff: noqa: F403, F405  (the exceptions come by one star import, read off _exceptions.__all__)
 from __future__ import annotations
 
 import importlib
@@ -28,23 +29,7 @@ if TYPE_CHECKING:
     from tensorbits_client._client import AsyncClient, Client
     from tensorbits_client._codec import InferResult
     from tensorbits_client._constants import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
-    from tensorbits_client._exceptions import (
-        APIConnectionError,
-        APIError,
-        APIResponseValidationError,
-        APIStatusError,
-        APITimeoutError,
-        AuthenticationError,
-        BadRequestError,
-        InternalServerError,
-        LocalValidationError,
-        NotFoundError,
-        OverloadedError,
-        PayloadTooLargeError,
-        RateLimitError,
-        TensorbitsClientError,
-        UnprocessableEntityError,
-    )
+    from tensorbits_client._exceptions import *  # every one, as its __all__ lists them
     from tensorbits_client._types import NOT_GIVEN, NotGiven
     from tensorbits_client.recipes import async_hamming_distances, hamming_distances
     from tensorbits_protocol.dtypes import DataType

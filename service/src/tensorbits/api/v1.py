@@ -39,58 +39,45 @@ _TAG = "native batch API"
 router = APIRouter(prefix="/v1", tags=[_TAG])
 
 
-def _zeros_binding(buffer: str) -> dict[str, Any]:
-    return {"buffer": buffer, "desc": {"datatype": "UINT8", "sizes": [16]}}
+def _zeros_batch(
+    request_id: str, buffers: tuple[str, ...], steps: tuple[tuple[str, str, str], ...], output: str
+) -> dict[str, Any]:
+    """A batch of 16-byte zero-filled ``buffers`` and DML ``steps`` (operator suffix, input
+    buffer, output buffer) over them as UINT8, returning ``output``."""
+    desc = {"datatype": "UINT8", "sizes": [16]}
+    return {
+        "id": request_id,
+        "buffers": [{"name": name, "byte_size": 16, "init": "zeros"} for name in buffers],
+        "dispatches": [
+            {
+                "operator": f"DML_OPERATOR_ELEMENT_WISE_{suffix}",
+                "bindings": {
+                    "InputTensor": {"buffer": source, "desc": desc},
+                    "OutputTensor": {"buffer": target, "desc": desc},
+                },
+            }
+            for suffix, source, target in steps
+        ],
+        "outputs": [output],
+    }
 
 
 # Runnable from /docs: JSON alone (no Inference-Header-Content-Length), every buffer zero-filled.
 _BATCH_EXAMPLES: dict[str, dict[str, Any]] = {
     "bit_not": {
         "summary": "BIT_NOT of a zero-filled buffer (16 bytes of 0xFF back)",
-        "value": {
-            "id": "not-zeros",
-            "buffers": [
-                {"name": "zeros", "byte_size": 16, "init": "zeros"},
-                {"name": "ones", "byte_size": 16, "init": "zeros"},
-            ],
-            "dispatches": [
-                {
-                    "operator": "DML_OPERATOR_ELEMENT_WISE_BIT_NOT",
-                    "bindings": {
-                        "InputTensor": _zeros_binding("zeros"),
-                        "OutputTensor": _zeros_binding("ones"),
-                    },
-                }
-            ],
-            "outputs": ["ones"],
-        },
+        "value": _zeros_batch(
+            "not-zeros", ("zeros", "ones"), (("BIT_NOT", "zeros", "ones"),), "ones"
+        ),
     },
     "not_then_count": {
         "summary": "BIT_NOT, then BIT_COUNT of its output (16 bytes of 8 back)",
-        "value": {
-            "id": "count-ones",
-            "buffers": [
-                {"name": "bits", "byte_size": 16, "init": "zeros"},
-                {"name": "counts", "byte_size": 16, "init": "zeros"},
-            ],
-            "dispatches": [
-                {
-                    "operator": "DML_OPERATOR_ELEMENT_WISE_BIT_NOT",
-                    "bindings": {
-                        "InputTensor": _zeros_binding("bits"),
-                        "OutputTensor": _zeros_binding("bits"),
-                    },
-                },
-                {
-                    "operator": "DML_OPERATOR_ELEMENT_WISE_BIT_COUNT",
-                    "bindings": {
-                        "InputTensor": _zeros_binding("bits"),
-                        "OutputTensor": _zeros_binding("counts"),
-                    },
-                },
-            ],
-            "outputs": ["counts"],
-        },
+        "value": _zeros_batch(
+            "count-ones",
+            ("bits", "counts"),
+            (("BIT_NOT", "bits", "bits"), ("BIT_COUNT", "bits", "counts")),
+            "counts",
+        ),
     },
 }
 _BATCH_BODY: dict[str, Any] = {

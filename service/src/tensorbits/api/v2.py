@@ -220,10 +220,15 @@ _UNLOADED: dict[int | str, dict[str, Any]] = {
 
 # The operators are compiled in: loading and unloading only change whether this server serves
 # one through v2 (runtime.ModelStates), which is what Triton clients see of a model's lifecycle.
+_LIFECYCLE: dict[str, Any] = {
+    "response_class": Response,
+    "responses": {**_DONE, **v2_openapi.errors(404, 503)},
+}
+
+
 @router.post(
     "/repository/models/{model}/load",
-    response_class=Response,
-    responses={**_DONE, **v2_openapi.errors(404, 503)},
+    **_LIFECYCLE,
     summary="Load a model: it is READY again (a no-op for a model already loaded)",
 )
 async def repository_model_load(model: ModelName, runtime: RuntimeDep) -> Response:
@@ -233,8 +238,7 @@ async def repository_model_load(model: ModelName, runtime: RuntimeDep) -> Respon
 
 @router.post(
     "/repository/models/{model}/unload",
-    response_class=Response,
-    responses={**_DONE, **v2_openapi.errors(404, 503)},
+    **_LIFECYCLE,
     summary="Unload a model: UNAVAILABLE, not ready, and its inferences refused until it is loaded",
 )
 async def repository_model_unload(model: ModelName, runtime: RuntimeDep) -> Response:
