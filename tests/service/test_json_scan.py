@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tensorbits.batch import header_limits
+from tensorbits.batch import BatchLimits
 from tensorbits.config import Settings
 from tensorbits_protocol import jsondata
 from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
@@ -154,7 +154,9 @@ def test_the_largest_batch_header_the_limits_allow_fits_the_defaults() -> None:
     }
     raw = json.dumps(header, separators=(",", ":")).encode()
     assert len(raw) <= settings.max_batch_header_bytes
-    check_structure(raw, header_limits(settings), "header")  # nor past the value bound
+    check_structure(
+        raw, BatchLimits.from_settings(settings).header, "header"
+    )  # nor past the value bound
 
 
 def test_a_small_batch_header_has_its_members_counted_once_parsed(
@@ -165,7 +167,7 @@ def test_a_small_batch_header_has_its_members_counted_once_parsed(
     # more comma and the members are counted on the bytes too.
     from tensorbits import batch
 
-    limits = header_limits(Settings())
+    limits = BatchLimits.from_settings(Settings()).header
     scanned: list[tuple[bytes, tuple[str, ...]]] = []
     monkeypatch.setattr(
         jsondata, "scan_blocks", lambda doc, names: scanned.append((doc, names)) or iter(())

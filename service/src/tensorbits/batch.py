@@ -232,11 +232,6 @@ class BatchLimits:
         return cls(header, settings.max_body_bytes, settings.max_tensor_elements)
 
 
-def header_limits(settings: Settings) -> JsonLimits:
-    """The /v1 header's JSON bounds under ``settings``."""
-    return BatchLimits.from_settings(settings).header
-
-
 def _plan_buffers(
     declarations: Sequence[PlainDict], data_start: int, body_length: int, limit: int
 ) -> tuple[BufferPlan, ...]:
