@@ -222,8 +222,6 @@ class BodyLayout(NamedTuple):
         wasted pass over memory that the kernel is about to overwrite anyway."""
         body = np.empty(self.total, dtype=np.uint8).data
         body[: len(self.header)] = self.header
-        if len(self.sizes) == 1:  # one tensor (every v2 response): the rest of the buffer
-            return body, [body[len(self.header) :]]
         places = spans(self.sizes, len(self.header))
         return body, [body[place[0] : place[1]] for place in places if place is not None]
 

@@ -77,10 +77,6 @@ class Tensor(NamedTuple):
     data: list[Any] | None = None
 
     @property
-    def elements(self) -> int:
-        return math.prod(self.shape)
-
-    @property
     def nbytes(self) -> int:
         return math.prod(self.shape) * itemsize(self.datatype)
 

@@ -20,9 +20,8 @@ from tensorbits_protocol import codec
 from tensorbits_protocol.errors import PayloadTooLarge
 
 _HEADER_LENGTH = codec.HEADER_LENGTH.lower().encode()
-# codec.Framed.media_type, encoded once (the send runs for every response).
-_JSON = codec.JSON_CONTENT_TYPE.encode()
-_BINARY = codec.BINARY_CONTENT_TYPE.encode()
+# codec.Framed.media_type's values, encoded once (the send runs for every response).
+_ENCODED_TYPES = {t: t.encode() for t in (codec.JSON_CONTENT_TYPE, codec.BINARY_CONTENT_TYPE)}
 
 
 class AdmittedRequest:
@@ -69,7 +68,7 @@ class AdmittedRequest:
         # A server response is one buffer: no sum over parts, no loop below.
         length = len(parts[0]) if len(parts) == 1 else sum(map(len, parts))
         headers = [
-            (b"content-type", _JSON if header_length is None else _BINARY),
+            (b"content-type", _ENCODED_TYPES[framed.media_type]),
             (b"content-length", str(length).encode()),
         ]
         if header_length is not None:
