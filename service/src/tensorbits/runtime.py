@@ -10,6 +10,7 @@ from tensorbits.batch import BatchLimits, BatchPlan
 from tensorbits.config import Settings
 from tensorbits.header_cache import HeaderCache, PlanT
 from tensorbits.inference import CACHED_HEADER_MAX_BYTES, PlanTemplate, request_limits
+from tensorbits.statistics import Statistics
 from tensorbits_protocol.errors import InvalidRequest, Overloaded
 from tensorbits_protocol.infer import RequestLimits
 
@@ -141,6 +142,8 @@ class Runtime:
     drain: Drain = field(default_factory=Drain)  # the server's: begun when it is told to stop
     # The v2 repository extension's unloaded models (load/unload), checked before each inference.
     models: ModelStates = field(default_factory=ModelStates)
+    # Per-model inference counts and durations (statistics.py), fed by every front end.
+    statistics: Statistics = field(default_factory=Statistics)
 
     @property
     def ready(self) -> bool:

@@ -11,6 +11,7 @@ the framework (``api/fastpath.py``).
 
 from __future__ import annotations
 
+from time import perf_counter_ns
 from typing import Any
 
 from fastapi import APIRouter
@@ -167,10 +168,14 @@ async def run_batch_request(runtime: Runtime, scope: Scope, receive: Receive, se
     one inference. Every failure is raised before the first byte is sent, so the app's exception
     handlers answer it."""
     # Admitted for the declared body before a byte is read; the grant grows once the plan says
-    # what the batch needs while it runs.
+    # what the batch needs while it runs. Counted in runtime.statistics once planned, each
+    # dispatch an inference of its operator (statistics.py).
+    started = perf_counter_ns()
     exchange = AdmittedRequest(runtime, scope)
+    models: list[str] = []
     try:
         body, header_length = await exchange.receive(receive)
+        received = perf_counter_ns()
         # Decoding and planning a batch of thousands of dispatches takes a good part of a second:
         # off the event loop then, like a large run. A small batch is done inline: the hop to a
         # worker thread and back costs more than the work.
@@ -178,13 +183,25 @@ async def run_batch_request(runtime: Runtime, scope: Scope, receive: Receive, se
             header_length or len(body), PLAN_INLINE_MAX_BYTES, batch.plan_rest, body,
             header_length, runtime.batch_limits, runtime.batch_plans,
         )  # fmt: skip
+        models = [dispatch.call.op.name for dispatch in plan.dispatches]
         backend = runtime.selection.backend
         needed = plan.memory_needed(device_copies=not backend.host_memory)
         exchange.grow(needed, "batch", "body, zero-filled buffers, outputs", "buffers")
+        planned = perf_counter_ns()
         framed = await offload(needed, RUN_INLINE_MAX_BYTES, batch.execute, plan, body, backend)
+        executed = perf_counter_ns()
         await exchange.send(send, framed)
+    except BaseException:
+        if models:
+            runtime.statistics.record_batch_failure(models, perf_counter_ns() - started)
+        raise
     finally:
         exchange.release()
+    if models:
+        sent = perf_counter_ns()
+        runtime.statistics.record_batch(
+            models, 0, planned - received, executed - planned, sent - executed, sent - started
+        )
 
 
 class BatchEndpoint:

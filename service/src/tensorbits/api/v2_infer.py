@@ -15,6 +15,8 @@ in its route table, documented by ``v2_openapi.infer_operation``.
 
 from __future__ import annotations
 
+from time import perf_counter_ns
+
 from starlette.types import Receive, Scope, Send
 
 from tensorbits import inference
@@ -35,23 +37,36 @@ COMPUTE_INLINE_MAX_BYTES = 1 << 20
 async def run_inference(
     op: OperatorSpec, runtime: Runtime, scope: Scope, receive: Receive, send: Send
 ) -> None:
-    """One inference of ``op``, from the request's body to the response's last byte."""
-    exchange = AdmittedRequest(runtime, scope)
+    """One inference of ``op``, from the request's body to the response's last byte, counted in
+    ``runtime.statistics`` (statistics.py says what each phase's time is)."""
+    started = perf_counter_ns()
     try:
-        body, header_length = await exchange.receive(receive)
-        json_bytes = len(body) if header_length is None else header_length
-        plan = await offload(
-            json_bytes, JSON_INLINE_MAX_BYTES, inference.plan_rest, op, body, header_length,
-            runtime.limits, runtime.v2_plans,
-        )  # fmt: skip
-        exchange.grow(plan.memory_needed(len(body)), "inference", "body, output", "body")
-        framed = await offload(
-            plan.work_bytes, COMPUTE_INLINE_MAX_BYTES, inference.execute, plan,
-            runtime.selection.backend,
-        )  # fmt: skip
-        await exchange.send(send, framed)
-    finally:
-        exchange.release()
+        exchange = AdmittedRequest(runtime, scope)
+        try:
+            body, header_length = await exchange.receive(receive)
+            received = perf_counter_ns()
+            json_bytes = len(body) if header_length is None else header_length
+            plan = await offload(
+                json_bytes, JSON_INLINE_MAX_BYTES, inference.plan_rest, op, body, header_length,
+                runtime.limits, runtime.v2_plans,
+            )  # fmt: skip
+            exchange.grow(plan.memory_needed(len(body)), "inference", "body, output", "body")
+            planned = perf_counter_ns()
+            framed = await offload(
+                plan.work_bytes, COMPUTE_INLINE_MAX_BYTES, inference.execute, plan,
+                runtime.selection.backend,
+            )  # fmt: skip
+            executed = perf_counter_ns()
+            await exchange.send(send, framed)
+        finally:
+            exchange.release()
+    except BaseException:
+        runtime.statistics.record_failure(op.name, perf_counter_ns() - started)
+        raise
+    sent = perf_counter_ns()
+    runtime.statistics.record(
+        op.name, 0, planned - received, executed - planned, sent - executed, sent - started
+    )
 
 
 class InferEndpoint:
