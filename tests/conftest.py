@@ -3,11 +3,16 @@ modules import the operator reference as ``core.bitref``."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
 
 from tensorbits.backends import Backend, select_backend
+
+# No gRPC endpoint unless a test asks for one (tests/grpc/ does, on a free port): in-process
+# apps and the live servers the tests start inherit this; the default, 8001, may be taken.
+os.environ.setdefault("TENSORBITS_GRPC_PORT", "0")
 
 
 @pytest.fixture(scope="session")

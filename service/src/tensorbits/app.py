@@ -55,9 +55,16 @@ def create_app(settings: Settings | None = None, *, drain: Drain | None = None) 
             len(OPERATORS),
         )
         logger.info(message, extra=fields)
+        grpc_server = None
         try:
+            if settings.grpc_port:
+                from tensorbits.grpc import server as grpc_endpoint  # grpcio only when it serves
+
+                grpc_server = await grpc_endpoint.start(runtime)
             yield
         finally:
+            if grpc_server is not None:
+                await grpc_endpoint.stop(grpc_server, settings.timeout_graceful_shutdown or 0)
             runtime.close()
 
     app = FastAPIOffline(

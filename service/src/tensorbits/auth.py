@@ -81,8 +81,27 @@ def digest(key: bytes) -> bytes:
     return hashlib.sha256(key).digest()
 
 
+class KeyRing:
+    """The configured keys, as digests only: which the HTTP middleware and the gRPC front end
+    (tensorbits/grpc/service.py) check a presented key against."""
+
+    def __init__(self, keys: Sequence[SecretStr]) -> None:
+        # Comparing digests, all 32 bytes, keeps the comparison's time independent of the
+        # presented key's length and of the configured keys' lengths.
+        self._digests = tuple(digest(key.get_secret_value().encode("ascii")) for key in keys)
+
+    def accepts(self, presented: bytes) -> bool:
+        """Whether ``presented`` is one of the keys, in time that does not depend on which key
+        (if any) it matches: every key is compared, the results OR-ed, no early exit."""
+        candidate = digest(presented)
+        accepted = False
+        for key in self._digests:
+            accepted |= hmac.compare_digest(candidate, key)
+        return accepted
+
+
 # --- the middleware -----------------------------------------------------------------------------
-def _presented_key(headers: Iterable[tuple[bytes, bytes]]) -> tuple[bytes | None, str | None]:
+def presented_key(headers: Iterable[tuple[bytes, bytes]]) -> tuple[bytes | None, str | None]:
     """The key a request presents and the header it came in: a Bearer token first, else
     ``X-API-Key``. (None, None) when there is neither."""
     bearer = api_key = None
@@ -117,9 +136,7 @@ class ApiKeyMiddleware:
         if not keys:
             raise ValueError("ApiKeyMiddleware needs at least one key (install() adds none)")
         self.app = app
-        # Only digests are kept. Comparing digests, all 32 bytes, keeps the comparison's time
-        # independent of the presented key's length and of the configured keys' lengths.
-        self._digests = tuple(digest(key.get_secret_value().encode("ascii")) for key in keys)
+        self._keys = KeyRing(keys)  # only digests are kept
         self._open_paths = frozenset(open_paths)
         challenge = f'Bearer realm="{REALM}"'
         self._missing = _response(
@@ -141,7 +158,7 @@ class ApiKeyMiddleware:
         if scope["type"] == "lifespan" or scope["path"] in self._open_paths:
             await self.app(scope, receive, send)
             return
-        presented, header = _presented_key(scope["headers"])
+        presented, header = presented_key(scope["headers"])
         if presented is not None and self.accepts(presented):
             await self.app(scope, receive, send)
             return
@@ -154,13 +171,7 @@ class ApiKeyMiddleware:
         await send({"type": "http.response.body", "body": body})
 
     def accepts(self, presented: bytes) -> bool:
-        """Whether ``presented`` is one of the keys, in time that does not depend on which key
-        (if any) it matches: every key is compared, the results OR-ed, no early exit."""
-        candidate = digest(presented)
-        accepted = False
-        for key in self._digests:
-            accepted |= hmac.compare_digest(candidate, key)
-        return accepted
+        return self._keys.accepts(presented)
 
 
 def _log_refusal(scope: Scope, header: str | None) -> None:

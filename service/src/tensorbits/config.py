@@ -65,6 +65,13 @@ class Settings(BaseSettings):
     cpu_threads: int | None = Field(None, ge=1, description="NumPy worker threads (default: cores)")
     host: str = Field("127.0.0.1", description="address to bind")
     port: int = Field(8000, ge=0, le=65535, description="port to bind (0: any free port)")
+    grpc_port: int = Field(
+        8001,
+        ge=0,
+        le=65535,
+        description="port of the gRPC endpoint (the Open Inference Protocol's "
+        "GRPCInferenceService and the gRPC health service), on TENSORBITS_HOST; 0: no gRPC",
+    )
     workers: int = Field(1, ge=1, description="worker processes (one per GPU)")
     log_level: Literal["debug", "info", "warning", "error", "critical"] = Field(
         "info", description="least severe log record written"
@@ -193,6 +200,15 @@ class Settings(BaseSettings):
             )
         elif self.tls_key_password is not None:
             raise ValueError("tls_key_password is set but no tls_key_file is")
+        return self
+
+    @model_validator(mode="after")
+    def _ports_differ(self) -> Settings:
+        if self.grpc_port != 0 and self.grpc_port == self.port:
+            raise ValueError(
+                f"grpc_port and port are both {self.port}: the gRPC and HTTP endpoints need "
+                "ports of their own (grpc_port 0 switches gRPC off)"
+            )
         return self
 
     @model_validator(mode="after")

@@ -11,7 +11,7 @@ from tensorbits.config import Settings
 from tensorbits.header_cache import HeaderCache, PlanT
 from tensorbits.inference import CACHED_HEADER_MAX_BYTES, PlanTemplate, request_limits
 from tensorbits.statistics import Statistics
-from tensorbits_protocol.errors import InvalidRequest, Overloaded
+from tensorbits_protocol.errors import InvalidRequest, Overloaded, PayloadTooLarge
 from tensorbits_protocol.infer import RequestLimits
 
 
@@ -62,6 +62,21 @@ class Grant:
         if extra > 0:
             self.admission._take_bytes(extra)
             self.nbytes += extra
+
+    def hold(self, needed: int, what: str, parts: str, field: str) -> None:
+        """Hold ``needed`` bytes in all while the request runs, or raise: 413 when no idle server
+        could ever hold them (a 503 would be retried for ever), Overloaded (503) when this one
+        is too busy now. ``what`` needs them for ``parts``; ``field`` is where the caller can
+        make it smaller. (Every front end's bound: HTTP's AdmittedRequest, gRPC's ModelInfer.)"""
+        bound = self.admission.max_bytes
+        if needed > bound:
+            raise PayloadTooLarge(
+                f"{what} needs {needed} bytes while it runs ({parts}), more than the server's "
+                f"limit of {bound} (TENSORBITS_MAX_INFLIGHT_BYTES)",
+                field=field,
+                rule="max_inflight_bytes",
+            )
+        self.grow(needed - self.nbytes)
 
     def release(self) -> None:
         """Give back the request and its bytes; once only, however often it is called."""

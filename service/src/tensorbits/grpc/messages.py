@@ -1,0 +1,247 @@
+"""The gRPC form of a v2 inference: ``ModelInferRequest`` in, ``ModelInferResponse`` out.
+
+``infer_request`` turns the message into the protocol-neutral ``InferRequest`` that
+``inference.plan`` checks, as ``InferRequest.from_rest`` does for the REST form, through the same
+checks and in the same words: the request's fields are validated by the REST request's own
+pydantic model (``v2.InferenceRequest``: names, data types, shapes, parameter values), then
+``check_unique``, ``codec.check_content`` (the shared-memory refusal), ``check_sizes``. What is
+the gRPC form's own is checked here: inputs given as ``raw_input_contents`` (one per input, each
+exactly ``prod(shape) * element size`` bytes) or as typed ``contents`` (in the field of their
+data type, as many values as the shape has elements), never both; outputs always go back as
+``raw_output_contents``, as Triton sends them.
+
+``execute`` runs a plan into the response's own bytes: the protobuf-built part (names, types,
+shapes), then the output as one entry of ``raw_output_contents`` written by the kernel in place
+(``wire.raw_field``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from tensorbits import inference
+from tensorbits.backends.base import Backend
+from tensorbits.engine import run_into_host
+from tensorbits.grpc import inference_pb2 as pb
+from tensorbits.grpc import wire
+from tensorbits.inference import MODEL_VERSION, Plan
+from tensorbits_protocol import codec
+from tensorbits_protocol.dtypes import BY_NAME, DataType, wire_dtype
+from tensorbits_protocol.errors import InvalidRequest
+from tensorbits_protocol.infer import (
+    InferRequest,
+    RequestedOutput,
+    RequestLimits,
+    Tensor,
+    check_sizes,
+    check_unique,
+)
+from tensorbits_protocol.operators import OperatorSpec
+from tensorbits_protocol.schema_errors import validate_document
+from tensorbits_protocol.v2 import InferenceRequest
+
+WHAT = "ModelInferRequest"
+
+# Where a tensor's typed values travel (InferTensorContents): one field per data type; FP16 has
+# none, as in the protocol (raw contents only).
+CONTENTS_FIELD: Mapping[DataType, str] = {
+    DataType.BOOL: "bool_contents",
+    DataType.UINT8: "uint_contents",
+    DataType.UINT16: "uint_contents",
+    DataType.UINT32: "uint_contents",
+    DataType.UINT64: "uint64_contents",
+    DataType.INT8: "int_contents",
+    DataType.INT16: "int_contents",
+    DataType.INT32: "int_contents",
+    DataType.INT64: "int64_contents",
+    DataType.FP32: "fp32_contents",
+    DataType.FP64: "fp64_contents",
+}
+_ALL_CONTENTS_FIELDS = tuple(pb.InferTensorContents.DESCRIPTOR.fields_by_name)
+
+
+def parameter_value(name: str, parameter: pb.InferParameter) -> Any:
+    """An ``InferParameter``'s value: whichever of its oneof members is set."""
+    which = parameter.WhichOneof("parameter_choice")
+    if which is None:
+        raise InvalidRequest(
+            f"parameters.{name[:100]}: no value is set (one of bool_param, int64_param, "
+            "string_param, double_param, uint64_param)",
+            field=f"parameters.{name[:100]}",
+            rule="parameter_value",
+        )
+    return getattr(parameter, which)
+
+
+def _parameters(parameters: Mapping[str, pb.InferParameter]) -> dict[str, Any]:
+    return {name: parameter_value(name, value) for name, value in parameters.items()}
+
+
+def _document(message: pb.ModelInferRequest) -> dict[str, Any]:
+    """The message's fields in the REST request's shape, to be checked by its model."""
+    document: dict[str, Any] = {
+        "inputs": [
+            {
+                "name": tensor.name,
+                "shape": list(tensor.shape),
+                "datatype": tensor.datatype,
+                "parameters": _parameters(tensor.parameters),
+            }
+            for tensor in message.inputs
+        ],
+    }
+    if message.id:
+        document["id"] = message.id
+    if message.parameters:
+        document["parameters"] = _parameters(message.parameters)
+    if message.outputs:
+        document["outputs"] = [
+            {"name": output.name, "parameters": _parameters(output.parameters)}
+            for output in message.outputs
+        ]
+    return document
+
+
+def _contents(tensor: pb.ModelInferRequest.InferInputTensor, datatype: DataType) -> list[Any]:
+    """A tensor's typed values, from the one field its data type travels in."""
+    name = tensor.name
+    field = CONTENTS_FIELD.get(datatype)
+    contents = tensor.contents
+    given = [f for f in _ALL_CONTENTS_FIELDS if len(getattr(contents, f))]
+    if field is None:
+        raise InvalidRequest(
+            f"input '{name}': {datatype} has no typed contents in the protocol; send it in "
+            "raw_input_contents",
+            field=name,
+            rule="contents",
+        )
+    if given and given != [field]:
+        raise InvalidRequest(
+            f"input '{name}': {datatype} values go in contents.{field}, not in "
+            f"{', '.join('contents.' + f for f in given)}",
+            field=name,
+            rule="contents",
+        )
+    values = getattr(contents, field)
+    count = math.prod(tensor.shape)
+    if len(values) != count:
+        raise InvalidRequest(
+            f"input '{name}': contents.{field} has {len(values)} values, shape "
+            f"{list(tensor.shape)} has {count} elements",
+            field=name,
+            rule="contents",
+        )
+    return list(values)
+
+
+def infer_request(
+    message: pb.ModelInferRequest, raw: list[memoryview], limits: RequestLimits
+) -> InferRequest:
+    """The protocol-neutral request of ``message`` (whose raw contents ``wire`` split off as
+    ``raw``), checked as far as it can be without the operator."""
+    request = validate_document(InferenceRequest, _document(message), WHAT)
+    if raw and len(raw) != len(message.inputs):
+        raise InvalidRequest(
+            f"raw_input_contents has {len(raw)} entries for {len(message.inputs)} inputs: give "
+            "one per input, in the order of the inputs",
+            field="raw_input_contents",
+            rule="raw_contents",
+        )
+    frames = []
+    for index, (tensor, checked) in enumerate(zip(message.inputs, request.inputs, strict=True)):
+        has_contents = tensor.HasField("contents")
+        if raw and has_contents:
+            raise InvalidRequest(
+                f"input '{tensor.name}': contents must not be given when the request has "
+                "raw_input_contents",
+                field=tensor.name,
+                rule="contents",
+            )
+        if not raw and not has_contents:
+            raise InvalidRequest(
+                f"input '{tensor.name}' has no contents, and the request no raw_input_contents",
+                field=tensor.name,
+                rule="contents",
+            )
+        extra = (checked.parameters.model_extra if checked.parameters is not None else None) or {}
+        frames.append(
+            codec.TensorFrame(
+                name=checked.name,
+                datatype=BY_NAME[checked.datatype],
+                shape=tuple(checked.shape),
+                binary_size=raw[index].nbytes if raw else None,
+                has_data=has_contents,
+                shared_memory="shared_memory_region" in extra,
+            )
+        )
+    check_unique(frames)
+    for frame in frames:
+        codec.check_content(frame)
+    check_sizes(frames, limits)
+    inputs = []
+    for index, (frame, tensor) in enumerate(zip(frames, message.inputs, strict=True)):
+        if raw:
+            if raw[index].nbytes != frame.nbytes:
+                raise InvalidRequest(
+                    f"input '{frame.name}': raw_input_contents[{index}] has {raw[index].nbytes} "
+                    f"bytes, {frame.datatype} {list(frame.shape)} needs {frame.nbytes}",
+                    field=frame.name,
+                    rule="raw_contents",
+                )
+            inputs.append(Tensor(frame.name, frame.datatype, frame.shape, raw=raw[index]))
+        else:
+            data = _contents(tensor, frame.datatype)
+            inputs.append(Tensor(frame.name, frame.datatype, frame.shape, data=data))
+    parameters = {} if request.parameters is None else request.parameters.model_dump()
+    # Outputs go back as raw_output_contents whatever the request says (Triton does the same).
+    parameters["binary_data_output"] = True
+    outputs = None
+    if request.outputs is not None:
+        outputs = tuple(
+            RequestedOutput(
+                output.name,
+                True,
+                tuple(output.parameters.model_extra or ()) if output.parameters else (),
+            )
+            for output in request.outputs
+        )
+    return InferRequest(tuple(inputs), parameters, outputs, request.id)
+
+
+def plan(
+    op: OperatorSpec, message: pb.ModelInferRequest, raw: list[memoryview], limits: RequestLimits
+) -> Plan:
+    """``message`` checked and planned for ``op``: ``infer_request``, then ``inference.plan``."""
+    return inference.plan(op, infer_request(message, raw, limits), limits)
+
+
+def execute(plan: Plan, backend: Backend) -> bytes:
+    """Run ``plan`` into a serialized ``ModelInferResponse``: its one output's bytes, written by
+    the kernel in place, as ``raw_output_contents[0]``. (grpcio sends only ``bytes``: the one
+    copy of the output is that conversion; protobuf would have made two.)"""
+    call = plan.call
+    head = pb.ModelInferResponse(
+        model_name=plan.op.name,
+        model_version=MODEL_VERSION,
+        id=plan.request_id or "",
+        outputs=[
+            pb.ModelInferResponse.InferOutputTensor(
+                name=plan.op.output,
+                datatype=call.output_datatype.value,
+                shape=call.output_shape,
+            )
+        ],
+    ).SerializeToString()
+    head += wire.raw_field(wire.RAW_OUTPUT_CONTENTS, plan.output_nbytes)
+    body = bytearray(len(head) + plan.output_nbytes)
+    body[: len(head)] = head
+    out = np.frombuffer(body, wire_dtype(call.output_datatype), offset=len(head))
+    run_into_host(backend, call, plan.inputs, out.reshape(call.output_shape))
+    return bytes(body)
+
+
+__all__ = ["CONTENTS_FIELD", "execute", "infer_request", "parameter_value", "plan"]

@@ -1,0 +1,324 @@
+"""The Open Inference Protocol's ``GRPCInferenceService``: each RPC answered as its HTTP twin is.
+
+Every RPC reads the same runtime as the HTTP routes (backend, admission, limits, model states,
+statistics, drain) and answers from the same definitions: metadata, model configuration and
+statistics are the HTTP documents turned into messages (``json_format.ParseDict``), inference
+goes through ``inference.plan`` like every front end. A refusal is the same ``TensorbitsError``
+with the same words, sent as a gRPC status (``STATUS``, by the error's HTTP status) whose
+trailing metadata names the field and the rule, as the HTTP JSON error does.
+
+Each RPC's handler takes the request's bytes and returns the response's (``server.py``
+registers them without (de)serializers): a malformed message is then an INVALID_ARGUMENT with
+protobuf's words, not the INTERNAL that grpcio answers when its own deserializer fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError, Message
+
+from tensorbits import auth, inference
+from tensorbits.api import v2 as http_v2
+from tensorbits.api.offload import offload
+from tensorbits.api.v2_infer import COMPUTE_INLINE_MAX_BYTES, JSON_INLINE_MAX_BYTES
+from tensorbits.grpc import inference_pb2 as pb
+from tensorbits.grpc import messages, wire
+from tensorbits.runtime import Runtime
+from tensorbits_protocol.errors import (
+    InvalidRequest,
+    OperatorNotFound,
+    RequestTimeout,
+    TensorbitsError,
+    Unauthorized,
+)
+from tensorbits_protocol.operators import OPERATORS, OperatorSpec
+
+logger = logging.getLogger("tensorbits.grpc")
+
+# The published service name: clients call /inference.GRPCInferenceService/<Method>.
+SERVICE_NAME = "inference.GRPCInferenceService"
+
+# A refusal's gRPC status, by its HTTP status (each TensorbitsError class carries one).
+STATUS: Mapping[int, grpc.StatusCode] = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    404: grpc.StatusCode.NOT_FOUND,
+    408: grpc.StatusCode.DEADLINE_EXCEEDED,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    503: grpc.StatusCode.UNAVAILABLE,
+}
+# The RPCs a client may call without an API key when the HTTP route they mirror is open
+# (TENSORBITS_AUTH_OPEN_PATHS); the gRPC health service is always open, like a probe must be.
+OPEN_WHEN: Mapping[str, str] = {
+    "ServerLive": "/v2/health/live",
+    "ServerReady": "/v2/health/ready",
+}
+
+M = TypeVar("M", bound=Message)
+Context = grpc.aio.ServicerContext[Any, Any]
+Handler = Callable[[bytes], Awaitable[bytes]]
+Behaviour = Callable[[AsyncIterator[bytes], Context], Awaitable[bytes]]
+
+
+def _parse(message_type: type[M], data: bytes) -> M:
+    try:
+        return message_type.FromString(data)
+    except DecodeError as exc:
+        name = message_type.DESCRIPTOR.name
+        raise InvalidRequest(f"malformed {name}: {exc}", field=name, rule="protobuf") from None
+
+
+def _version(version: str) -> str | None:
+    return version or None  # the protocol's "no version": the server's choice
+
+
+class InferenceService:
+    """The RPCs, on one runtime. ``handlers`` maps each RPC name to its bytes-in, bytes-out
+    coroutine, for every RPC of the service in ``inference.proto`` (a test checks)."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        settings = runtime.settings
+        self.keys = auth.KeyRing(settings.accepted_api_keys) if settings.accepted_api_keys else None
+        self.open_rpcs = frozenset(
+            rpc for rpc, path in OPEN_WHEN.items() if path in settings.auth_open_paths
+        )
+        self.receive_timeout = settings.timeout_body_read
+        self.handlers: dict[str, Handler] = {
+            "ServerLive": self.server_live,
+            "ServerReady": self.server_ready,
+            "ModelReady": self.model_ready,
+            "ServerMetadata": self.server_metadata,
+            "ModelMetadata": self.model_metadata,
+            "ModelInfer": self.model_infer,
+            "ModelStatistics": self.model_statistics,
+            "RepositoryIndex": self.repository_index,
+            "RepositoryModelLoad": self.repository_model_load,
+            "RepositoryModelUnload": self.repository_model_unload,
+        }
+
+    # --- the call around every RPC ------------------------------------------------------------
+
+    def rpc(self, name: str) -> Behaviour:
+        """The stream-unary behaviour registered for RPC ``name``: a unary call on the wire, read
+        as a stream of one message so that the read has a deadline (``timeout_body_read``): a
+        client that never finishes its message holds a slot no longer than an HTTP body would."""
+        handler = self.handlers[name]
+        needs_key = self.keys is not None and name not in self.open_rpcs
+
+        async def behaviour(requests: AsyncIterator[bytes], context: Context) -> bytes:
+            try:
+                if needs_key:
+                    self._authenticate(context)
+                try:
+                    data = await asyncio.wait_for(anext(requests), self.receive_timeout)
+                except TimeoutError:
+                    raise RequestTimeout(
+                        f"the {name} request message did not arrive within "
+                        f"{self.receive_timeout} s (TENSORBITS_TIMEOUT_BODY_READ)",
+                        field="message",
+                        rule="timeout_body_read",
+                    ) from None
+                except StopAsyncIteration:
+                    raise InvalidRequest(
+                        f"the call ended without a {name} request message",
+                        field="message",
+                        rule="protobuf",
+                    ) from None
+                return await handler(data)
+            except TensorbitsError as error:
+                await context.abort(
+                    STATUS.get(error.status_code, grpc.StatusCode.INTERNAL),
+                    error.message,
+                    trailing_metadata=_error_metadata(error),
+                )
+                raise  # abort raises; this line is for the type checker
+
+        return behaviour
+
+    def _authenticate(self, context: Context) -> None:
+        assert self.keys is not None
+        headers = [
+            (key.encode("latin-1"), value if isinstance(value, bytes) else value.encode())
+            for key, value in context.invocation_metadata() or ()
+        ]
+        presented, _ = auth.presented_key(headers)
+        if presented is None:
+            raise Unauthorized(
+                "an API key is required: send it as 'authorization: Bearer <key>' or "
+                "'x-api-key: <key>' metadata",
+                field="authorization",
+                rule="api_key",
+            )
+        if not self.keys.accepts(presented):
+            raise Unauthorized("the API key is not valid", field="authorization", rule="api_key")
+
+    # --- health and metadata ------------------------------------------------------------------
+
+    async def server_live(self, data: bytes) -> bytes:
+        _parse(pb.ServerLiveRequest, data)
+        return pb.ServerLiveResponse(live=True).SerializeToString()
+
+    async def server_ready(self, data: bytes) -> bytes:
+        _parse(pb.ServerReadyRequest, data)
+        return pb.ServerReadyResponse(ready=self.runtime.ready).SerializeToString()
+
+    async def model_ready(self, data: bytes) -> bytes:
+        request = _parse(pb.ModelReadyRequest, data)
+        op = inference.resolve_model(request.name, _version(request.version))
+        ready = self.runtime.ready and self.runtime.models.is_loaded(op.name)
+        return pb.ModelReadyResponse(ready=ready).SerializeToString()
+
+    async def server_metadata(self, data: bytes) -> bytes:
+        _parse(pb.ServerMetadataRequest, data)
+        document = (await http_v2.server_metadata()).model_dump(exclude_none=True)
+        return _message(pb.ServerMetadataResponse, document).SerializeToString()
+
+    async def model_metadata(self, data: bytes) -> bytes:
+        request = _parse(pb.ModelMetadataRequest, data)
+        op = inference.resolve_model(request.name, _version(request.version))
+        document = (await http_v2.model_metadata(op)).model_dump(exclude_none=True)
+        # The HTTP metadata's extra words (allowed types, ranks, parameters) have no field in
+        # TensorMetadata; ModelConfig carries them (openapi/README.md).
+        return _message(pb.ModelMetadataResponse, document, partial=True).SerializeToString()
+
+    async def model_statistics(self, data: bytes) -> bytes:
+        request = _parse(pb.ModelStatisticsRequest, data)
+        models: list[OperatorSpec] = list(OPERATORS)
+        if request.name:
+            models = [inference.resolve_model(request.name, _version(request.version))]
+        elif request.version:
+            raise InvalidRequest(
+                "a version without a model name: give the model's name too",
+                field="version",
+                rule="unknown_version",
+            )
+        document = self.runtime.statistics.response(op.name for op in models)
+        return _message(pb.ModelStatisticsResponse, document).SerializeToString()
+
+    # --- model repository ---------------------------------------------------------------------
+
+    async def repository_index(self, data: bytes) -> bytes:
+        request = _parse(pb.RepositoryIndexRequest, data)
+        _check_repository(request.repository_name)
+        runtime = self.runtime
+        models = []
+        for op in OPERATORS:
+            if not runtime.ready:
+                state, reason = "UNAVAILABLE", "server is not ready"
+            elif not runtime.models.is_loaded(op.name):
+                state, reason = "UNAVAILABLE", "unloaded"
+            else:
+                state, reason = "READY", ""
+            if request.ready and state != "READY":
+                continue
+            models.append(
+                pb.RepositoryIndexResponse.ModelIndex(
+                    name=op.name, version=inference.MODEL_VERSION, state=state, reason=reason
+                )
+            )
+        return pb.RepositoryIndexResponse(models=models).SerializeToString()
+
+    async def repository_model_load(self, data: bytes) -> bytes:
+        request = _parse(pb.RepositoryModelLoadRequest, data)
+        _check_repository(request.repository_name)
+        _no_repository_parameters(request.parameters, ())
+        self.runtime.models.load(inference.resolve_model(request.model_name, None).name)
+        return pb.RepositoryModelLoadResponse().SerializeToString()
+
+    async def repository_model_unload(self, data: bytes) -> bytes:
+        request = _parse(pb.RepositoryModelUnloadRequest, data)
+        _check_repository(request.repository_name)
+        # Triton's one unload parameter: no model here has dependents, so either value holds.
+        _no_repository_parameters(request.parameters, ("unload_dependents",))
+        self.runtime.models.unload(inference.resolve_model(request.model_name, None).name)
+        return pb.RepositoryModelUnloadResponse().SerializeToString()
+
+    # --- inference ----------------------------------------------------------------------------
+
+    async def model_infer(self, data: bytes) -> bytes:
+        """One inference, admitted for its message before it is parsed, counted in
+        ``runtime.statistics`` with the HTTP path's phases (statistics.py)."""
+        started = time.perf_counter_ns()
+        runtime = self.runtime
+        split = wire.split_infer_request(data, runtime.limits.max_tensors)
+        message = _parse(pb.ModelInferRequest, split.message)
+        op = inference.resolve_model(message.model_name, _version(message.model_version))
+        runtime.models.check_loaded(op.name)
+        try:
+            grant = runtime.admission.acquire(len(data))
+            try:
+                # Typed contents are read value by value: off the event loop when there are many.
+                plan = await offload(
+                    len(split.message), JSON_INLINE_MAX_BYTES, messages.plan, op, message,
+                    split.raw_contents, runtime.limits,
+                )  # fmt: skip
+                grant.hold(plan.memory_needed(len(data)), "inference", "message, output", "inputs")
+                planned = time.perf_counter_ns()
+                response = await offload(
+                    plan.work_bytes, COMPUTE_INLINE_MAX_BYTES, messages.execute, plan,
+                    runtime.selection.backend,
+                )  # fmt: skip
+            finally:
+                grant.release()
+        except BaseException:
+            runtime.statistics.record_failure(op.name, time.perf_counter_ns() - started)
+            raise
+        executed = time.perf_counter_ns()
+        runtime.statistics.record(
+            op.name, 0, planned - started, executed - planned, 0, executed - started
+        )
+        return response
+
+
+def _message(message_type: type[M], document: dict[str, Any], *, partial: bool = False) -> M:
+    """The message of an HTTP document: the one definition of metadata, configuration and
+    statistics is the HTTP side's; ``partial`` drops the fields the message has no room for."""
+    return json_format.ParseDict(document, message_type(), ignore_unknown_fields=partial)
+
+
+def _check_repository(name: str) -> None:
+    if name:
+        raise OperatorNotFound(
+            f"no model repository '{name[:100]}': this server has one, unnamed",
+            field="repository_name",
+            rule="unknown_repository",
+        )
+
+
+def _no_repository_parameters(
+    parameters: Mapping[str, pb.ModelRepositoryParameter], accepted: tuple[str, ...]
+) -> None:
+    for name in parameters:
+        if name in accepted:
+            continue
+        raise InvalidRequest(
+            f"parameters.{name[:100]}: this server's models take no load or unload parameters "
+            "(their configuration is the operator's, fixed)",
+            field=f"parameters.{name[:100]}",
+            rule="unsupported_parameter",
+        )
+
+
+def _error_metadata(error: TensorbitsError) -> tuple[tuple[str, str], ...]:
+    pairs = [("tensorbits-error-code", error.code)]
+    if error.field is not None:
+        pairs.append(("tensorbits-error-field", _metadata_value(error.field)))
+    if error.rule is not None:
+        pairs.append(("tensorbits-error-rule", error.rule))
+    return tuple(pairs)
+
+
+def _metadata_value(text: str) -> str:
+    # Metadata values are printable ASCII; a field name is the caller's and may be anything.
+    return "".join(c if " " <= c <= "~" else "?" for c in text[:200])
+
+
+__all__ = ["OPEN_WHEN", "SERVICE_NAME", "STATUS", "InferenceService"]
