@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from pydantic import TypeAdapter, ValidationError
 from support.framing import framed
-from support.inprocess import TestClient
+from support.inprocess import IDENTITY, TestClient
 from support.v1 import (
     batch,
     bind,
@@ -336,7 +336,7 @@ def framework_client() -> Iterator[TestClient]:
     framework's router serves the same routes (``fastpath.install`` lists them there too)."""
     app = create_app(Settings(backend="numpy", cpu_threads=2))
     app.user_middleware[:] = [m for m in app.user_middleware if m.cls is not FastPathMiddleware]
-    with TestClient(app) as c:
+    with TestClient(app, headers=IDENTITY) as c:
         yield c
 
 

@@ -14,10 +14,11 @@ import zlib
 from starlette.requests import Request
 from starlette.types import Message, Receive, Scope
 
+from tensorbits.api.compression import WBITS
 from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge, RequestTimeout
 
-# zlib's wbits: gzip framing, and deflate as HTTP means it (zlib framing, RFC 9110).
-_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+# zlib's wbits per coding (gzip, and deflate as HTTP means it): the codings responses use too.
+_WBITS = WBITS
 _INFLATE_STEP = 1 << 20
 
 
