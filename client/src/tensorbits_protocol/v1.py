@@ -22,10 +22,11 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tensorbits_protocol.dtypes import DataType
 from tensorbits_protocol.integers import UInt64, Wide64
 from tensorbits_protocol.operators import Encoding, Function, ShapeRule
-from tensorbits_protocol.v2 import WireParameterValue
+
+# The rule-table rows and parameters are the v2 model metadata's too: one definition, in v2.
+from tensorbits_protocol.v2 import ParameterInfo, SupportRowInfo, WireParameterValue
 
 # Names are echoed in error messages, so they are short; 128 characters is plenty for a label.
 Name = Annotated[str, Field(min_length=1, max_length=128)]
@@ -168,28 +169,6 @@ class BatchResponse(_Reply):
 
 
 # --- GET /v1/operators --------------------------------------------------------------------------
-class SupportRowInfo(_Reply):
-    """One row of a tensor-support table: from ``since`` on (DML feature level; null for
-    OpenVINO/ONNX), these ranks and data types. ``output_types`` null: the input's type."""
-
-    since: str | None
-    min_rank: int
-    max_rank: int
-    input_types: list[DataType]
-    output_types: list[DataType] | None = None
-
-
-class ParameterInfo(_Reply):
-    """An operator parameter: a string from ``choices``, or an integer when ``choices`` is null."""
-
-    name: str
-    type: Literal["string", "integer"]
-    choices: list[str] | None = None
-    default: str | int | None = None
-    required: bool = False
-    description: str = ""
-
-
 class OperatorInfo(_Reply):
     """Every rule table of one operator; ``catalog.from_wire`` rebuilds the OperatorSpec."""
 

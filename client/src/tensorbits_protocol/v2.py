@@ -29,6 +29,7 @@ from pydantic import (
     StrictStr,
 )
 
+from tensorbits_protocol.dtypes import DataType
 from tensorbits_protocol.integers import INT64_MAX, JsonFloat, UInt64, Wide64
 
 Datatype = Literal[
@@ -54,6 +55,9 @@ TensorData = list[Any]
 for BOOL. FP16 has no JSON form: send it as binary data."""
 
 _STRICT = ConfigDict(strict=True, extra="forbid")
+# What the server sends is read leniently, so an older SDK keeps working when a newer server adds
+# a field.
+_REPLY = ConfigDict(frozen=True)
 _PARAMETERS = ConfigDict(strict=True, extra="allow")
 
 
@@ -243,30 +247,167 @@ class ServerMetadataResponse(BaseModel):
     extensions: list[str]
 
 
+class SupportRowInfo(BaseModel):
+    """One row of a tensor-support table: from ``since`` on (DML feature level; null for
+    OpenVINO/ONNX), these ranks and data types. ``output_types`` null: the input's type."""
+
+    model_config = _REPLY
+
+    since: str | None = None
+    min_rank: int
+    max_rank: int
+    input_types: list[DataType]
+    output_types: list[DataType] | None = None
+
+
+class ParameterInfo(BaseModel):
+    """An operator parameter: a string from ``choices``, or an integer when ``choices`` is null."""
+
+    model_config = _REPLY
+
+    name: str
+    type: Literal["string", "integer"]
+    choices: list[str] | None = None
+    default: str | int | None = None
+    required: bool = False
+    description: str = ""
+
+
 class MetadataTensor(BaseModel):
     """``$metadata_tensor = {"name": str, "datatype": str, "shape": [int]}``; -1 is a variable
-    dimension."""
+    dimension. tensorbits adds what one ``datatype`` and one ``shape`` cannot say, at the model's
+    default parameters: ``datatypes`` (every type the tensor takes, or may come back as) and
+    ``min_rank``/``max_rank`` (the ranks it takes). ``datatype`` and ``shape`` stay valid for
+    stock clients: one type of ``datatypes`` that every version of the operator accepts, and one
+    rank it accepts, every dimension variable."""
+
+    model_config = _REPLY
 
     name: str
     datatype: Datatype
     shape: list[int]
+    datatypes: list[Datatype] | None = None
+    min_rank: int | None = None
+    max_rank: int | None = None
 
 
 class ModelMetadataResponse(BaseModel):
     """``GET /v2/models/{model}``:
-    ``{"name", "versions"?: [str], "platform": str, "inputs": [...], "outputs": [...]}``.
-
-    The protocol gives a tensor one datatype and one shape. tensorbits operators take several of
-    each, so ``datatype`` is the one every version of the operator accepts (the first type of its
-    oldest support row: UINT8 for every model) and ``shape`` is ``[-1]``: any rank the operator
-    allows, any size. ``GET /v1/operators`` lists the full tables.
+    ``{"name", "versions"?: [str], "platform": str, "inputs": [...], "outputs": [...]}``, and
+    tensorbits' additions (openapi/README.md, "Model metadata"): ``parameters`` (the request
+    parameters the model takes, with choices and defaults), ``support`` (its tensor-support table,
+    newest row first: the ranks and data types from each ``support_parameter`` value on) and
+    ``shape_rule`` (how input shapes combine). The same words are in the model configuration's
+    ``parameters`` (``GET /v2/models/{model}/config``), where gRPC clients find them.
     """
+
+    model_config = _REPLY
 
     name: str
     versions: list[str] | None = None
     platform: str
     inputs: list[MetadataTensor]
     outputs: list[MetadataTensor]
+    parameters: list[ParameterInfo] | None = None
+    support: list[SupportRowInfo] | None = None
+    support_parameter: str | None = Field(
+        None, description="the parameter whose value picks the row of `support` (null: one row)"
+    )
+    shape_rule: Literal["identical", "numpy", "auto_broadcast"] | None = None
+
+
+# --- model configuration extension (Triton's ModelConfig, protobuf JSON) --------------------------
+
+
+class ModelParameter(BaseModel):
+    """``{"string_value": str}``: one entry of a model configuration's ``parameters``."""
+
+    model_config = _REPLY
+
+    string_value: str
+
+
+class ModelTensorConfig(BaseModel):
+    """``{"name", "data_type": "TYPE_UINT8", "dims": [int]}``: Triton's ModelInput/ModelOutput.
+    ``dims`` is the full shape here (``max_batch_size`` is 0), -1 a variable dimension."""
+
+    model_config = _REPLY
+
+    name: str
+    data_type: str
+    dims: list[int]
+
+
+class ModelConfigResponse(BaseModel):
+    """``GET /v2/models/{model}[/versions/{v}]/config``: the protobuf JSON of Triton's
+    ``inference.ModelConfig`` (snake_case field names), as tritonclient's ``get_model_config``
+    reads it. ``parameters`` carries the model metadata's additions as strings (see
+    ``ModelMetadataResponse``)."""
+
+    model_config = _REPLY
+
+    name: str
+    platform: str = ""
+    backend: str = ""
+    max_batch_size: int = 0
+    version_policy: dict[str, Any] | None = None
+    input: list[ModelTensorConfig]
+    output: list[ModelTensorConfig]
+    parameters: dict[str, ModelParameter] = Field(default_factory=dict)
+
+
+# --- statistics extension (Triton's ModelStatistics, protobuf JSON) -------------------------------
+
+
+class StatisticDuration(BaseModel):
+    """``{"count": int, "ns": int}``: how many, and their summed nanoseconds."""
+
+    model_config = _REPLY
+
+    count: int = 0
+    ns: int = 0
+
+
+class InferStatistics(BaseModel):
+    """Triton's ``InferStatistics``: ``success`` and ``fail`` (requests and their whole time),
+    the successes' phases (``queue``, ``compute_input``, ``compute_infer``, ``compute_output``),
+    and the response cache's (always 0 here). The server's statistics.py says what each
+    phase covers."""
+
+    model_config = _REPLY
+
+    success: StatisticDuration = Field(default_factory=StatisticDuration)
+    fail: StatisticDuration = Field(default_factory=StatisticDuration)
+    queue: StatisticDuration = Field(default_factory=StatisticDuration)
+    compute_input: StatisticDuration = Field(default_factory=StatisticDuration)
+    compute_infer: StatisticDuration = Field(default_factory=StatisticDuration)
+    compute_output: StatisticDuration = Field(default_factory=StatisticDuration)
+    cache_hit: StatisticDuration = Field(default_factory=StatisticDuration)
+    cache_miss: StatisticDuration = Field(default_factory=StatisticDuration)
+
+
+class ModelStatistics(BaseModel):
+    """One model's ``{"name", "version", "last_inference" (ms since the epoch, 0: none),
+    "inference_count", "execution_count", "inference_stats", "batch_stats"}``."""
+
+    model_config = _REPLY
+
+    name: str
+    version: str
+    last_inference: int = 0
+    inference_count: int = 0
+    execution_count: int = 0
+    inference_stats: InferStatistics = Field(default_factory=InferStatistics)
+    batch_stats: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class ModelStatisticsResponse(BaseModel):
+    """``GET /v2/models[/{model}[/versions/{v}]]/stats``: ``{"model_stats": [...]}``, the
+    protobuf JSON of Triton's ``inference.ModelStatisticsResponse``."""
+
+    model_config = _REPLY
+
+    model_stats: list[ModelStatistics]
 
 
 class RepositoryIndexRequest(BaseModel):
@@ -302,11 +443,18 @@ __all__ = [
     "Datatype",
     "Dimension",
     "ErrorResponse",
+    "InferStatistics",
     "InferenceRequest",
     "InferenceRequestParameters",
     "InferenceResponse",
     "MetadataTensor",
+    "ModelConfigResponse",
     "ModelMetadataResponse",
+    "ModelParameter",
+    "ModelStatistics",
+    "ModelStatisticsResponse",
+    "ModelTensorConfig",
+    "ParameterInfo",
     "RepositoryIndexEntry",
     "RepositoryIndexRequest",
     "RequestInput",
@@ -316,6 +464,8 @@ __all__ = [
     "ResponseOutput",
     "ResponseOutputParameters",
     "ServerMetadataResponse",
+    "StatisticDuration",
+    "SupportRowInfo",
     "TensorData",
     "WireParameterValue",
     "WireShape",

@@ -25,7 +25,7 @@ from tensorbits.config import Settings
 from tensorbits.engine import run_into_host
 from tensorbits.header_cache import HeaderCache
 from tensorbits_protocol import codec
-from tensorbits_protocol.dtypes import DataType, itemsize, wire_dtype
+from tensorbits_protocol.dtypes import itemsize, wire_dtype
 from tensorbits_protocol.errors import InvalidRequest, OperatorNotFound, PayloadTooLarge
 from tensorbits_protocol.infer import (
     UNSUPPORTED_OUTPUT_PARAMETERS,
@@ -295,22 +295,12 @@ def resolve_model(name: str, version: str | None) -> OperatorSpec:
     return op
 
 
-def model_metadata_types(op: OperatorSpec) -> tuple[DataType, DataType]:
-    """The one input and output data type the v2 metadata reports for ``op``: the first type of
-    its oldest support row, which every feature level and version accepts (UINT8 throughout),
-    and what the output is for it (BIT_COUNT: its default, the first of its output types)."""
-    oldest = op.support[-1]
-    input_type = oldest.input_types[0]
-    return input_type, oldest.output_types[0] if oldest.output_types else input_type
-
-
 __all__ = [
     "MODEL_VERSION",
     "MODEL_VERSIONS",
     "Plan",
     "PlanTemplate",
     "execute",
-    "model_metadata_types",
     "plan",
     "plan_rest",
     "request_limits",

@@ -1,5 +1,8 @@
 """The Open Inference Protocol (KServe v2 / Triton HTTP) endpoints, with Triton's binary tensor
-data and model repository extensions: the stock ``tritonclient.http`` works unchanged.
+data, model repository, model configuration and statistics extensions: the stock
+``tritonclient.http`` works unchanged. What the metadata and configuration routes say comes from
+``model_info.py``, what the statistics route says from ``runtime.statistics``: the gRPC front end
+answers from the same.
 
 Every operator is a model of the same name, at version ``"1"``. Inference itself, the hot path,
 is a plain ASGI endpoint in ``v2_infer.py``, registered there (``ROUTES``) and documented by
@@ -15,7 +18,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
-from tensorbits import __version__, inference
+from tensorbits import inference, model_info
 from tensorbits.api import v2_openapi
 from tensorbits.api.body import read_body
 from tensorbits.api.deps import RuntimeDep
@@ -28,16 +31,14 @@ from tensorbits_protocol.operators import OPERATORS, OperatorSpec, get_operator
 from tensorbits_protocol.schema_errors import validate_document
 from tensorbits_protocol.v2 import (
     ErrorResponse,
-    MetadataTensor,
+    ModelConfigResponse,
     ModelMetadataResponse,
+    ModelStatisticsResponse,
     RepositoryIndexEntry,
     RepositoryIndexRequest,
     ServerMetadataResponse,
 )
 
-SERVER_NAME = "tensorbits"
-PLATFORM = "tensorbits"
-EXTENSIONS = ("binary_tensor_data", "model_repository")
 REPOSITORY_BODY_MAX_BYTES = 64 << 10
 REPOSITORY_JSON_LIMITS = JsonLimits(max_depth=4, max_values=16)
 
@@ -97,25 +98,12 @@ async def _model_version_ready(request: Request, op: ModelAtVersion) -> Response
     return _model_readiness(request, op)
 
 
-def _metadata(op: OperatorSpec) -> ModelMetadataResponse:
-    input_type, output_type = inference.model_metadata_types(op)
-    return ModelMetadataResponse(
-        name=op.name,
-        versions=list(inference.MODEL_VERSIONS),
-        platform=PLATFORM,
-        inputs=[MetadataTensor(name=n, datatype=input_type.value, shape=[-1]) for n in op.inputs],
-        outputs=[MetadataTensor(name=op.output, datatype=output_type.value, shape=[-1])],
-    )
-
-
 # --- server --------------------------------------------------------------------------------------
 
 
 @router.get("", response_model=ServerMetadataResponse, summary="Server metadata")
 async def server_metadata() -> ServerMetadataResponse:
-    return ServerMetadataResponse(
-        name=SERVER_NAME, version=__version__, extensions=list(EXTENSIONS)
-    )
+    return model_info.server_metadata()
 
 
 @router.get(
@@ -261,20 +249,84 @@ _MODEL_READY: dict[str, Any] = {
 }
 
 
+# --- statistics extension (before /models/{model}: "stats" is no model name) ---------------------
+_STATS: dict[str, Any] = {
+    "response_model": ModelStatisticsResponse,
+    "responses": v2_openapi.errors(404, 503),
+}
+
+
+def _statistics(runtime: Runtime, models: list[OperatorSpec]) -> ModelStatisticsResponse:
+    return ModelStatisticsResponse.model_validate(
+        runtime.statistics.response(op.name for op in models)
+    )
+
+
+@router.get(
+    "/models/stats",
+    **_STATS,
+    summary="Inference statistics of every model (statistics extension)",
+)
+async def models_statistics(runtime: RuntimeDep) -> ModelStatisticsResponse:
+    return _statistics(runtime, list(OPERATORS))
+
+
+@router.get("/models/{model}/stats", **_STATS, summary="Inference statistics of one model")
+async def model_statistics(op: Model, runtime: RuntimeDep) -> ModelStatisticsResponse:
+    return _statistics(runtime, [op])
+
+
+@router.get(
+    "/models/{model}/versions/{version}/stats",
+    **_STATS,
+    summary="Inference statistics of one model version",
+)
+async def model_version_statistics(
+    op: ModelAtVersion, runtime: RuntimeDep
+) -> ModelStatisticsResponse:
+    return _statistics(runtime, [op])
+
+
 @router.get(
     "/models/{model}",
     **_METADATA,
-    summary="Model metadata: input and output names, a data type, shape [-1]",
+    summary="Model metadata: input and output names, data types, ranks, parameters",
 )
 async def model_metadata(op: Model) -> ModelMetadataResponse:
-    return _metadata(op)
+    return model_info.model_metadata(op)
 
 
 @router.get(
     "/models/{model}/versions/{version}", **_METADATA, summary="Model metadata of one version"
 )
 async def model_version_metadata(op: ModelAtVersion) -> ModelMetadataResponse:
-    return _metadata(op)
+    return model_info.model_metadata(op)
+
+
+# --- model configuration extension ---------------------------------------------------------------
+_CONFIG: dict[str, Any] = {
+    "response_model": ModelConfigResponse,
+    "response_model_exclude_none": True,
+    "responses": v2_openapi.errors(404),
+}
+
+
+@router.get(
+    "/models/{model}/config",
+    **_CONFIG,
+    summary="Model configuration: Triton's ModelConfig as JSON",
+)
+async def model_config(op: Model) -> ModelConfigResponse:
+    return model_info.model_config_response(op)
+
+
+@router.get(
+    "/models/{model}/versions/{version}/config",
+    **_CONFIG,
+    summary="Model configuration of one version",
+)
+async def model_version_config(op: ModelAtVersion) -> ModelConfigResponse:
+    return model_info.model_config_response(op)
 
 
 router.add_api_route(
