@@ -21,6 +21,7 @@ from typing import Any, Generic, Self, TypeVar
 from urllib.parse import quote
 
 import httpx
+from pydantic import BaseModel
 
 from tensorbits_client import _constants as constants
 from tensorbits_client._catalog import (
@@ -70,10 +71,12 @@ from tensorbits_client._types import (
     as_array,
     given,
 )
+from tensorbits_protocol.v2 import ModelConfigResponse, ModelStatisticsResponse
 
 T = TypeVar("T")
 HttpT = TypeVar("HttpT", httpx.Client, httpx.AsyncClient)
 R = TypeVar("R")  # what an operator method returns: the array, or an awaitable of it
+M = TypeVar("M", bound=BaseModel)
 
 HTTPX_DEFAULT_TIMEOUT = httpx.Timeout(5.0)
 
@@ -182,8 +185,22 @@ def _decode_json(response: httpx.Response, body: Body) -> object:
     return json.loads(body.buffer[body.start : body.end].tobytes())
 
 
+def _decode_model(model: type[M]) -> Callable[[httpx.Response, Body], M]:
+    """A decoder of a JSON body into ``model`` (a pydantic ValidationError is a ValueError:
+    ``_decode`` reports it as APIResponseValidationError)."""
+
+    def decode(response: httpx.Response, body: Body) -> M:
+        return model.model_validate_json(body.buffer[body.start : body.end].tobytes())
+
+    return decode
+
+
 def _decode_infer(response: httpx.Response, body: Body) -> InferResult:
     return decode_infer(body, response.headers.get(HEADER_LENGTH))
+
+
+def _model_path(model: str) -> str:
+    return f"/v2/models/{quote(model, safe='')}"
 
 
 def _content_length(response: httpx.Response) -> int | None:
@@ -381,7 +398,7 @@ class BaseClient(Generic[HttpT, R]):
         return Call(
             "POST",
             # Quoted: a name is one path segment, whatever it holds ("/", "?", "..").
-            f"/v2/models/{quote(model, safe='')}/infer",
+            f"{_model_path(model)}/infer",
             _decode_infer,
             body=body,
             timeout=timeout,
@@ -399,6 +416,15 @@ class BaseClient(Generic[HttpT, R]):
             assert registry is not None  # _needs_registry fetched it
             items = list(zip(input_names(registry, model, len(values)), values, strict=True))
         return [(name, wire_array(as_array(value))) for name, value in items]
+
+    def _statistics_call(self, model: str | None) -> Call[ModelStatisticsResponse]:
+        """GET /v2/models/stats, or /v2/models/{model}/stats (Triton's statistics extension)."""
+        path = "/v2/models/stats" if model is None else f"{_model_path(model)}/stats"
+        return Call("GET", path, _decode_model(ModelStatisticsResponse))
+
+    def _model_config_call(self, model: str) -> Call[ModelConfigResponse]:
+        """GET /v2/models/{model}/config (Triton's model configuration extension)."""
+        return Call("GET", f"{_model_path(model)}/config", _decode_model(ModelConfigResponse))
 
     def _catalog_call(self) -> Call[object]:
         return Call("GET", OPERATORS_PATH, _decode_json)

@@ -31,6 +31,7 @@ from tensorbits_client._types import (
     ParameterValue,
     TimeoutTypes,
 )
+from tensorbits_protocol.v2 import ModelConfigResponse, ModelStatisticsResponse
 
 T = TypeVar("T")
 
@@ -170,6 +171,16 @@ class Client(BaseClient[httpx.Client, Array]):
     def operators(self) -> Registry:
         """The server's operator tables (fetched once, then cached)."""
         return self._registry()
+
+    def statistics(self, model: str | None = None) -> ModelStatisticsResponse:
+        """Inference statistics (Triton's statistics extension) of ``model``, or of every model:
+        counts and summed durations since the server started, by phase."""
+        return self._request(self._statistics_call(model))
+
+    def model_config(self, model: str) -> ModelConfigResponse:
+        """``model``'s configuration in Triton's form (ModelConfig): its inputs and outputs, and
+        in ``parameters`` every data type, rank and request parameter it takes."""
+        return self._request(self._model_config_call(model))
 
     def _registry(self) -> Registry:
         if self._catalog.registry is not None:
@@ -332,6 +343,16 @@ class AsyncClient(BaseClient[httpx.AsyncClient, Coroutine[Any, Any, Array]]):
     async def operators(self) -> Registry:
         """The server's operator tables (fetched once, then cached)."""
         return await self._registry()
+
+    async def statistics(self, model: str | None = None) -> ModelStatisticsResponse:
+        """Inference statistics (Triton's statistics extension) of ``model``, or of every model:
+        counts and summed durations since the server started, by phase."""
+        return await self._request(self._statistics_call(model))
+
+    async def model_config(self, model: str) -> ModelConfigResponse:
+        """``model``'s configuration in Triton's form (ModelConfig): its inputs and outputs, and
+        in ``parameters`` every data type, rank and request parameter it takes."""
+        return await self._request(self._model_config_call(model))
 
     async def _registry(self) -> Registry:
         if self._catalog.registry is not None:

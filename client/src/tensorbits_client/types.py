@@ -16,6 +16,7 @@ from tensorbits_client._families import (
 from tensorbits_client._types import NOT_GIVEN, Array, Inputs, NotGiven, Parameters, TimeoutTypes
 from tensorbits_protocol.dml import TensorDesc
 from tensorbits_protocol.dtypes import DataType
+from tensorbits_protocol.v2 import ModelConfigResponse, ModelStatisticsResponse
 
 __all__ = [
     "DML",
@@ -32,6 +33,8 @@ __all__ = [
     "FeatureLevel",
     "InferResult",
     "Inputs",
+    "ModelConfigResponse",
+    "ModelStatisticsResponse",
     "NotGiven",
     "OpenVINO",
     "Parameters",
