@@ -32,18 +32,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import json
 import logging
+import urllib.parse
+from collections.abc import Iterable
 from typing import Any
 
 import httptools
-from uvicorn._types import ASGI3Application
+from uvicorn._types import ASGI3Application, ASGISendEvent
 from uvicorn.config import Config
+from uvicorn.protocols.http.flow_control import service_unavailable
 from uvicorn.protocols.http.httptools_impl import (
+    HEADER_RE,
+    HEADER_VALUE_RE,
     STATUS_LINE,
     HttpToolsProtocol,
     RequestResponseCycle,
 )
+from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 from uvicorn.server import ServerState
 
 from tensorbits.config import Settings
@@ -86,6 +93,126 @@ def head_too_large(received: int, limit: int, *, target_only: bool) -> Tensorbit
     if target_only:
         return UriTooLong(message, field="url", rule="max_head_bytes")
     return HeadTooLarge(message, field="headers", rule="max_head_bytes")
+
+
+# Up to this many body bytes go out in the same write as the response's head (joined: one copy);
+# a larger body is written apart from its head, as uvicorn writes both (no copy of it).
+JOINED_BODY_MAX_BYTES = 64 << 10
+
+
+class OneWriteCycle(RequestResponseCycle):
+    """uvicorn's request cycle with a response's head written together with its body: one
+    ``transport.write`` per small response instead of two.
+
+    On loopback each write is a syscall that runs the receiver's TCP path and wakes it: the
+    second write was a third of a small request's time under load (docs/benchmarks.md, the
+    per-layer budget). The head is built and checked as uvicorn builds and checks it (this is
+    its ``send``, 0.3x), kept until the first body message, and written with it (joined up to
+    ``JOINED_BODY_MAX_BYTES``, else apart, first). A HEAD response, which writes no body, and a
+    response whose app fails before its body writes its head then, alone or not at all (the
+    connection is closed: the client sees no half response)."""
+
+    _head: bytes | None = None  # the response's status line and headers, not written yet
+
+    async def send(self, message: ASGISendEvent) -> None:
+        if self.flow.write_paused and not self.disconnected:
+            await self.flow.drain()
+        if self.disconnected:
+            return
+        if not self.response_started:
+            if message["type"] != "http.response.start":
+                raise RuntimeError(
+                    f"Expected ASGI message 'http.response.start', but got '{message['type']}'."
+                )
+            self.response_started = True
+            self.waiting_for_100_continue = False
+            status_code = message["status"]
+            if self.access_log:  # off in tensorbits serve (the middleware logs); kept for others
+                self.access_logger.info(
+                    '%s - "%s %s HTTP/%s" %d',
+                    get_client_addr(self.scope),
+                    self.scope["method"],
+                    get_path_with_query_string(self.scope),
+                    self.scope["http_version"],
+                    status_code,
+                )
+            self._head = self._response_head(status_code, message.get("headers", ()))
+        elif not self.response_complete:
+            if message["type"] != "http.response.body":
+                raise RuntimeError(
+                    f"Expected ASGI message 'http.response.body', but got '{message['type']}'."
+                )
+            self._send_body(message.get("body", b""), message.get("more_body", False))
+        else:
+            raise RuntimeError(
+                f"Unexpected ASGI message '{message['type']}' sent, after response already "
+                "completed."
+            )
+
+    def _response_head(self, status_code: int, headers: Iterable[tuple[bytes, bytes]]) -> bytes:
+        content = [STATUS_LINE[status_code]]
+        has_connection_close = False
+        for name, value in itertools.chain(self.default_headers, headers):
+            if HEADER_RE.search(name):
+                raise RuntimeError("Invalid HTTP header name.")
+            if HEADER_VALUE_RE.search(value):
+                raise RuntimeError("Invalid HTTP header value.")
+            name = name.lower()
+            if name == b"content-length" and self.chunked_encoding is None:
+                self.expected_content_length = int(value.decode())
+                self.chunked_encoding = False
+            elif name == b"transfer-encoding" and value.lower() == b"chunked":
+                self.expected_content_length = 0
+                self.chunked_encoding = True
+            elif name == b"connection":
+                connection = [token.lower().strip() for token in value.split(b",")]
+                if b"close" in connection:
+                    self.keep_alive = False
+                    has_connection_close = True
+            content.extend((name, b": ", value, b"\r\n"))
+        if not self.keep_alive and not has_connection_close:
+            content.append(b"connection: close\r\n")
+        if (
+            self.chunked_encoding is None
+            and self.scope["method"] != "HEAD"
+            and status_code not in (204, 304)
+        ):
+            self.chunked_encoding = True
+            content.append(b"transfer-encoding: chunked\r\n")
+        content.append(b"\r\n")
+        return b"".join(content)
+
+    def _send_body(self, body: bytes, more_body: bool) -> None:
+        head, self._head = self._head, None
+        out: bytes | None
+        if self.scope["method"] == "HEAD":
+            self.expected_content_length = 0
+            out = None
+        elif self.chunked_encoding:
+            chunks = [b"%x\r\n" % len(body), body, b"\r\n"] if body else []
+            if not more_body:
+                chunks.append(b"0\r\n\r\n")
+            out = b"".join(chunks)
+        else:
+            if len(body) > self.expected_content_length:
+                raise RuntimeError("Response content longer than Content-Length")
+            self.expected_content_length -= len(body)
+            out = body
+        if head is not None:
+            if out is not None and len(out) <= JOINED_BODY_MAX_BYTES:
+                out = head + out
+            else:
+                self.transport.write(head)
+        if out is not None:
+            self.transport.write(out)
+        if not more_body:
+            if self.expected_content_length != 0:
+                raise RuntimeError("Response content shorter than Content-Length")
+            self.response_complete = True
+            self.message_event.set()
+            if not self.keep_alive:
+                self.transport.close()
+            self.on_response()
 
 
 class _Refused(Exception):
@@ -203,8 +330,53 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self.url[:1] != b"/":
             self._absolute_form()
         self._head_started = None
-        super().on_headers_complete()
+        self._begin_cycle()
         self._in_body = True  # only now is ``self.cycle`` this request's
+
+    def _begin_cycle(self) -> None:
+        """uvicorn's ``on_headers_complete`` (0.3x), its request cycle a ``OneWriteCycle``: the
+        scope's method, path and query, then the cycle, started now or queued behind the one
+        whose response is still owed (pipelining)."""
+        parser = self.parser
+        http_version = parser.get_http_version()
+        scope = self.scope
+        scope["method"] = parser.get_method().decode("ascii")
+        if http_version != "1.1":
+            scope["http_version"] = http_version
+        if parser.should_upgrade() and self._should_upgrade():
+            return
+        parsed_url = httptools.parse_url(self.url)
+        raw_path = parsed_url.path
+        path = raw_path.decode("ascii")
+        if "%" in path:
+            path = urllib.parse.unquote(path)
+        scope["path"] = self.root_path + path
+        scope["raw_path"] = self.root_path.encode("ascii") + raw_path
+        scope["query_string"] = parsed_url.query or b""
+        app = self.app
+        limit = self.limit_concurrency
+        if limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit):
+            app = service_unavailable
+            self.logger.warning("Exceeded concurrency limit.")
+        existing_cycle = self.cycle
+        self.cycle = OneWriteCycle(
+            scope=scope,
+            transport=self.transport,
+            flow=self.flow,
+            logger=self.logger,
+            access_logger=self.access_logger,
+            access_log=self.access_log,
+            default_headers=self.server_state.default_headers,
+            message_event=asyncio.Event(),
+            expect_100_continue=self.expect_100_continue,
+            keep_alive=http_version != "1.0" and parser.should_keep_alive(),
+            on_response=self.on_response_complete,
+        )
+        if existing_cycle is None or existing_cycle.response_complete:
+            self._start_asgi_task(self.cycle, app)
+        else:
+            self.flow.pause_reading()
+            self.pipeline.appendleft((self.cycle, app))
 
     def _absolute_form(self) -> None:
         """The absolute form with no path ("http://host?q"; RFC 9112 §3.2.2) means the path "/";
