@@ -77,8 +77,8 @@ def test_keys_come_from_the_secret_as_a_file(kind: str) -> None:
 def _manifest_settings(
     container: dict[str, Any], keys: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Settings:
-    """The container's TENSORBITS_* settings, with its key file replaced by ``keys`` and the
-    backend by NumPy; nothing from this process's environment."""
+    """The container's TENSORBITS_* settings, with its key file replaced by ``keys``, the
+    backend by NumPy and gRPC off; nothing from this process's environment."""
     for name in list(os.environ):
         if name.startswith("TENSORBITS_"):
             monkeypatch.delenv(name)
@@ -87,6 +87,7 @@ def _manifest_settings(
             monkeypatch.setenv(name, value)
     monkeypatch.setenv("TENSORBITS_API_KEYS_FILE", str(keys))
     monkeypatch.setenv("TENSORBITS_BACKEND", "numpy")
+    monkeypatch.setenv("TENSORBITS_GRPC_PORT", "0")  # HTTP is what these tests drive
     return Settings()
 
 

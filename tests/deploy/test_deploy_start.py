@@ -31,7 +31,8 @@ LOOPBACK = "127.0.0.1"
 
 def _image_environment(kind: str, port: int) -> dict[str, str]:
     """The container's environment: the image's ENV over this process's, with the venv's bin/
-    where the image has /opt/venv/bin, and loopback:port in place of 0.0.0.0:8000."""
+    where the image has /opt/venv/bin, loopback:port in place of 0.0.0.0:8000 and a free port in
+    place of gRPC's 8001."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TENSORBITS_")}
     for key, value in dockerfile(kind).final.env().items():
         if key == "PATH":
@@ -42,6 +43,7 @@ def _image_environment(kind: str, port: int) -> dict[str, str]:
         env[key] = value
     env["TENSORBITS_HOST"] = LOOPBACK
     env["TENSORBITS_PORT"] = str(port)
+    env["TENSORBITS_GRPC_PORT"] = str(free_port())  # in place of 8001, which may be taken here
     return env
 
 

@@ -48,7 +48,15 @@ def _environment(**settings: str) -> dict[str, str]:
         if not k.startswith("TENSORBITS_")
         and k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "HOST", "PORT")
     }
-    env.update({"TENSORBITS_LOG_LEVEL": "warning", "TENSORBITS_CPU_THREADS": "2", **settings})
+    # gRPC off: its default port (8001) is not what these tests are about, and may be taken.
+    env.update(
+        {
+            "TENSORBITS_LOG_LEVEL": "warning",
+            "TENSORBITS_CPU_THREADS": "2",
+            "TENSORBITS_GRPC_PORT": "0",
+            **settings,
+        }
+    )
     return env
 
 

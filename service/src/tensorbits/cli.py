@@ -154,7 +154,11 @@ def _uvicorn_kwargs(settings: Settings, drain: Drain | None = None) -> dict[str,
     }
 
 
-def _bind_problem(host: str, port: int) -> str | None:
+PORT_CHOICE = "choose another port with TENSORBITS_PORT=<port> or --port <port>"
+GRPC_PORT_CHOICE = "choose another port with TENSORBITS_GRPC_PORT=<port> (0 switches gRPC off)"
+
+
+def _bind_problem(host: str, port: int, choice: str = PORT_CHOICE) -> str | None:
     """Why ``host:port`` cannot be listened on, as one line for stderr; None when it can.
 
     Checked before uvicorn starts because uvicorn reports a failed bind only after building the
@@ -179,10 +183,7 @@ def _bind_problem(host: str, port: int) -> str | None:
                 probe.bind(address)
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
-            return (
-                f"tensorbits: {where} is already in use;"
-                " choose another port with TENSORBITS_PORT=<port> or --port <port>"
-            )
+            return f"tensorbits: {where} is already in use; {choice}"
         return (
             f"tensorbits: cannot listen on {where}: {exc.strerror or exc};"
             " check TENSORBITS_HOST/--host and TENSORBITS_PORT/--port"
@@ -228,9 +229,12 @@ def _serve(args: argparse.Namespace) -> int:
         for line in settings_errors(exc):
             print(f"tensorbits: invalid settings: {line}", file=sys.stderr)
         return 2
-    if (problem := _bind_problem(settings.host, settings.port)) is not None:
-        print(problem, file=sys.stderr)  # one plain line, not a log record: nothing started yet
-        return 1
+    for port, choice in ((settings.port, PORT_CHOICE), (settings.grpc_port, GRPC_PORT_CHOICE)):
+        # One plain line, not a log record: nothing started yet. (A gRPC port of 0 is "off",
+        # which the probe passes like the HTTP side's "any free port".)
+        if (problem := _bind_problem(settings.host, port, choice)) is not None:
+            print(problem, file=sys.stderr)
+            return 1
     # Last of the checks: probing a GPU takes seconds.
     if (problem := _backend_problem(settings)) is not None:
         print(problem, file=sys.stderr)

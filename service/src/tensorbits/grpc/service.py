@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, TypeVar
@@ -24,8 +25,7 @@ import grpc
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
 
-from tensorbits import auth, inference
-from tensorbits.api import v2 as http_v2
+from tensorbits import auth, inference, model_info
 from tensorbits.api.offload import offload
 from tensorbits.api.v2_infer import COMPUTE_INLINE_MAX_BYTES, JSON_INLINE_MAX_BYTES
 from tensorbits.grpc import inference_pb2 as pb
@@ -61,6 +61,12 @@ OPEN_WHEN: Mapping[str, str] = {
     "ServerReady": "/v2/health/ready",
 }
 
+# The RPCs of inference.proto's service and the method of InferenceService that serves each.
+RPCS = tuple(
+    (method.name, re.sub(r"(?<!^)(?=[A-Z])", "_", method.name).lower())
+    for method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods
+)
+
 M = TypeVar("M", bound=Message)
 Context = grpc.aio.ServicerContext[Any, Any]
 Handler = Callable[[bytes], Awaitable[bytes]]
@@ -81,7 +87,7 @@ def _version(version: str) -> str | None:
 
 class InferenceService:
     """The RPCs, on one runtime. ``handlers`` maps each RPC name to its bytes-in, bytes-out
-    coroutine, for every RPC of the service in ``inference.proto`` (a test checks)."""
+    coroutine, for every RPC of the service in ``inference.proto``."""
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
@@ -91,18 +97,8 @@ class InferenceService:
             rpc for rpc, path in OPEN_WHEN.items() if path in settings.auth_open_paths
         )
         self.receive_timeout = settings.timeout_body_read
-        self.handlers: dict[str, Handler] = {
-            "ServerLive": self.server_live,
-            "ServerReady": self.server_ready,
-            "ModelReady": self.model_ready,
-            "ServerMetadata": self.server_metadata,
-            "ModelMetadata": self.model_metadata,
-            "ModelInfer": self.model_infer,
-            "ModelStatistics": self.model_statistics,
-            "RepositoryIndex": self.repository_index,
-            "RepositoryModelLoad": self.repository_model_load,
-            "RepositoryModelUnload": self.repository_model_unload,
-        }
+        # Every RPC of the service in inference.proto, by the method of its snake-case name.
+        self.handlers: dict[str, Handler] = {rpc: getattr(self, method) for rpc, method in RPCS}
 
     # --- the call around every RPC ------------------------------------------------------------
 
@@ -178,16 +174,22 @@ class InferenceService:
 
     async def server_metadata(self, data: bytes) -> bytes:
         _parse(pb.ServerMetadataRequest, data)
-        document = (await http_v2.server_metadata()).model_dump(exclude_none=True)
+        document = model_info.server_metadata().model_dump(exclude_none=True)
         return _message(pb.ServerMetadataResponse, document).SerializeToString()
 
     async def model_metadata(self, data: bytes) -> bytes:
         request = _parse(pb.ModelMetadataRequest, data)
         op = inference.resolve_model(request.name, _version(request.version))
-        document = (await http_v2.model_metadata(op)).model_dump(exclude_none=True)
+        document = model_info.model_metadata(op).model_dump(exclude_none=True)
         # The HTTP metadata's extra words (allowed types, ranks, parameters) have no field in
         # TensorMetadata; ModelConfig carries them (openapi/README.md).
         return _message(pb.ModelMetadataResponse, document, partial=True).SerializeToString()
+
+    async def model_config(self, data: bytes) -> bytes:
+        request = _parse(pb.ModelConfigRequest, data)
+        op = inference.resolve_model(request.name, _version(request.version))
+        config = _message(pb.ModelConfig, model_info.model_config(op))
+        return pb.ModelConfigResponse(config=config).SerializeToString()
 
     async def model_statistics(self, data: bytes) -> bytes:
         request = _parse(pb.ModelStatisticsRequest, data)

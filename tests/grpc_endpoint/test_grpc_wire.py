@@ -1,0 +1,140 @@
+"""``tensorbits.grpc.wire`` against protobuf itself: the split of a request gives back exactly
+what protobuf parses out of it, the response's hand-framed raw contents are what protobuf reads,
+and no sequence of bytes makes the walk do anything but answer or refuse (InvalidRequest 400,
+PayloadTooLarge 413)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tensorbits.grpc import inference_pb2 as pb
+from tensorbits.grpc import wire
+from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
+
+MAX_TENSORS = 8
+
+names = st.text(max_size=12)
+parameters = st.dictionaries(
+    names,
+    st.one_of(
+        st.builds(lambda v: pb.InferParameter(bool_param=v), st.booleans()),
+        st.builds(lambda v: pb.InferParameter(int64_param=v), st.integers(-(2**63), 2**63 - 1)),
+        st.builds(lambda v: pb.InferParameter(string_param=v), names),
+    ),
+    max_size=3,
+)
+
+
+@st.composite
+def requests(draw: st.DrawFn) -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(
+        model_name=draw(names), model_version=draw(names), id=draw(names)
+    )
+    for key, value in draw(parameters).items():
+        request.parameters[key].CopyFrom(value)
+    for _ in range(draw(st.integers(0, MAX_TENSORS))):
+        tensor = request.inputs.add(
+            name=draw(names),
+            datatype=draw(st.sampled_from(["UINT8", "INT32", "FP16"])),
+            shape=draw(st.lists(st.integers(0, 2**40), max_size=4)),
+        )
+        tensor.contents.uint_contents.extend(draw(st.lists(st.integers(0, 2**32 - 1), max_size=4)))
+    for _ in range(draw(st.integers(0, 2))):
+        request.outputs.add(name=draw(names))
+    request.raw_input_contents.extend(draw(st.lists(st.binary(max_size=300), max_size=MAX_TENSORS)))
+    return request
+
+
+@settings(max_examples=300, deadline=None)
+@given(requests())
+def test_split_gives_back_what_protobuf_parses(request: pb.ModelInferRequest) -> None:
+    data = request.SerializeToString()
+    split = wire.split_infer_request(data, MAX_TENSORS)
+    assert [bytes(raw) for raw in split.raw_contents] == list(request.raw_input_contents)
+    rest = pb.ModelInferRequest.FromString(split.message)
+    assert not rest.raw_input_contents
+    rest.raw_input_contents.extend(bytes(raw) for raw in split.raw_contents)
+    assert rest == request
+    for raw in split.raw_contents:  # views of the received bytes, not copies
+        assert raw.obj is data
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=200))
+def test_any_bytes_are_answered_or_refused(data: bytes) -> None:
+    try:
+        split = wire.split_infer_request(data, MAX_TENSORS)
+    except (InvalidRequest, PayloadTooLarge):
+        return
+    assert sum(raw.nbytes for raw in split.raw_contents) + len(split.message) <= len(data)
+
+
+@settings(max_examples=200, deadline=None)
+@given(requests(), st.integers(1, 40))
+def test_truncated_messages_are_refused_as_protobuf_refuses_them(
+    request: pb.ModelInferRequest, cut: int
+) -> None:
+    data = request.SerializeToString()[:-cut]
+    try:
+        pb.ModelInferRequest.FromString(data)
+    except Exception:
+        protobuf_refuses = True
+    else:
+        protobuf_refuses = False
+    try:
+        split = wire.split_infer_request(data, MAX_TENSORS)
+        pb.ModelInferRequest.FromString(split.message)
+    except Exception:  # ours (400, 413) or protobuf's DecodeError on the rest
+        we_refuse = True
+    else:
+        we_refuse = False
+    assert we_refuse == protobuf_refuses
+
+
+def test_counts_are_bounded_while_walking() -> None:
+    request = pb.ModelInferRequest(raw_input_contents=[b""] * (MAX_TENSORS + 1))
+    with pytest.raises(PayloadTooLarge) as caught:
+        wire.split_infer_request(request.SerializeToString(), MAX_TENSORS)
+    assert caught.value.field == "raw_input_contents"
+    request = pb.ModelInferRequest()
+    for _ in range(MAX_TENSORS + 1):
+        request.inputs.add(name="x")
+    with pytest.raises(PayloadTooLarge) as caught:
+        wire.split_infer_request(request.SerializeToString(), MAX_TENSORS)
+    assert caught.value.field == "inputs"
+    request = pb.ModelInferRequest()
+    for index in range(wire.MAX_REQUEST_PARAMETERS + 1):
+        request.parameters[str(index)].bool_param = True
+    with pytest.raises(PayloadTooLarge) as caught:
+        wire.split_infer_request(request.SerializeToString(), MAX_TENSORS)
+    assert caught.value.rule == "max_parameters"
+
+
+@pytest.mark.parametrize(
+    ("data", "words"),
+    [
+        (b"\x3a\x05ab", "declares 5 bytes, 2 remain"),
+        (b"\x80" * 11, "longer than 10 bytes"),
+        (b"\x3a", "runs past the end"),
+        (b"\x00\x00", "field number 0"),
+        (b"\x0b", "wire type 3"),
+        (b"\x09\x00", "runs past the end"),
+    ],
+)
+def test_malformed_words(data: bytes, words: str) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        wire.split_infer_request(data, MAX_TENSORS)
+    assert words in caught.value.message
+    assert (caught.value.field, caught.value.rule) == ("ModelInferRequest", "protobuf")
+
+
+@pytest.mark.parametrize("size", [0, 1, 127, 128, 300, 16384, 1 << 21])
+def test_raw_field_is_protobufs_framing(size: int) -> None:
+    head = pb.ModelInferResponse(model_name="m", id="i").SerializeToString()
+    payload = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    data = head + wire.raw_field(wire.RAW_OUTPUT_CONTENTS, size) + payload
+    response = pb.ModelInferResponse.FromString(data)
+    assert list(response.raw_output_contents) == [payload]
+    assert (response.model_name, response.id) == ("m", "i")
