@@ -128,3 +128,22 @@ def test_busy_grpc_port_is_one_line() -> None:
         f"tensorbits: 127.0.0.1:{server.grpc_port} is already in use; choose another port with "
         "TENSORBITS_GRPC_PORT=<port> (0 switches gRPC off)"
     )
+
+
+def _requests_counted(server: GrpcServer, route: str, status: int) -> float:
+    with urllib.request.urlopen(f"{server.http.base_url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    prefix = f'tensorbits_requests_total{{model="",route="{route}",status="{status}"}} '
+    return sum(float(line[len(prefix) :]) for line in text.splitlines() if line.startswith(prefix))
+
+
+def test_calls_are_counted_in_metrics(grpc_server: GrpcServer) -> None:
+    client = triton_grpc.InferenceServerClient(grpc_server.grpc_url)
+    route = "/inference.GRPCInferenceService/ModelMetadata"
+    ok, missing = (_requests_counted(grpc_server, route, s) for s in (200, 404))
+    client.get_model_metadata(NOT)
+    client.get_model_metadata(NOT)
+    with pytest.raises(InferenceServerException):
+        client.get_model_metadata("nope")
+    assert _requests_counted(grpc_server, route, 200) == ok + 2
+    assert _requests_counted(grpc_server, route, 404) == missing + 1

@@ -60,7 +60,7 @@ def create_app(settings: Settings | None = None, *, drain: Drain | None = None) 
             if settings.grpc_port:
                 from tensorbits.grpc import server as grpc_endpoint  # grpcio only when it serves
 
-                grpc_server = await grpc_endpoint.start(runtime)
+                grpc_server = await grpc_endpoint.start(runtime, metrics)
             yield
         finally:
             if grpc_server is not None:

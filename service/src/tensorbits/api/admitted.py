@@ -27,7 +27,7 @@ from tensorbits.api.compression import accepted_coding, compress, compressed_bou
 from tensorbits.api.offload import offload
 from tensorbits.runtime import Admission, Grant, Runtime
 from tensorbits_protocol import codec
-from tensorbits_protocol.errors import Overloaded, PayloadTooLarge
+from tensorbits_protocol.errors import Overloaded
 
 _HEADER_LENGTH = codec.HEADER_LENGTH.lower().encode()
 # codec.Framed.media_type's values, encoded once (the send runs for every response).
@@ -63,19 +63,9 @@ class AdmittedRequest:
         return body, codec.parse_header_length(self.header_length_value, len(body))
 
     def grow(self, needed: int, what: str, parts: str, field: str) -> None:
-        """Hold ``needed`` bytes in all while the request runs, or raise: 413 when no idle server
-        could ever hold them (a 503 would be retried for ever), Overloaded (503) when this one
-        is too busy now. ``what`` needs them for ``parts``; ``field`` is where the caller can
-        make it smaller."""
-        bound = self.admission.max_bytes
-        if needed > bound:
-            raise PayloadTooLarge(
-                f"{what} needs {needed} bytes while it runs ({parts}), more than the server's "
-                f"limit of {bound} (TENSORBITS_MAX_INFLIGHT_BYTES)",
-                field=field,
-                rule="max_inflight_bytes",
-            )
-        self.grant.grow(needed - self.grant.nbytes)
+        """Hold ``needed`` bytes in all while the request runs (``Grant.hold``: 413 past what
+        any idle server could hold, 503 when this one is too busy now)."""
+        self.grant.hold(needed, what, parts, field)
 
     async def send(self, send: Send, framed: codec.Framed) -> None:
         """A 200 with the framed body (its parts in order; one message when it is one part),

@@ -31,6 +31,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tensorbits.config import Settings
 from tensorbits.grpc.service import SERVICE_NAME, InferenceService
+from tensorbits.observability import Metrics
 from tensorbits.runtime import Runtime
 
 logger = logging.getLogger("tensorbits.grpc")
@@ -97,10 +98,11 @@ def _credentials(settings: Settings) -> grpc.ServerCredentials | None:
     )
 
 
-def build(runtime: Runtime) -> grpc.aio.Server:
-    """The gRPC server for ``runtime``, its services added, its port bound, not started."""
+def build(runtime: Runtime, metrics: Metrics | None = None) -> grpc.aio.Server:
+    """The gRPC server for ``runtime``, its services added, its port bound, not started; its
+    calls counted in ``metrics`` (the app's: /metrics shows both protocols)."""
     settings = runtime.settings
-    service = InferenceService(runtime)
+    service = InferenceService(runtime, metrics)
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", min(settings.max_body_bytes, MAX_MESSAGE_BYTES)),
@@ -125,9 +127,9 @@ def build(runtime: Runtime) -> grpc.aio.Server:
     return server
 
 
-async def start(runtime: Runtime) -> grpc.aio.Server:
+async def start(runtime: Runtime, metrics: Metrics | None = None) -> grpc.aio.Server:
     """Build and start the gRPC server of ``runtime`` (in the running event loop)."""
-    server = build(runtime)
+    server = build(runtime, metrics)
     await server.start()
     logger.info(
         "gRPC on %s", _address(runtime.settings), extra={"grpc_port": runtime.settings.grpc_port}

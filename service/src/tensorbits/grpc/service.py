@@ -30,6 +30,7 @@ from tensorbits.api.offload import offload
 from tensorbits.api.v2_infer import COMPUTE_INLINE_MAX_BYTES, JSON_INLINE_MAX_BYTES
 from tensorbits.grpc import inference_pb2 as pb
 from tensorbits.grpc import messages, wire
+from tensorbits.observability import Metrics
 from tensorbits.runtime import Runtime
 from tensorbits_protocol.errors import (
     InvalidRequest,
@@ -40,7 +41,8 @@ from tensorbits_protocol.errors import (
 )
 from tensorbits_protocol.operators import OPERATORS, OperatorSpec
 
-logger = logging.getLogger("tensorbits.grpc")
+# The HTTP requests' logger (observability.py): one access log whatever the protocol.
+access_log = logging.getLogger("tensorbits.access")
 
 # The published service name: clients call /inference.GRPCInferenceService/<Method>.
 SERVICE_NAME = "inference.GRPCInferenceService"
@@ -89,8 +91,9 @@ class InferenceService:
     """The RPCs, on one runtime. ``handlers`` maps each RPC name to its bytes-in, bytes-out
     coroutine, for every RPC of the service in ``inference.proto``."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, metrics: Metrics | None = None) -> None:
         self.runtime = runtime
+        self.metrics = metrics
         settings = runtime.settings
         self.keys = auth.KeyRing(settings.accepted_api_keys) if settings.accepted_api_keys else None
         self.open_rpcs = frozenset(
@@ -108,8 +111,11 @@ class InferenceService:
         client that never finishes its message holds a slot no longer than an HTTP body would."""
         handler = self.handlers[name]
         needs_key = self.keys is not None and name not in self.open_rpcs
+        route = f"/{SERVICE_NAME}/{name}"
 
         async def behaviour(requests: AsyncIterator[bytes], context: Context) -> bytes:
+            started = time.perf_counter()
+            status, size_in, size_out = 200, 0, 0
             try:
                 if needs_key:
                     self._authenticate(context)
@@ -128,16 +134,46 @@ class InferenceService:
                         field="message",
                         rule="protobuf",
                     ) from None
-                return await handler(data)
+                size_in = len(data)
+                response = await handler(data)
+                size_out = len(response)
+                return response
             except TensorbitsError as error:
+                status = error.status_code
                 await context.abort(
                     STATUS.get(error.status_code, grpc.StatusCode.INTERNAL),
                     error.message,
                     trailing_metadata=_error_metadata(error),
                 )
                 raise  # abort raises; this line is for the type checker
+            except BaseException:
+                status = 500  # a bug (grpcio answers UNKNOWN) or a cancelled call
+                raise
+            finally:
+                self._account(route, status, time.perf_counter() - started, size_in, size_out)
 
         return behaviour
+
+    def _account(
+        self, route: str, status: int, seconds: float, size_in: int, size_out: int
+    ) -> None:
+        """Count and log a call as the HTTP middleware does a request (observability.py): under
+        its method's path, with the HTTP status of its answer (a refusal's is its error's)."""
+        if self.metrics is not None:
+            self.metrics.tally.add(route, "", status, seconds, size_in, size_out)
+        if access_log.isEnabledFor(logging.INFO):
+            access_log.info(
+                "gRPC %s %d",
+                route,
+                status,
+                extra={
+                    "status": status,
+                    "route": route,
+                    "duration_ms": round(seconds * 1000, 3),
+                    "bytes_in": size_in,
+                    "bytes_out": size_out,
+                },
+            )
 
     def _authenticate(self, context: Context) -> None:
         assert self.keys is not None
