@@ -23,8 +23,9 @@ What each duration means (nanoseconds of ``time.perf_counter_ns``), in Triton's 
   from its head to its last byte handed on (or to the failure), the body's arrival included.
 
 Triton's counts follow: ``success.count`` and each phase's ``count`` move by one per request
-that succeeded; ``fail.count`` by one per request for a known model that failed (any 4xx/5xx
-after the model was named, the admission's 503 included); ``inference_count`` and
+that succeeded; ``fail.count`` by one per request for a served model that failed (any 4xx/5xx
+once the model and version resolved and the model is loaded, the admission's 503 included; an
+unknown model, version or an unloaded model counts nowhere); ``inference_count`` and
 ``execution_count`` by one per success (no model here batches: ``max_batch_size`` is 0);
 ``last_inference`` is the end of the latest request, success or failure, in milliseconds since
 the epoch (0: none yet).
