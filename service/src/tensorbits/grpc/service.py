@@ -120,7 +120,9 @@ class InferenceService:
                 if needs_key:
                     self._authenticate(context)
                 try:
-                    data = await asyncio.wait_for(anext(requests), self.receive_timeout)
+                    # asyncio.timeout, not wait_for: no task per call (a tenth of a small call).
+                    async with asyncio.timeout(self.receive_timeout):
+                        data = await anext(requests)
                 except TimeoutError:
                     raise RequestTimeout(
                         f"the {name} request message did not arrive within "
