@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 import urllib.request
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -147,3 +149,28 @@ def test_calls_are_counted_in_metrics(grpc_server: GrpcServer) -> None:
         client.get_model_metadata("nope")
     assert _requests_counted(grpc_server, route, 200) == ok + 2
     assert _requests_counted(grpc_server, route, 404) == missing + 1
+
+
+def test_a_message_that_never_arrives_is_cut_off() -> None:
+    """A call whose message does not come within TENSORBITS_TIMEOUT_BODY_READ is answered
+    DEADLINE_EXCEEDED, and calls from other clients are answered meanwhile."""
+    with serve_grpc({"TENSORBITS_TIMEOUT_BODY_READ": "1"}) as server:
+        release = threading.Event()
+
+        def never() -> Iterator[bytes]:
+            release.wait(30)  # holds the call open with no message
+            yield b""
+
+        with grpc.insecure_channel(server.grpc_url) as channel:
+            stalled = channel.stream_unary("/inference.GRPCInferenceService/ServerLive")
+            future = stalled.future(never(), timeout=30)
+            client = triton_grpc.InferenceServerClient(server.grpc_url)
+            assert client.is_server_live()  # a bystander is served while it waits
+            with pytest.raises(grpc.RpcError) as caught:
+                future.result(timeout=20)
+            release.set()
+        assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert caught.value.details() == (
+            "the ServerLive request message did not arrive within 1.0 s "
+            "(TENSORBITS_TIMEOUT_BODY_READ)"
+        )
