@@ -264,9 +264,16 @@ INFER_RESPONSES: dict[int | str, dict[str, Any]] = {
         "content": {codec.BINARY_CONTENT_TYPE: {"schema": {"type": "string", "format": "binary"}}},
         "headers": {
             codec.HEADER_LENGTH: {
-                "description": "Byte length of the JSON header (binary responses only)",
+                "description": "Byte length of the JSON header (binary responses only), "
+                "uncompressed",
                 "schema": {"type": "integer"},
-            }
+            },
+            "Content-Encoding": {
+                "description": "`gzip` or `deflate` when the request's `Accept-Encoding` asked "
+                "for it (never otherwise): the body is compressed, the header length above "
+                "still counts the uncompressed JSON (openapi/README.md)",
+                "schema": {"type": "string", "enum": ["gzip", "deflate"]},
+            },
         },
     },
     **errors(400, 404, 413, 503),
