@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 from support.inprocess import TestClient
-from support.v1 import bind, data, post
+from support.v1 import bind, data, post, v1_client, zeros
 from support.v2 import AND, NOT, infer_binary, infer_json
 
 from tensorbits.statistics import Statistics
@@ -102,3 +102,22 @@ def test_statistics_batch_shares_time_out() -> None:
     stats.record_batch_failure([XOR, NOT], 100)
     assert stats.model_stats(XOR)["inference_stats"]["fail"] == {"count": 1, "ns": 50}
     assert stats.model_stats(NOT)["last_inference"] > 0
+
+
+def test_v1_batch_refused_after_planning_counts_each_dispatch_as_failed() -> None:
+    # Planned fine (a 1 MiB zero-filled buffer is within the body limit), refused by the
+    # admission's bound: the buffer and the response together pass it.
+    size = 1 << 20
+    with v1_client(max_body_bytes=size, max_inflight_bytes=size) as client:
+        t = bind("z", "UINT8", [size])
+        header = {
+            "buffers": [zeros("z", size)],
+            "dispatches": [{"operator": NOT, "bindings": {"InputTensor": t, "OutputTensor": t}}]
+            * 2,
+            "outputs": ["z"],
+        }
+        before = _counts(client, NOT)
+        response = post(client, header)
+        assert response.status_code == 413, response.text
+        assert response.json()["rule"] == "max_inflight_bytes"
+        assert _counts(client, NOT) == (before[0], before[1] + 2, before[2], before[3])
