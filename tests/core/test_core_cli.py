@@ -14,6 +14,7 @@ import uvicorn
 from support.inprocess import TestClient
 
 from tensorbits import __version__, cli
+from tensorbits.app import create_app
 from tensorbits.cli import main
 from tensorbits.config import Settings
 from tensorbits.guarded_protocol import GuardedHttpProtocol
@@ -154,8 +155,8 @@ def test_sigterm_turns_readiness_false_before_the_server_stops() -> None:
 def test_the_protocol_gets_the_head_limits_from_the_settings() -> None:
     settings = Settings(backend="numpy", max_head_bytes=4096, timeout_header_read=2.5)
     kwargs = cli._uvicorn_kwargs(settings)
-    assert kwargs["app"] == "tensorbits.app:create_app"  # workers build their own app
-    # --workers N pickles uvicorn's config into each spawned worker: the protocol goes with it.
+    assert kwargs["app"].func is create_app  # each process builds its app (workers.py)
+    # A picklable protocol: what a spawned worker could be handed with uvicorn's config.
     make = pickle.loads(pickle.dumps(kwargs["http"]))
     assert make.func is GuardedHttpProtocol
     assert make.keywords == {"max_head_bytes": 4096, "header_timeout": 2.5}

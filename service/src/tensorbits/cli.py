@@ -124,24 +124,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _uvicorn_kwargs(settings: Settings, drain: Drain | None = None) -> dict[str, Any]:
-    """uvicorn's arguments for ``settings``. With ``drain``: one process, whose app is built
-    from these settings and reports not ready once ``drain`` begins. Without: the app is built
-    by each worker process (an import string; it reads its settings from the environment)."""
+def _uvicorn_kwargs(
+    settings: Settings, drain: Drain | None = None, app: Any = None
+) -> dict[str, Any]:
+    """uvicorn's arguments for one server process (the only one, or one of ``--workers N``,
+    ``workers.py``): its app built from ``settings`` (or ``app``, built already), reporting not
+    ready once ``drain`` begins (None: a drain of its own, never begun)."""
     from tensorbits import tls
     from tensorbits.guarded_protocol import guarded_protocol
+    from tensorbits.runtime import Drain
 
-    app: Any = "tensorbits.app:create_app"
-    if drain is not None:
+    drain = drain or Drain()
+    if app is None:
         from tensorbits.app import create_app  # here: `tensorbits operators` needs no FastAPI
 
+        # A factory, so that uvicorn builds the app as it loads (and reports a failure).
         app = functools.partial(create_app, settings, drain=drain)
     return {
         "app": app,
-        "factory": True,  # either way, so uvicorn builds the app as it loads (and reports failure)
+        "factory": isinstance(app, functools.partial),
         "host": settings.host,
         "port": settings.port,
-        "workers": settings.workers,
         "loop": "uvloop",
         "http": guarded_protocol(settings),  # httptools, the request head bounded (its module)
         "ws": "none",  # no WebSocket routes: an upgrade request is an ordinary HTTP request
@@ -242,13 +245,12 @@ def _serve(args: argparse.Namespace) -> int:
     configure_logging(settings.log_level, settings.log_json)
     tune_allocator()  # before the first large buffer: RSS bounded over time (memory.py)
     if settings.workers > 1:
-        # uvicorn's supervisor spawns the workers and forwards the signal; each worker finishes
-        # its in-flight requests. (Readiness-first draining below is the single-worker path,
-        # the one the images use: one worker per GPU, scale out with replicas.)
-        uvicorn.run(**_uvicorn_kwargs(settings))
-    else:
-        drain = Drain()
-        draining_server(uvicorn.Config(**_uvicorn_kwargs(settings, drain)), drain).run()
+        # Worker processes on one port, each this same server (workers.py).
+        from tensorbits.workers import Supervisor
+
+        return Supervisor(settings).run()
+    drain = Drain()
+    draining_server(uvicorn.Config(**_uvicorn_kwargs(settings, drain)), drain).run()
     return 0
 
 
@@ -256,11 +258,24 @@ def draining_server(config: uvicorn.Config, drain: Drain) -> uvicorn.Server:
     """A uvicorn server that, on SIGTERM/SIGINT, turns readiness false first (``drain``, which
     the app's runtime was given), then lets uvicorn finish in-flight requests. The class is
     made here, not at import, because subclassing uvicorn.Server imports uvicorn."""
+    import contextvars
+    import logging
+    import signal
+
     import uvicorn
 
     class DrainingServer(uvicorn.Server):
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-            drain.begin()
+            if not drain.begun:
+                drain.begin()
+                # One line per process (each of --workers N drains its own requests), in a
+                # context of its own: the handler runs in whatever task the signal interrupted,
+                # and that request's id is not this line's.
+                contextvars.Context().run(
+                    logging.getLogger("tensorbits").info,
+                    "draining: not ready from now on; finishing the requests in flight",
+                    extra={"pid": os.getpid(), "signal": signal.Signals(sig).name},
+                )
             super().handle_exit(sig, frame)
 
     return DrainingServer(config)

@@ -72,7 +72,13 @@ class Settings(BaseSettings):
         description="port of the gRPC endpoint (the Open Inference Protocol's "
         "GRPCInferenceService and the gRPC health service), on TENSORBITS_HOST; 0: no gRPC",
     )
-    workers: int = Field(1, ge=1, description="worker processes (one per GPU)")
+    workers: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="worker processes sharing the port (SO_REUSEPORT); each admits 1/N of the "
+        "in-flight limits, so they hold for the whole server",
+    )
     log_level: Literal["debug", "info", "warning", "error", "critical"] = Field(
         "info", description="least severe log record written"
     )
@@ -218,7 +224,29 @@ class Settings(BaseSettings):
                 "max_inflight_bytes must be at least max_body_bytes, or no maximal request "
                 "could ever be admitted"
             )
+        if self.workers > 1 and self.max_inflight_bytes // self.workers < self.max_body_bytes:
+            raise ValueError(
+                f"max_inflight_bytes / workers ({self.max_inflight_bytes} / {self.workers}) must "
+                "be at least max_body_bytes: each worker admits its share of max_inflight_bytes, "
+                "and a maximal request has to fit in one worker's share"
+            )
+        if self.max_inflight_requests < self.workers:
+            raise ValueError(
+                f"max_inflight_requests ({self.max_inflight_requests}) must be at least workers "
+                f"({self.workers}): each worker admits its share of max_inflight_requests"
+            )
         return self
+
+    @property
+    def worker_inflight_bytes(self) -> int:
+        """What one worker process admits of ``max_inflight_bytes``: its 1/``workers`` share,
+        so that the bound holds for the whole server."""
+        return self.max_inflight_bytes // self.workers
+
+    @property
+    def worker_inflight_requests(self) -> int:
+        """One worker's share of ``max_inflight_requests``."""
+        return self.max_inflight_requests // self.workers
 
 
 def variable(field: str) -> str:

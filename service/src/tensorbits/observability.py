@@ -1,8 +1,20 @@
 """Prometheus metrics and the request-id/access-log middleware (pure ASGI, no BaseHTTPMiddleware,
-whose per-request task group costs small requests dearly)."""
+whose per-request task group costs small requests dearly).
+
+With several worker processes (``tensorbits serve --workers N``, ``workers.py``) every worker
+publishes its request tally and in-flight gauges to a folder the supervisor made, once a second
+(``WorkerShare``), and a scrape, whichever worker answers it, adds up its own live figures and
+the others' published ones: ``/metrics`` is the whole server's, the others' counts at most a
+second old. prometheus_client's multiprocess mode would do the adding with a locked mmap write per
+update (four per request, on every request); publishing a snapshot costs nothing per request.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import itertools
+import json
 import logging
 import os
 import time
@@ -10,6 +22,8 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import accumulate
+from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
@@ -48,6 +62,7 @@ class RequestTally:
         # (route, model, status) -> [requests, bytes in, bytes out]
         self.requests: dict[tuple[str, str, int], list[int]] = {}
         self.latency: dict[str, _RouteTally] = {}
+        self.share: WorkerShare | None = None  # set by Metrics.create in a worker process
 
     def add(self, route: str, model: str, status: int, seconds: float, nin: int, nout: int) -> None:
         counts = self.requests.get((route, model, status))
@@ -62,7 +77,42 @@ class RequestTally:
         tally.buckets[bisect_left(self.bounds, seconds)] += 1  # le: a bound is inclusive
         tally.seconds += seconds
 
+    def snapshot(self) -> dict[str, Any]:
+        """The counts as JSON: what a worker publishes for the others (``WorkerShare``)."""
+        return {
+            "requests": [[*key, *counts] for key, counts in list(self.requests.items())],
+            "latency": [
+                [route, tally.buckets, tally.seconds] for route, tally in list(self.latency.items())
+            ],
+        }
+
+    def merged(self, others: list[dict[str, Any]]) -> RequestTally:
+        """This tally plus the ``others``' snapshots: a new tally, for one exposition."""
+        total = RequestTally(self.bounds)
+        total.requests = {key: list(counts) for key, counts in list(self.requests.items())}
+        total.latency = {
+            route: _RouteTally(list(t.buckets), t.seconds)
+            for route, t in list(self.latency.items())
+        }
+        for snapshot in others:
+            for route, model, status, *counts in snapshot["requests"]:
+                row = total.requests.setdefault((route, model, status), [0, 0, 0])
+                for i, count in enumerate(counts):
+                    row[i] += count
+            for route, buckets, seconds in snapshot["latency"]:
+                tally = total.latency.setdefault(route, _RouteTally([0] * len(buckets)))
+                tally.buckets = [a + b for a, b in zip(tally.buckets, buckets, strict=True)]
+                tally.seconds += seconds
+        return total
+
     def collect(self) -> Iterator[Metric]:
+        share = self.share
+        if share is not None:
+            yield from self.merged(share.others_tallies()).exposition()
+        else:
+            yield from self.exposition()
+
+    def exposition(self) -> Iterator[Metric]:
         requests = CounterMetricFamily(
             "tensorbits_requests", "HTTP requests by route, model and status",
             labels=["route", "model", "status"],
@@ -92,6 +142,80 @@ class RequestTally:
         yield from (requests, latency, bytes_in, bytes_out)
 
 
+# Set in a worker process before its app is built (``share_with_workers``): where the workers
+# publish their figures. None: one process, no sharing.
+_SHARED_FOLDER: Path | None = None
+PUBLISH_EVERY_S = 1.0
+
+
+def share_with_workers(folder: Path) -> None:
+    """Make this process's metrics (``Metrics.create`` from now on) one worker's share of the
+    server's, published in ``folder``, where the other workers publish theirs."""
+    global _SHARED_FOLDER
+    _SHARED_FOLDER = folder
+
+
+class WorkerShare:
+    """One worker's figures, published as ``<pid>.json`` in the workers' folder, and the other
+    workers' figures, read from theirs at scrape time. A worker that exited leaves its file: its
+    counts stay in the sums (counters never go down); its gauges (what it had in flight) do not
+    count once its process is gone."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.pid = os.getpid()
+        self.path = folder / f"{self.pid}.json"
+        self._timer: asyncio.TimerHandle | None = None
+        self._gauges: dict[str, Callable[[], float]] = {}
+
+    def start(self, tally: RequestTally, gauges: dict[str, Callable[[], float]]) -> None:
+        """Publish ``tally`` and ``gauges`` now and every ``PUBLISH_EVERY_S`` seconds on the
+        running loop (until it stops)."""
+        self._tally, self._gauges = tally, gauges
+        loop = asyncio.get_running_loop()
+
+        def tick() -> None:
+            self.publish()
+            self._timer = loop.call_later(PUBLISH_EVERY_S, tick)
+
+        tick()
+
+    def publish(self) -> None:
+        tally = getattr(self, "_tally", None)
+        if tally is None:
+            return  # not started: the worker's runtime never came up
+        gauges = {name: read() for name, read in self._gauges.items()}
+        document = {"pid": self.pid, "tally": tally.snapshot(), "gauges": gauges}
+        partial = self.path.with_suffix(".partial")
+        partial.write_text(json.dumps(document))
+        partial.replace(self.path)  # atomic: a reader sees the old file or the new one
+
+    def others(self) -> list[dict[str, Any]]:
+        found = []
+        for path in self.folder.glob("*.json"):
+            if path == self.path:
+                continue
+            with contextlib.suppress(OSError, ValueError):  # a worker's file being replaced
+                found.append(json.loads(path.read_text()))
+        return found
+
+    def others_tallies(self) -> list[dict[str, Any]]:
+        return [document["tally"] for document in self.others()]
+
+    def live_others(self) -> list[dict[str, Any]]:
+        return [document for document in self.others() if _alive(document["pid"])]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 @dataclass(frozen=True)
 class Metrics:
     """The server's metrics, in a registry of their own (one per app, so tests can build many)."""
@@ -102,11 +226,14 @@ class Metrics:
     inflight_bytes: Gauge
     backend: Gauge
     device_memory: Gauge
+    workers: Gauge
 
     @classmethod
     def create(cls) -> Metrics:
         registry = CollectorRegistry()
         tally = RequestTally()
+        if _SHARED_FOLDER is not None:
+            tally.share = WorkerShare(_SHARED_FOLDER)
         registry.register(tally)
         return cls(
             registry=registry,
@@ -127,6 +254,10 @@ class Metrics:
                 "tensorbits_device_memory_bytes", "device memory held by the backend's pool "
                 "(CuPy only)", registry=registry,
             ),
+            workers=Gauge(
+                "tensorbits_worker_processes", "worker processes whose figures these add up",
+                registry=registry,
+            ),
         )  # fmt: skip
 
     def bind_runtime(self, runtime: Runtime) -> None:
@@ -134,9 +265,33 @@ class Metrics:
         backend = runtime.selection.backend
         self.backend.labels(backend.name, backend.device, runtime.selection.reason).set(1)
         admission = runtime.admission
-        self.inflight_requests.set_function(lambda: admission.requests_in_flight)
-        self.inflight_bytes.set_function(lambda: admission.bytes_in_flight)
-        self.device_memory.set_function(lambda: float(backend.memory_in_use() or 0))
+        own: dict[str, Callable[[], float]] = {
+            "inflight_requests": lambda: admission.requests_in_flight,
+            "inflight_bytes": lambda: admission.bytes_in_flight,
+            "device_memory": lambda: float(backend.memory_in_use() or 0),
+        }
+        share = self.tally.share
+        if share is None:
+            self.inflight_requests.set_function(own["inflight_requests"])
+            self.inflight_bytes.set_function(own["inflight_bytes"])
+            self.device_memory.set_function(own["device_memory"])
+            self.workers.set(1)
+            return
+
+        def summed(name: str) -> Callable[[], float]:
+            mine = own[name]
+            return lambda: mine() + sum(d["gauges"][name] for d in share.live_others())
+
+        self.inflight_requests.set_function(summed("inflight_requests"))
+        self.inflight_bytes.set_function(summed("inflight_bytes"))
+        self.device_memory.set_function(summed("device_memory"))
+        self.workers.set_function(lambda: 1 + len(share.live_others()))
+        share.start(self.tally, own)
+
+    def publish(self) -> None:
+        """Publish this worker's figures now (a worker does once a second, and as it exits)."""
+        if self.tally.share is not None:
+            self.tally.share.publish()
 
 
 def _model_label(scope: Scope) -> str:
@@ -176,10 +331,11 @@ class ObservabilityMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request_id = _header(scope, b"x-request-id") or os.urandom(16).hex()
+        request_id = _header(scope, b"x-request-id") or new_request_id()
         token = request_id_var.set(request_id)
         start = time.perf_counter()
         counts = {"in": 0, "out": 0, "status": 500}
+        id_header = (b"x-request-id", request_id.encode())
 
         async def receive_counted() -> Message:
             message = await receive()
@@ -190,10 +346,7 @@ class ObservabilityMiddleware:
         async def send_tagged(message: Message) -> None:
             if message["type"] == "http.response.start":
                 counts["status"] = message["status"]
-                message["headers"] = [
-                    *message.get("headers", []),
-                    (b"x-request-id", request_id.encode()),
-                ]
+                message["headers"] = [*message.get("headers", ()), id_header]
             elif message["type"] == "http.response.body":
                 counts["out"] += len(message.get("body", b""))
             await send(message)
@@ -228,6 +381,26 @@ class ObservabilityMiddleware:
                 "bytes_out": counts["out"],
             },
         )
+
+
+class _RequestIds:
+    """Request ids made here: 32 hex digits, a random half per process and a counter. Unique
+    across the server's workers and restarts (as ``os.urandom(16)`` was), not secret, and
+    without a ``getrandom`` syscall per request (1.5 % of a small request's time under load)."""
+
+    def __init__(self) -> None:
+        self.reset()
+        os.register_at_fork(after_in_child=self.reset)  # a forked child is another process
+
+    def reset(self) -> None:
+        self.prefix = os.urandom(8).hex()
+        self.counter = itertools.count()
+
+    def __call__(self) -> str:
+        return f"{self.prefix}{next(self.counter) & 0xFFFFFFFFFFFFFFFF:016x}"
+
+
+new_request_id = _RequestIds()
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

@@ -172,7 +172,8 @@ class Runtime:
         return cls(
             settings=settings,
             selection=selection,
-            admission=Admission(settings.max_inflight_bytes, settings.max_inflight_requests),
+            # One worker's share: with N workers the limits hold for the server as a whole.
+            admission=Admission(settings.worker_inflight_bytes, settings.worker_inflight_requests),
             limits=request_limits(settings),
             batch_limits=BatchLimits.from_settings(settings),
             v2_plans=_cache(settings, CACHED_HEADER_MAX_BYTES),

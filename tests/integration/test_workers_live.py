@@ -1,0 +1,209 @@
+"""``tensorbits serve --workers 2`` live (``workers.py``): both workers serve one port, each with
+the guarded protocol and its share of the in-flight limits, ``/metrics`` adds them up, and SIGTERM
+drains every worker (readiness false, requests in flight finished) before the server exits."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from support.framing import framed
+from support.live import LiveServer, serve
+from support.rawhttp import ask, assert_json_error, read_response, request
+from support.v2 import NOT, binary_input
+
+from tensorbits.config import Settings
+
+MiB = 1 << 20
+WORKERS = {"TENSORBITS_WORKERS": "2", "TENSORBITS_GRPC_PORT": "0"}
+INFER = f"/v2/models/{NOT}/infer"
+
+
+def _not_request(data: np.ndarray) -> bytes:  # type: ignore[type-arg]
+    body, headers = framed(
+        {"inputs": [binary_input("InputTensor", data)], "parameters": {"binary_data_output": True}},
+        data.tobytes(),
+    )
+    return request("POST", INFER, headers, body)
+
+
+def _check_not(reply: tuple[int, dict[str, str], bytes], data: np.ndarray) -> None:  # type: ignore[type-arg]
+    status, headers, body = reply
+    assert status == 200, body[:300]
+    offset = int(headers["inference-header-content-length"])
+    np.testing.assert_array_equal(np.frombuffer(body[offset:], data.dtype), ~data)
+
+
+@pytest.fixture(scope="module")
+def workers() -> Iterator[LiveServer]:
+    # 2 MiB in flight for the server: 1 MiB for each worker (the largest body allowed).
+    env = {
+        **WORKERS,
+        "TENSORBITS_MAX_INFLIGHT_BYTES": str(2 * MiB),
+        "TENSORBITS_MAX_BODY_BYTES": str(MiB),
+        "TENSORBITS_MAX_HEAD_BYTES": "4096",
+        "TENSORBITS_TIMEOUT_HEADER_READ": "1",
+    }
+    with serve(env) as server:
+        yield server
+
+
+def _worker_of(server: LiveServer) -> str:
+    """The worker that answered a request on a new connection: the per-process half of the
+    request id it made (observability._RequestIds)."""
+    reply = ask(server, request("GET", "/v2/health/live"))
+    assert reply.status == 200
+    return reply.headers["x-request-id"][:16]
+
+
+def _seen_workers(server: LiveServer, seconds: float = 60) -> set[str]:
+    """The workers that answer new connections, until both have (the second may still be
+    starting when the first is ready) or ``seconds`` have passed."""
+    seen: set[str] = set()
+    deadline = time.monotonic() + seconds
+    while len(seen) < 2 and time.monotonic() < deadline:
+        seen.add(_worker_of(server))
+    return seen
+
+
+def test_both_workers_serve_the_port(workers: LiveServer) -> None:
+    assert len(_seen_workers(workers)) == 2
+
+
+def test_every_worker_bounds_the_request_head(workers: LiveServer) -> None:
+    assert len(_seen_workers(workers)) == 2
+    answered_by = set()
+    for _ in range(40):
+        with socket.create_connection((workers.host, workers.port), timeout=10) as sock:
+            sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+            answered_by.add(read_response(sock).headers["x-request-id"][:16])
+            sock.sendall(request("GET", "/v2/health/live", {"X-Big": "a" * 5000}))
+            assert_json_error(read_response(sock), 431, "headers", "max_head_bytes")
+        if len(answered_by) == 2:
+            break
+    assert len(answered_by) == 2
+
+
+def test_every_worker_closes_a_head_that_does_not_arrive_in_time(workers: LiveServer) -> None:
+    socks = [socket.create_connection((workers.host, workers.port), timeout=10) for _ in range(8)]
+    try:
+        for sock in socks:
+            sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n")  # never finished
+        started = time.monotonic()
+        for sock in socks:
+            assert sock.recv(1) == b""  # closed by whichever worker holds it
+        assert time.monotonic() - started < 5
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def test_each_worker_admits_its_share_of_the_inflight_bytes(workers: LiveServer) -> None:
+    # 600 KiB in and 600 KiB out: within the server's 2 MiB, past one worker's 1 MiB.
+    large = np.arange(600 << 10, dtype=np.uint8)
+    for _ in range(6):  # whichever worker takes it
+        reply = ask(workers, _not_request(large))
+        body = assert_json_error(reply, 413, "body", "max_inflight_bytes")
+        assert str(MiB) in body["error"], body
+    small = np.arange(300 << 10, dtype=np.uint8)  # 600 KiB in all: within a share
+    _check_not(ask(workers, _not_request(small)), small)
+
+
+def _samples(server: LiveServer) -> dict[str, float]:
+    with urllib.request.urlopen(f"{server.base_url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    found = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            found[name] = float(value)
+    return found
+
+
+def test_metrics_add_up_across_the_workers() -> None:
+    # A server of its own: no other test's requests in its counts.
+    with serve(WORKERS) as server:
+        assert len(_seen_workers(server)) == 2
+        data = np.arange(16, dtype=np.uint8)
+        served_by = set()
+        for _ in range(40):  # a new connection each: both workers get some
+            reply = ask(server, _not_request(data))
+            _check_not(reply, data)
+            served_by.add(reply.headers["x-request-id"][:16])
+        assert len(served_by) == 2, "one worker served every connection"
+        key = (
+            'tensorbits_requests_total{model="DML_OPERATOR_ELEMENT_WISE_BIT_NOT",'
+            'route="/v2/models/{model}/infer",status="200"}'
+        )
+        deadline = time.monotonic() + 10
+        samples = _samples(server)
+        while samples.get(key) != 40 and time.monotonic() < deadline:
+            time.sleep(0.2)  # the other worker publishes its counts once a second
+            samples = _samples(server)
+        assert samples.get(key) == 40, {k: v for k, v in samples.items() if "requests" in k}
+        assert samples["tensorbits_worker_processes"] == 2
+        latency = 'tensorbits_request_duration_seconds_count{route="/v2/models/{model}/infer"}'
+        assert samples[latency] == 40
+        assert samples["tensorbits_inflight_requests"] == 0
+
+
+def test_sigterm_drains_every_worker() -> None:
+    """SIGTERM to the server while requests are half uploaded on connections to both workers:
+    each worker turns not ready and logs it, every request still gets its correct 200, and the
+    server exits 0."""
+    env = {**WORKERS, "TENSORBITS_LOG_LEVEL": "info", "TENSORBITS_LOG_JSON": "true"}
+    data = np.arange(MiB // 4, dtype=np.uint32)
+    raw = _not_request(data)
+    half = len(raw) // 2
+    with tempfile.TemporaryFile() as log:
+        with serve(env, stderr=log) as server:
+            assert len(_seen_workers(server)) == 2
+            socks = []
+            try:
+                for _ in range(8):
+                    sock = socket.create_connection((server.host, server.port), timeout=30)
+                    socks.append(sock)
+                    sock.sendall(raw[:half])  # in flight on whichever worker took it
+                time.sleep(0.5)
+                server.proc.send_signal(signal.SIGTERM)
+                time.sleep(0.5)
+                assert server.proc.poll() is None, "the server quit with requests in flight"
+                for sock in socks:
+                    sock.sendall(raw[half:])
+                for sock in socks:
+                    _check_not(read_response(sock), data)
+            finally:
+                for sock in socks:
+                    sock.close()
+            assert server.proc.wait(timeout=30) == 0
+        log.seek(0)
+        records = [json.loads(line) for line in log.read().decode().splitlines() if line[:1] == "{"]
+    drained = {r["pid"] for r in records if str(r["message"]).startswith("draining:")}
+    assert len(drained) == 2, [r["message"] for r in records]
+
+
+@pytest.mark.parametrize(
+    ("settings", "words"),
+    [
+        ({"workers": 4, "max_inflight_bytes": 512 * MiB, "max_body_bytes": 256 * MiB}, "workers"),
+        ({"workers": 8, "max_inflight_requests": 4}, "max_inflight_requests"),
+    ],
+)
+def test_a_worker_count_whose_share_is_too_small_is_refused(
+    settings: dict[str, int], words: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(words)):
+        Settings(**settings)  # type: ignore[arg-type]
+
+
+def test_a_worker_admits_its_share() -> None:
+    settings = Settings(workers=4, max_inflight_bytes=2048 * MiB, max_inflight_requests=64)
+    assert (settings.worker_inflight_bytes, settings.worker_inflight_requests) == (512 * MiB, 16)
