@@ -117,6 +117,7 @@ class TritonPeer:
     http_port: int
     grpc_port: int
     version: str
+    pid: int  # tritonserver's; the backend's stubs are its children
 
     @property
     def http_url(self) -> str:
@@ -293,9 +294,9 @@ def triton_peer(venv: Path | None = None) -> Iterator[TritonPeer]:
                 start_new_session=True,  # a Ctrl-C at the benchmark reaches it through _stop only
             )
             try:
-                peer = TritonPeer(http_port, grpc_port, "")
+                peer = TritonPeer(http_port, grpc_port, "", proc.pid)
                 triton_version = _wait_ready(proc, peer.http_url, log)
-                yield TritonPeer(http_port, grpc_port, triton_version)
+                yield TritonPeer(http_port, grpc_port, triton_version, proc.pid)
             finally:
                 _stop(proc)
 

@@ -1,0 +1,377 @@
+"""gRPC against HTTP, and tensorbits against a real Triton Inference Server, in one run (issue 12).
+
+Starts ``tensorbits serve`` (NumPy backend, HTTP and gRPC on free 127.0.0.1 ports) and the Triton
+peer (``bench/_triton_peer.py``: Triton 2.51's own C++ front ends, Python-backend models doing the
+same NumPy call, installed on demand outside the project's lock), then:
+
+  (small) requests/s of a 16-element UINT8 BIT_NOT, the same request on both servers:
+          HTTP with wrk (v2 binary body from a Lua script, keep-alive, ``--connections``, one
+          thread), gRPC with bench/_grpc_load.py (pre-serialized ModelInfer, ``--streams`` calls
+          in flight on ``--channels`` connections). ``--rounds`` rounds, each running the four
+          contestants once in an order rotated every round; the table shows each one's median
+          rate and p50/p99, and each ratio is the median of its per-round ratios.
+  (large) a 64 MiB BIT_NOT round trip (64 MiB in, 64 MiB out), best of ``--repeat`` interleaved
+          rounds: HTTP v2 binary through a plain-socket client (bench/_harness.PlainClient),
+          gRPC as one pre-serialized ModelInfer with raw contents (answers checked, not
+          parsed), on both servers.
+
+When the Triton peer cannot be installed or started, says why and measures tensorbits alone.
+Loopback only, bounded (about 2 minutes with the defaults). Usage:
+
+  .venv/bin/python bench/grpc_vs_triton.py [--rounds N] [--seconds S] [--repeat N] [--parts small,large]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import os
+import re
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._grpc_load import CHANNEL_OPTIONS, METHOD, model_infer_request
+from bench._harness import BIN, PlainClient, free_port, interleaved_best, note, wait_until_up
+from bench._triton_peer import PeerUnavailable, TritonPeer, stop_on_signals, triton_peer
+from bench.http_service import WRK_SCRIPT, _service_call, lua_string, v2_binary_request
+
+ROOT = Path(__file__).resolve().parent.parent
+MiB = 1 << 20
+NOT = "DML_OPERATOR_ELEMENT_WISE_BIT_NOT"
+PATH = f"/v2/models/{NOT}/infer"
+SMALL = np.arange(16, dtype=np.uint8)
+LARGE_MIB = 64
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """One server's two front ends: an HTTP port and a gRPC ``host:port``."""
+
+    server: str
+    http_port: int
+    grpc_target: str
+    pid: int  # the server's process; its CPU time is read with its children's (tree_cpu)
+
+
+@dataclass(frozen=True)
+class Rate:
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    server_us: float  # the server's CPU time per request answered (all its processes)
+    client_us: float  # the load generator's CPU time per request
+
+
+TICK = 1 / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of ``pid`` and its live descendants: tritonserver's Python
+    backend runs each model in a stub process of its own, whose work is the server's too."""
+    total, pending = 0.0, [pid]
+    while pending:
+        current = pending.pop()
+        with contextlib.suppress(OSError):  # a process may end while we read
+            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) * TICK  # utime, stime
+            for task in Path(f"/proc/{current}/task").iterdir():
+                pending += [int(c) for c in (task / "children").read_text().split()]
+    return total
+
+
+def children_cpu() -> float:
+    """CPU seconds of this process's waited-for children (wrk, the gRPC load generator)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+# --- small requests ---------------------------------------------------------------------------
+
+UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+
+
+def _wrk_ms(out: str, percentile: int) -> float:
+    match = re.search(rf"^\s+{percentile}%\s+([\d.]+)(us|ms|s)\s*$", out, re.MULTILINE)
+    if match is None:
+        raise RuntimeError(f"no {percentile}% latency in wrk's output:\n{out}")
+    return float(match.group(1)) * UNITS[match.group(2)]
+
+
+def wrk_small(server: Endpoints, seconds: float, connections: int) -> Rate:
+    """wrk (one thread) posting the 16-element v2 binary BIT_NOT for ``seconds``."""
+    head, parts = v2_binary_request({"InputTensor": SMALL}, "OutputTensor")
+    script = WRK_SCRIPT.format(
+        method="POST",
+        body=lua_string(b"".join(bytes(p) for p in parts)),
+        headers=f'wrk.headers["Inference-Header-Content-Length"] = "{len(head)}"',
+    )
+    with tempfile.NamedTemporaryFile("w", suffix=".lua") as f:
+        f.write(script)
+        f.flush()
+        server_cpu, client_cpu = tree_cpu(server.pid), children_cpu()
+        out = subprocess.run(
+            ["wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s", "--latency", "-s", f.name,
+             f"http://127.0.0.1:{server.http_port}{PATH}"],
+            capture_output=True, text=True, check=True, timeout=seconds + 30,
+        ).stdout  # fmt: skip
+        server_cpu, client_cpu = tree_cpu(server.pid) - server_cpu, children_cpu() - client_cpu
+    failed = re.search(r"Non-2xx or 3xx responses: (\d+)|Socket errors: (.*)", out)
+    if failed:
+        raise RuntimeError(f"wrk against {server.server}: {failed.group(0)}\n{out}")
+    rate = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    count = re.search(r"(\d+) requests in", out)
+    if rate is None or count is None:
+        raise RuntimeError(f"could not read wrk's output:\n{out}")
+    requests = int(count.group(1))
+    return Rate(
+        float(rate.group(1)), _wrk_ms(out, 50), _wrk_ms(out, 99),
+        server_cpu / requests * 1e6, client_cpu / requests * 1e6,
+    )  # fmt: skip
+
+
+def grpc_small(server: Endpoints, seconds: float, streams: int, channels: int) -> Rate:
+    """bench/_grpc_load.py, in a process of its own, with the same 16-element request."""
+    argv = [
+        sys.executable, str(ROOT / "bench" / "_grpc_load.py"), server.grpc_target, "--json",
+        "--elements", str(SMALL.size), "--duration", f"{seconds:g}",
+        "--streams", str(streams), "--channels", str(channels),
+    ]  # fmt: skip
+    server_cpu = tree_cpu(server.pid)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60, check=False)
+    server_cpu = tree_cpu(server.pid) - server_cpu
+    if done.returncode != 0:
+        raise RuntimeError(f"gRPC load against {server.server} failed:\n{done.stdout}{done.stderr}")
+    result = json.loads(done.stdout)
+    return Rate(
+        result["requests"] / result["seconds"], result["p50_ms"], result["p99_ms"],
+        server_cpu / result["calls_made"] * 1e6, result["client_cpu_s"] / result["requests"] * 1e6,
+    )  # fmt: skip
+
+
+def small_rounds(
+    servers: list[Endpoints], args: argparse.Namespace
+) -> dict[tuple[str, str], list[Rate]]:
+    """(server, protocol) -> one Rate per round; the contestants' order rotates every round, so
+    that none always runs first (or right after the same neighbour) on a shared machine."""
+    contestants: list[tuple[tuple[str, str], Callable[[], Rate]]] = []
+    for s in servers:
+        http = functools.partial(wrk_small, s, args.seconds, args.connections)
+        rpc = functools.partial(grpc_small, s, args.seconds, args.streams, args.channels)
+        contestants += [((s.server, "HTTP"), http), ((s.server, "gRPC"), rpc)]
+    rates: dict[tuple[str, str], list[Rate]] = {key: [] for key, _ in contestants}
+    for round_ in range(args.rounds):
+        shift = round_ % len(contestants)
+        for key, measure in contestants[shift:] + contestants[:shift]:
+            note(f"  round {round_ + 1}/{args.rounds}: {key[0]} {key[1]}")
+            rates[key].append(measure())
+    return rates
+
+
+def median_ratio(a: list[Rate], b: list[Rate]) -> float:
+    return statistics.median(x.rps / y.rps for x, y in zip(a, b, strict=True))
+
+
+def print_small(rates: dict[tuple[str, str], list[Rate]], args: argparse.Namespace) -> None:
+    print(
+        f"\n(small) 16-element UINT8 BIT_NOT, {args.rounds} interleaved rounds of {args.seconds:g} s"
+        f" each; HTTP: wrk -t1 -c{args.connections}, gRPC: bench/_grpc_load.py "
+        f"{args.streams} streams on {args.channels} channels"
+    )
+    print(
+        f"{'server':<11} {'protocol':<8} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} "
+        f"{'server CPU':>10} {'client CPU':>10}  req/s each round"
+    )
+    for (server, protocol), runs in rates.items():
+        med = {
+            field: statistics.median(getattr(r, field) for r in runs)
+            for field in ("rps", "p50_ms", "p99_ms", "server_us", "client_us")
+        }
+        print(
+            f"{server:<11} {protocol:<8} {med['rps']:>7,.0f} {med['p50_ms']:>7.2f} "
+            f"{med['p99_ms']:>7.2f} {med['server_us']:>7.0f} us {med['client_us']:>7.0f} us  "
+            + " ".join(f"{r.rps:,.0f}" for r in runs)
+        )
+    print("(medians over the rounds; CPU: seconds of CPU per request answered, user + system)")
+    tb_http, tb_grpc = rates[("tensorbits", "HTTP")], rates[("tensorbits", "gRPC")]
+    print("ratios (median of the per-round ratios):")
+    print(
+        f"  tensorbits gRPC / tensorbits HTTP: {median_ratio(tb_grpc, tb_http):.2f}x "
+        "(target >= 1.0x)"
+    )
+    if ("Triton", "gRPC") in rates:
+        tr_http, tr_grpc = rates[("Triton", "HTTP")], rates[("Triton", "gRPC")]
+        print(
+            f"  tensorbits gRPC / Triton gRPC:     {median_ratio(tb_grpc, tr_grpc):.2f}x "
+            "(target >= 0.7x)"
+        )
+        print(f"  tensorbits HTTP / Triton HTTP:     {median_ratio(tb_http, tr_http):.2f}x")
+        print(f"  Triton gRPC / Triton HTTP:         {median_ratio(tr_grpc, tr_http):.2f}x")
+
+
+# --- 64 MiB round trip ------------------------------------------------------------------------
+
+
+def grpc_round_trip(
+    target: str, body: bytes, expected: np.ndarray
+) -> tuple[Callable[[], None], grpc.Channel]:
+    """One pre-serialized ModelInfer per call; the answer is checked where its raw output lies
+    (raw_output_contents is the response's last field: its bytes end the message), not parsed,
+    so the client's share of the time stays a receive."""
+    channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+    call: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(
+        METHOD, request_serializer=None, response_deserializer=None
+    )
+    tail = expected[-4096:].tobytes()
+
+    def once() -> None:
+        answer: bytes = call(body, timeout=120, wait_for_ready=True)
+        if len(answer) < expected.nbytes or answer[-len(tail) :] != tail:
+            raise RuntimeError(f"{target}: wrong answer ({len(answer)} bytes)")
+
+    return once, channel
+
+
+def with_server_cpu(fn: Callable[[], object], pid: int, spent: list[float]) -> Callable[[], None]:
+    """``fn``, appending the server's CPU seconds over each call to ``spent``."""
+
+    def once() -> None:
+        before = tree_cpu(pid)
+        fn()
+        spent.append(tree_cpu(pid) - before)
+
+    return once
+
+
+def large_round_trips(servers: list[Endpoints], repeat: int) -> dict[str, tuple[float, float]]:
+    """name -> (best time, least server CPU time) of the 64 MiB round trip, in seconds."""
+    big = np.full(LARGE_MIB * MiB, 0x5A, np.uint8)
+    big[-4096:] = np.arange(4096, dtype=np.uint64).astype(np.uint8)  # a tail worth checking
+    expected = np.bitwise_not(big)
+    head, parts = v2_binary_request({"InputTensor": big}, "OutputTensor")
+    body = model_infer_request(NOT, {"InputTensor": big})
+    fns: dict[str, Callable[[], object]] = {}
+    cpu: dict[str, list[float]] = {}
+    with contextlib.ExitStack() as stack:
+        for s in servers:
+            http = PlainClient(s.http_port)
+            stack.callback(http.close)
+            once, channel = grpc_round_trip(s.grpc_target, body, expected)
+            stack.callback(channel.close)
+            calls = {"HTTP": _service_call(http, NOT, parts, head, expected), "gRPC": once}
+            for protocol, call in calls.items():
+                name = f"{s.server} {protocol}"
+                fns[name] = with_server_cpu(call, s.pid, cpu.setdefault(name, []))
+        best = interleaved_best(fns, repeat)
+    return {name: (best[name], min(cpu[name])) for name in fns}
+
+
+def print_large(best: dict[str, tuple[float, float]], repeat: int) -> None:
+    print(f"\n(large) {LARGE_MIB} MiB BIT_NOT round trip, best of {repeat} interleaved rounds")
+    print(f"{'server':<11} {'protocol':<8} {'time':>9} {'server CPU':>12}")
+    for name, (seconds, cpu) in best.items():
+        server, protocol = name.split()
+        print(f"{server:<11} {protocol:<8} {seconds * 1e3:>6.1f} ms {cpu * 1e3:>9.0f} ms")
+    time_of = {name: seconds for name, (seconds, _) in best.items()}
+    print(
+        "  tensorbits gRPC / tensorbits HTTP time: "
+        f"{time_of['tensorbits gRPC'] / time_of['tensorbits HTTP']:.2f}x"
+    )
+    for protocol in ("HTTP", "gRPC"):
+        if f"Triton {protocol}" in time_of:
+            ratio = time_of[f"Triton {protocol}"] / time_of[f"tensorbits {protocol}"]
+            print(f"  Triton time / tensorbits time, {protocol}: {ratio:.2f}x (target >= 1.5x)")
+
+
+# --- the run ----------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def tensorbits() -> Iterator[Endpoints]:
+    """``tensorbits serve`` as bench/_harness.tensorbits_server starts it, with gRPC on a free
+    port too, and its pid kept (the server's CPU time is read from /proc)."""
+    http_port, grpc_port = free_port(), free_port()
+    env = {
+        **os.environ,
+        "TENSORBITS_BACKEND": "numpy",
+        "TENSORBITS_LOG_LEVEL": "warning",
+        "TENSORBITS_GRPC_PORT": str(grpc_port),
+    }
+    argv = [str(BIN / "tensorbits"), "serve", "--port", str(http_port)]
+    proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
+    try:
+        wait_until_up(f"http://127.0.0.1:{http_port}/v2/health/ready")
+        yield Endpoints("tensorbits", http_port, f"127.0.0.1:{grpc_port}", proc.pid)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def peers() -> Iterator[list[Endpoints]]:
+    with contextlib.ExitStack() as stack:
+        servers = [stack.enter_context(tensorbits())]
+        try:
+            peer: TritonPeer = stack.enter_context(triton_peer())
+        except PeerUnavailable as exc:
+            print(f"Triton peer unavailable, tensorbits measured alone: {exc}")
+        else:
+            servers.append(Endpoints("Triton", peer.http_port, peer.grpc_url, peer.pid))
+            print(f"Triton peer: Triton Inference Server {peer.version} (nvidia-pytriton)")
+        yield servers
+
+
+def conditions() -> str:
+    one, five, _ = os.getloadavg()
+    return f"{os.cpu_count()} cores, load average {one:.1f} (1 min) {five:.1f} (5 min)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=5, help="(small) rounds (default 5)")
+    parser.add_argument("--seconds", type=float, default=4.0, help="(small) seconds per run")
+    parser.add_argument("--connections", type=int, default=32, help="(small) wrk connections")
+    parser.add_argument("--streams", type=int, default=32, help="(small) gRPC calls in flight")
+    parser.add_argument("--channels", type=int, default=2, help="(small) gRPC connections")
+    parser.add_argument("--repeat", type=int, default=5, help="(large) rounds (default 5)")
+    parser.add_argument("--parts", default="small,large", help="small, large or both")
+    args = parser.parse_args(argv)
+    parts = set(args.parts.split(","))
+    if not parts <= {"small", "large"}:
+        parser.error("--parts: small, large or small,large")
+    if not (1 <= args.rounds <= 50 and 0 < args.seconds <= 60 and 1 <= args.repeat <= 50):
+        parser.error("bounded: --rounds 1..50, --seconds (0, 60], --repeat 1..50")
+    if "small" in parts and shutil.which("wrk") is None:
+        parser.error("(small) needs wrk: apt-get install -y wrk")
+    stop_on_signals()  # a Ctrl-C or SIGTERM still stops both servers
+    start = time.monotonic()
+    print(f"machine: {conditions()}")
+    with peers() as servers:
+        if "small" in parts:
+            note("(small) ...")
+            print_small(small_rounds(servers, args), args)
+        if "large" in parts:
+            note("(large) ...")
+            print_large(large_round_trips(servers, args.repeat), args.repeat)
+    print(f"\nmachine after: {conditions()}; {time.monotonic() - start:.0f} s in all")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
