@@ -4,6 +4,7 @@ batch counts each dispatch as an inference of its operator."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -121,3 +122,21 @@ def test_v1_batch_refused_after_planning_counts_each_dispatch_as_failed() -> Non
         assert response.status_code == 413, response.text
         assert response.json()["rule"] == "max_inflight_bytes"
         assert _counts(client, NOT) == (before[0], before[1] + 2, before[2], before[3])
+
+
+def test_other_workers_snapshots_add_up() -> None:
+    mine, theirs = Statistics([NOT]), Statistics([NOT])
+    mine.record(NOT, 0, 1, 2, 3, 10)
+    theirs.record(NOT, 0, 10, 20, 30, 100, inferences=2)
+    theirs.record_failure(NOT, 7)
+    published = json.loads(json.dumps(theirs.snapshot()))  # as a worker publishes it
+    (entry,) = mine.response([NOT], others=[published, {"unknown": [1]}])["model_stats"]
+    stats = entry["inference_stats"]
+    assert stats["success"] == {"count": 3, "ns": 110}
+    assert stats["fail"] == {"count": 1, "ns": 7}
+    assert stats["compute_infer"] == {"count": 3, "ns": 22}
+    assert entry["inference_count"] == 3
+    assert entry["last_inference"] == max(
+        mine.model_stats(NOT)["last_inference"], theirs.model_stats(NOT)["last_inference"]
+    )
+    assert mine.response([NOT]) != mine.response([NOT], others=[published])

@@ -44,7 +44,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from tensorbits.inference import MODEL_VERSION
@@ -131,16 +131,31 @@ class Statistics:
         for model, count in Counter(models).items():
             self.record_failure(model, total_ns * count // n, count)
 
-    def model_stats(self, model: str, version: str = MODEL_VERSION) -> dict[str, Any]:
-        """One model's entry of ``model_stats``, in Triton's JSON form (ModelStatistics)."""
-        with self._lock:
-            tally = list(self._tallies[model])
+    def snapshot(self) -> dict[str, list[int]]:
+        """Every model's tally now, JSON-able, ``last_inference`` already in epoch milliseconds:
+        what another worker process of the same server publishes, for ``response`` to add up."""
+        return {model: self.snapshot_of(model) for model in self._tallies}
+
+    def model_stats(
+        self,
+        model: str,
+        version: str = MODEL_VERSION,
+        others: Iterable[Mapping[str, Sequence[int]]] = (),
+    ) -> dict[str, Any]:
+        """One model's entry of ``model_stats``, in Triton's JSON form (ModelStatistics), with the
+        ``snapshot``s of ``others`` (other workers of this server) added in."""
+        tally = self.snapshot_of(model)
+        for other in others:
+            theirs = other.get(model)
+            if theirs is not None and len(theirs) == _SLOTS:
+                merged = [a + b for a, b in zip(tally, theirs, strict=True)]
+                merged[LAST_NS] = max(tally[LAST_NS], theirs[LAST_NS])  # the latest, not a sum
+                tally = merged
         successes = tally[SUCCESS]
-        last = tally[LAST_NS]
         return {
             "name": model,
             "version": version,
-            "last_inference": (last + self._epoch_offset_ns) // 1_000_000 if last else 0,
+            "last_inference": tally[LAST_NS],
             "inference_count": successes,
             "execution_count": successes,
             "inference_stats": {
@@ -153,10 +168,23 @@ class Statistics:
             "batch_stats": [],
         }
 
-    def response(self, models: Iterable[str]) -> dict[str, Any]:
+    def snapshot_of(self, model: str) -> list[int]:
+        """``snapshot``'s tally of one model."""
+        with self._lock:
+            tally = list(self._tallies[model])
+        last = tally[LAST_NS]
+        tally[LAST_NS] = (last + self._epoch_offset_ns) // 1_000_000 if last else 0
+        return tally
+
+    def response(
+        self, models: Iterable[str], others: Iterable[Mapping[str, Sequence[int]]] = ()
+    ) -> dict[str, Any]:
         """The statistics extension's answer for ``models``, in Triton's JSON form: the protobuf
-        JSON of ``inference.ModelStatisticsResponse`` (gRPC ParseDicts it as it is)."""
-        return {"model_stats": [self.model_stats(model) for model in models]}
+        JSON of ``inference.ModelStatisticsResponse`` (gRPC ParseDicts it as it is). ``others``:
+        the ``snapshot``s of the server's other worker processes, added in (a server of one
+        process has none)."""
+        others = list(others)
+        return {"model_stats": [self.model_stats(model, others=others) for model in models]}
 
 
 __all__ = ["PHASES", "Statistics"]
