@@ -5,7 +5,7 @@ UV := .tools/bin/uv
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install install-serve serve test check lint typecheck unit bench openapi clean
+.PHONY: install install-serve serve test check lint typecheck unit bench openapi clean images image-test
 
 $(UV):
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check --target .tools uv==$(UV_VERSION)
@@ -61,6 +61,20 @@ bench: install ## operator core on the CPU; bench/http_service.py, bench/in_proc
 
 openapi: install ## regenerate openapi/openapi.json from the app
 	$(BIN)/python scripts/export_openapi.py
+
+# Images, built and run without a Docker daemon: buildah (installed from Debian's packages when
+# missing), official bases when a registry answers, else stand-ins made here (scripts/images.py;
+# docker/README.md). A CA bundle reaches the builds as the secret `ca-bundle`, only when given:
+# CA_BUNDLE=file, by default the one SSL_CERT_FILE names (a TLS-intercepting proxy's trust).
+CA_BUNDLE ?= $(SSL_CERT_FILE)
+IMAGES ?=
+images_only = $(if $(IMAGES),--only $(IMAGES))
+
+images: $(UV) ## build the CPU and GPU images (buildah; IMAGES="cpu gpu-cuda12 gpu-cuda13" to choose)
+	$(PYTHON) scripts/images.py build $(images_only) $(if $(CA_BUNDLE),--ca-bundle $(CA_BUNDLE))
+
+image-test: install ## start the built images through buildah and check them (see docker/README.md)
+	$(BIN)/python scripts/image_test.py $(images_only) --self-check
 
 clean:
 	rm -rf $(VENV) .tools .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -50,6 +50,8 @@ class Instruction:
     flags: dict[str, str]  # leading --name=value options (COPY --from, RUN --mount, ...)
     rest: str  # the arguments after the flags, continuation lines joined
     line: int  # 1-based line of the instruction's first line
+    # Every value of each flag, in order: RUN takes several --mount (flags keeps the last).
+    flag_values: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def exec_form(self) -> list[str]:
         """The JSON (exec) form of CMD/ENTRYPOINT/HEALTHCHECK CMD; ValueError if shell form."""
@@ -108,6 +110,27 @@ class Dockerfile:
     def final(self) -> Stage:
         return self.stages[-1]
 
+    def arg_defaults(self) -> dict[str, str]:
+        """The global ``ARG NAME=default`` values (an ARG without a default is left out)."""
+        defaults: dict[str, str] = {}
+        for instruction in self.global_args:
+            name, sep, value = instruction.rest.partition("=")
+            if sep:
+                defaults[name.strip()] = value.strip()
+        return defaults
+
+    def base_of(self, stage: Stage) -> tuple[str, str | None]:
+        """The image ``stage`` builds FROM, a global ARG's default when the FROM names one, and
+        the ARG's name (None when the FROM is a literal)."""
+        match = re.fullmatch(r"\$\{?(\w+)\}?", stage.base)
+        if match is None:
+            return stage.base, None
+        name = match.group(1)
+        defaults = self.arg_defaults()
+        if name not in defaults:
+            raise ValueError(f"{self.path.name}: FROM {stage.base} without a global ARG default")
+        return defaults[name], name
+
     def stage(self, name: str) -> Stage:
         for stage in self.stages:
             if stage.name == name:
@@ -142,10 +165,12 @@ def parse_dockerfile(path: Path) -> Dockerfile:
         keyword, _, rest = logical.partition(" ")
         rest = rest.strip()
         flags: dict[str, str] = {}
+        values: dict[str, tuple[str, ...]] = {}
         while (match := _FLAG.match(rest)) is not None:
             flags[match.group(1)] = match.group(2) or ""
+            values[match.group(1)] = (*values.get(match.group(1), ()), match.group(2) or "")
             rest = rest[match.end() :].strip()
-        instruction = Instruction(keyword.upper(), flags, rest, line)
+        instruction = Instruction(keyword.upper(), flags, rest, line, values)
         if instruction.keyword == "FROM":
             words = rest.split()
             name = words[2] if len(words) == 3 and words[1].upper() == "AS" else None

@@ -129,16 +129,17 @@ def _admitted(policy: dict[str, Any]) -> list[dict[str, str]]:
     return admitted
 
 
-def test_the_network_policy_admits_labelled_namespaces_on_the_http_port() -> None:
+def test_the_network_policy_admits_labelled_namespaces_on_the_served_ports() -> None:
+    """The container's named ports, HTTP and gRPC, and nothing else."""
     policy = _network_policy(K8S / "networkpolicy.yaml")
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= _pod_labels().items()
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     assert _admitted(policy) == [CLIENT_LABEL]
     (rule,) = policy["spec"]["ingress"]
     _, container = _deployment_pod()
-    (port,) = rule["ports"]
-    assert port["protocol"] == "TCP"
-    assert port["port"] in [p["name"] for p in container["ports"]]
+    assert {p["protocol"] for p in rule["ports"]} == {"TCP"}
+    assert sorted(p["port"] for p in rule["ports"]) == sorted(p["name"] for p in container["ports"])
+    assert sorted(p["port"] for p in rule["ports"]) == ["grpc", "http"]
 
 
 def test_the_kserve_network_policy_admits_the_gateway_knative_and_labelled_namespaces() -> None:

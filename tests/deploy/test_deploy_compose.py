@@ -187,7 +187,10 @@ def test_services_are_healthchecked_hardened_and_env_driven(service: str) -> Non
     env = spec["environment"]
     assert env["TENSORBITS_PORT"] == image.env()["TENSORBITS_PORT"]
     assert VARIABLE.fullmatch(env["TENSORBITS_LOG_LEVEL"])
-    (port,) = spec["ports"]
-    assert port.endswith(":" + env["TENSORBITS_PORT"])
-    assert VARIABLE.search(port), "published port chosen by the environment"
+    http, grpc = spec["ports"]
+    assert http.endswith(":" + env["TENSORBITS_PORT"])
+    assert grpc.endswith(":8001"), "gRPC at TENSORBITS_GRPC_PORT's default"
+    assert "TENSORBITS_GRPC_PORT" not in env
+    for port in (http, grpc):
+        assert VARIABLE.search(port), "published port chosen by the environment"
     assert {"path": "./tensorbits.env", "required": False} in spec["env_file"]

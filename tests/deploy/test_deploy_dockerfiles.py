@@ -2,7 +2,8 @@
 
 No Docker engine is needed: hadolint lints the files, the rest reads them, and the dependency
 layer is replayed with uv itself (same commands, same lock) to prove the image's install steps
-work against the current uv.lock and workspace.
+work against the current uv.lock and workspace. The images themselves are built and run by
+`make images image-test` (scripts/images.py, scripts/image_test.py), not here.
 """
 
 from __future__ import annotations
@@ -33,7 +34,13 @@ from deploy.deployfiles import (
     parse_dockerfile,
 )
 
+sys.path.insert(0, str(REPO / "scripts"))
+import images  # scripts/images.py: the table of images and their build arguments
+
 KINDS = sorted(DOCKERFILES)
+# The base build arguments: the pinned official default, replaced only by scripts/images.py's
+# local stand-ins where no registry answers.
+BASE_ARGS = {"PYTHON_BASE", "UV_IMAGE"}
 PYTHON_IMAGE = re.compile(
     r"^python:(?P<version>3\.11\.\d+)-slim-bookworm(?:@sha256:[0-9a-f]{64})?$"
 )
@@ -81,13 +88,29 @@ def _run_hadolint(path: Path, tmp_path: Path) -> tuple[int, list[dict[str, Any]]
     return result.returncode, findings
 
 
-def _uv_syncs(stage: Stage) -> list[tuple[Instruction, list[str]]]:
-    syncs = []
+CA_GUARD = "if [ -s /run/secrets/ca-bundle ]; then export SSL_CERT_FILE=/run/secrets/ca-bundle; fi"
+
+
+def _uv_command(instruction: Instruction) -> list[str]:
+    """A RUN's uv command: the whole RUN, or what follows the CA-bundle guard."""
+    text = instruction.rest
+    if text.startswith(CA_GUARD):
+        text = text.removeprefix(CA_GUARD).strip().removeprefix("&&").strip()
+    return shlex.split(text)
+
+
+def _uv_runs(stage: Stage, *command: str) -> list[tuple[Instruction, list[str]]]:
+    """The stage's RUNs of ``uv <command...>`` (e.g. "sync", or "pip", "install")."""
+    runs = []
     for instruction in stage.all("RUN"):
-        words = shlex.split(instruction.rest)
-        if words[:2] == ["uv", "sync"]:
-            syncs.append((instruction, words))
-    return syncs
+        words = _uv_command(instruction)
+        if words[: 1 + len(command)] == ["uv", *command]:
+            runs.append((instruction, words))
+    return runs
+
+
+def _uv_syncs(stage: Stage) -> list[tuple[Instruction, list[str]]]:
+    return _uv_runs(stage, "sync")
 
 
 # ---- lint ---------------------------------------------------------------------------------------
@@ -119,76 +142,132 @@ def _makefile_uv_version() -> str:
     return match.group(1)
 
 
+def _pinned(reference: str) -> None:
+    name, _, tag = reference.partition("@")[0].rpartition(":")
+    assert name, f"{reference}: no image name"
+    assert tag, f"{reference}: no tag"
+    assert tag != "latest", f"{reference}: not pinned"
+    assert "$" not in reference, f"{reference}: a default that is itself a variable"
+    assert re.search(r"\d+\.\d+", tag), f"{reference}: tag names no version"
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_base_image_is_pinned(kind: str) -> None:
+    """Every FROM is an earlier stage, or a base build argument whose default is pinned: a
+    plain `docker build` is the production build; only scripts/images.py passes stand-ins."""
     parsed = dockerfile(kind)
     aliases = {stage.name for stage in parsed.stages if stage.name}
     for stage in parsed.stages:
         if stage.base in aliases:
             continue  # FROM an earlier stage
-        name, _, tag = stage.base.partition("@")[0].rpartition(":")
-        assert name, f"{stage.base}: no image name"
-        assert tag, f"{stage.base}: no tag"
-        assert tag != "latest", f"{stage.base}: not pinned"
-        assert "$" not in stage.base, f"{stage.base}: chosen by a build argument"
-        assert re.search(r"\d+\.\d+", tag), f"{stage.base}: tag names no version"
+        base, argument = parsed.base_of(stage)
+        assert argument in BASE_ARGS, f"FROM {stage.base}: a literal, or an unknown argument"
+        _pinned(base)
+    assert set(parsed.arg_defaults()) == BASE_ARGS
+    assert images.LOCAL_BASES.keys() == BASE_ARGS, "a local stand-in for every base argument"
+
+
+def test_base_reader_resolves_build_arguments(tmp_path: Path) -> None:
+    path = tmp_path / "Dockerfile"
+    path.write_text("ARG B=python:3.11.1-slim\nARG C\nFROM ${B} AS one\nFROM $C\nFROM one\n")
+    parsed = parse_dockerfile(path)
+    assert parsed.arg_defaults() == {"B": "python:3.11.1-slim"}
+    assert parsed.base_of(parsed.stages[0]) == ("python:3.11.1-slim", "B")
+    assert parsed.base_of(parsed.stages[2]) == ("one", None)
+    with pytest.raises(ValueError, match="without a global ARG default"):
+        parsed.base_of(parsed.stages[1])
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_uv_image_matches_the_makefile(kind: str) -> None:
-    uv_stages = [s for s in dockerfile(kind).stages if UV_IMAGE.match(s.base)]
-    assert len(uv_stages) == 1, "expected one FROM ghcr.io/astral-sh/uv:<version>"
-    match = UV_IMAGE.match(uv_stages[0].base)
+    parsed = dockerfile(kind)
+    bases = [parsed.base_of(s)[0] for s in parsed.stages]
+    uv_bases = [b for b in bases if UV_IMAGE.match(b)]
+    assert len(uv_bases) == 1, "expected one FROM ghcr.io/astral-sh/uv:<version>"
+    match = UV_IMAGE.match(uv_bases[0])
     assert match
     assert match.group("version") == _makefile_uv_version()
 
 
-def test_cpu_image_is_python_311_slim_pinned_by_digest() -> None:
-    parsed = dockerfile("cpu")
-    for stage in parsed.stages[1:]:
-        assert PYTHON_IMAGE.match(stage.base), stage.base
-        assert "@sha256:" in stage.base, f"{stage.base}: pin the digest too"
-    assert "cupy" not in parsed.path.read_text().lower().replace("no cupy", "")
-
-
-def _python_version(kind: str) -> str:
+@pytest.mark.parametrize("kind", KINDS)
+def test_python_stages_are_311_slim_pinned_by_digest(kind: str) -> None:
+    """Both images build and run on the same pinned python:3.11-slim-bookworm (the GPU image
+    takes its CUDA libraries from wheels: no nvidia/cuda base)."""
     parsed = dockerfile(kind)
+    for stage in parsed.stages[1:]:
+        base, argument = parsed.base_of(stage)
+        assert argument == "PYTHON_BASE", stage.base
+        assert PYTHON_IMAGE.match(base), base
+        assert "@sha256:" in base, f"{base}: pin the digest too"
     if kind == "cpu":
-        match = PYTHON_IMAGE.match(parsed.final.base)
-        assert match
-        return match.group("version")
-    return parsed.stage("builder").env()["UV_PYTHON"]
+        assert "cupy" not in parsed.path.read_text().lower().replace("no cupy", "")
 
 
 def test_both_images_run_the_same_python() -> None:
-    assert _python_version("cpu") == _python_version("gpu")
-    assert _python_version("gpu").startswith("3.11.")
-    installs = [
-        shlex.split(i.rest)
-        for i in dockerfile("gpu").stage("builder").all("RUN")
-        if "python" in i.rest
-    ]
-    assert ["uv", "python", "install", "--no-bin", _python_version("gpu")] in installs
+    cpu, gpu = dockerfile("cpu").arg_defaults(), dockerfile("gpu").arg_defaults()
+    assert cpu == gpu
 
 
-def test_gpu_image_is_cuda_runtime_matching_the_cupy_wheel() -> None:
-    """The runtime flavour carries NVRTC (CuPy compiles its kernels at run time), and the
-    CUDA major version of the image is the one the gpu extra's cupy-cudaNNx wheel targets."""
-    parsed = dockerfile("gpu")
-    majors = set()
-    for stage in parsed.stages:
-        if stage.name == "uv":
+def _requirements(path: Path) -> dict[str, tuple[str, list[str]]]:
+    """A `uv pip compile --generate-hashes` file: name -> (version, hashes)."""
+    found: dict[str, tuple[str, list[str]]] = {}
+    text = re.sub(r"\\\n\s*", " ", path.read_text())
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
             continue
-        match = CUDA_IMAGE.match(stage.base)
-        assert match, f"{stage.base}: expected nvidia/cuda:<x.y.z>-runtime-ubuntu22.04"
-        majors.add(match.group("major"))
-    assert len(majors) == 1
+        requirement, *options = line.split()
+        name, _, version = requirement.partition("==")
+        assert version, f"{path.name}: {requirement} is not pinned"
+        hashes = [o.removeprefix("--hash=") for o in options if o.startswith("--hash=sha256:")]
+        found[name.lower()] = (version, hashes)
+    return found
+
+
+def _gpu_variants() -> dict[str, images.Image]:
+    return {image.build_args["CUDA_MAJOR"]: image for image in images.IMAGES if image.gpu}
+
+
+def test_gpu_variants_have_their_cuda_wheels_pinned_against_the_lock() -> None:
+    """docker/gpu/cuda<N>.txt, one per GPU image: CuPy at the lock's version for CUDA N, the
+    CUDA runtime and NVRTC of major N (what NVRTC-compiled kernels need: no cuBLAS, cuFFT...),
+    every file hash-pinned, and the lock's own packages at the lock's versions."""
+    variants = _gpu_variants()
+    files = {p.stem.removeprefix("cuda"): p for p in images.GPU_REQUIREMENTS.glob("cuda*.txt")}
+    assert set(files) == set(variants) == set(images.CUDA_INPUTS) == {"12", "13"}
+    locked = images.locked_versions(["cupy-cuda12x", "cuda-pathfinder", "numpy"])
+    for major, path in files.items():
+        pins = _requirements(path)
+        assert pins[f"cupy-cuda{major}x"][0] == locked["cupy-cuda12x"], path.name
+        suffix = "-cu12" if major == "12" else ""  # CUDA 13's wheels dropped the suffix
+        for wheel in ("nvidia-cuda-runtime", "nvidia-cuda-nvrtc"):
+            assert pins[wheel + suffix][0].split(".")[0] == major, f"{path.name}: {wheel}"
+        assert pins["cuda-toolkit"][0].split(".")[0] == major
+        assert pins["cuda-pathfinder"][0] == locked["cuda-pathfinder"]
+        assert pins["numpy"][0] in dockerfile_lock_numpy(), "numpy must stay the lock's"
+        unwanted = {
+            n for n in pins if re.match(r"nvidia-(cublas|cufft|curand|cusolver|cusparse)", n)
+        }
+        assert not unwanted, f"{path.name}: libraries the kernels never load: {unwanted}"
+        assert all(hashes for _, hashes in pins.values()), f"{path.name}: a pin without a hash"
+
+
+def dockerfile_lock_numpy() -> set[str]:
+    lock = tomllib.loads((REPO / "uv.lock").read_text())
+    return {p["version"] for p in lock["package"] if p["name"] == "numpy"}
+
+
+def test_default_gpu_image_is_the_gpu_extras_cuda() -> None:
+    """CUDA_MAJOR's default (a plain `docker build`) is the CUDA of the service's gpu extra."""
+    builder_args = {
+        i.rest.partition("=")[0]: i.rest.partition("=")[2]
+        for i in dockerfile("gpu").stage("builder").all("ARG")
+    }
     service = tomllib.loads((REPO / "service" / "pyproject.toml").read_text())
     gpu_extra = service["project"]["optional-dependencies"]["gpu"]
     wheels = {m.group(1) for req in gpu_extra if (m := re.match(r"cupy-cuda(\d+)x", req))}
-    assert wheels == majors, f"gpu extra {gpu_extra} vs CUDA {majors}"
-    lock = (REPO / "uv.lock").read_text()
-    assert f'name = "cupy-cuda{majors.pop()}x"' in lock, "the lock must carry the CuPy wheel"
+    assert wheels == {builder_args["CUDA_MAJOR"]}
+    assert images.selected(["gpu-cuda12"])[0].tags[-1].endswith("-gpu"), "the plain gpu tag"
 
 
 # ---- layering -----------------------------------------------------------------------------------
@@ -203,14 +282,13 @@ def test_dependency_layer_comes_before_the_code(kind: str) -> None:
     for words in (deps_words, project_words):
         assert {"--frozen", "--no-dev"} <= set(words)
         assert words[words.index("--package") + 1] == "tensorbits"
-        assert ("--extra" in words and words[words.index("--extra") + 1] == "gpu") == (
-            kind == "gpu"
-        )
+        assert "--extra" not in words, "CuPy comes from docker/gpu/cuda<N>.txt"
     assert "--no-install-workspace" in deps_words
     assert "--no-install-workspace" not in project_words
     assert "--no-editable" in project_words
     for sync in (deps, project):
-        assert sync.flags.get("mount", "").startswith("type=cache"), "keep uv's cache out"
+        mounts = sync.flag_values.get("mount", ())
+        assert any(m.startswith("type=cache") for m in mounts), "keep uv's cache out"
 
     copies = [i for i in builder.all("COPY") if "from" not in i.flags]
     before = [c for c in copies if c.line < deps.line]
@@ -223,17 +301,41 @@ def test_dependency_layer_comes_before_the_code(kind: str) -> None:
         "client/pyproject.toml",
     }
     sources_after = {s for c in after for s in copy_sources_and_dest(c)[0]}
-    assert sources_after == {"service/src", "client/src"}
+    cuda = {"docker/gpu/cuda${CUDA_MAJOR}.txt"} if kind == "gpu" else set()
+    assert sources_after == {"service/src", "client/src"} | cuda
+    if kind == "gpu":
+        # The CUDA layer sits between the two, and the code sync keeps what it installed.
+        ((install, words),) = _uv_runs(builder, "pip", "install")
+        assert deps.line < install.line < project.line
+        assert {"--no-deps", "--require-hashes"} <= set(words)
+        assert words[words.index("--python") + 1] == "/opt/venv"
+        assert "--inexact" in project_words
+        cuda_copy = next(c for c in after if copy_sources_and_dest(c)[0] == sorted(cuda))
+        assert cuda_copy.line < install.line, "the CUDA list comes before the code"
+        assert all(c.line > install.line for c in after if c is not cuda_copy)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_ca_bundle_is_a_build_secret_used_only_when_given(kind: str) -> None:
+    """Every RUN that downloads mounts the optional secret `ca-bundle` and points uv at it only
+    when it is there: never a bundle in a layer, never verification turned off."""
+    builder = dockerfile(kind).stage("builder")
+    downloads = [i for i in builder.all("RUN") if _uv_command(i)[:1] == ["uv"]]
+    assert downloads
+    for run in downloads:
+        assert run.rest.startswith(CA_GUARD), f"line {run.line}: no CA guard"
+        mounts = run.flag_values.get("mount", ())
+        assert "type=secret,id=ca-bundle,required=false" in mounts, f"line {run.line}: {mounts}"
+    text = DOCKERFILES[kind].read_text()
+    for never in ("--allow-insecure-host", "--trusted-host", "UV_INSECURE", "verify=False"):
+        assert never not in text
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_runtime_stage_takes_only_the_environment(kind: str) -> None:
     final = dockerfile(kind).final
     from_builder = [copy_sources_and_dest(c) for c in final.all("COPY") if c.flags.get("from")]
-    expected = [(["/opt/venv"], "/opt/venv")]
-    if kind == "gpu":
-        expected.insert(0, (["/opt/python"], "/opt/python"))
-    assert from_builder == expected
+    assert from_builder == [(["/opt/venv"], "/opt/venv")]
     assert not _uv_syncs(final), "no installing in the runtime stage"
 
 
@@ -263,7 +365,7 @@ def test_port_health_and_exec_form_start_command(kind: str) -> None:
     env = final.env()
     expose = final.last("EXPOSE")
     assert expose is not None
-    assert expose.rest.split() == ["8000"]
+    assert expose.rest.split() == ["8000", "8001"], "HTTP, and gRPC's default port"
     assert env["TENSORBITS_PORT"] == "8000"
     assert env["TENSORBITS_HOST"] == "0.0.0.0"
     assert env["TENSORBITS_WORKERS"] == "1", "one worker per container (per GPU)"
@@ -315,6 +417,21 @@ def test_gpu_kernel_cache_is_writable_by_the_service_user() -> None:
 # ---- build context ------------------------------------------------------------------------------
 
 
+def _copy_sources_for_every_image(kind: str, source: str) -> set[str]:
+    """A COPY source as each image built from this Dockerfile names it (its build arguments,
+    else the Dockerfile's defaults)."""
+    names = set()
+    for image in images.IMAGES:
+        if image.dockerfile == DOCKERFILES[kind]:
+            defaults = {
+                i.rest.partition("=")[0]: i.rest.partition("=")[2]
+                for stage in dockerfile(kind).stages
+                for i in stage.all("ARG")
+            }
+            names.add(_expand(source, {**defaults, **image.build_args}))
+    return names
+
+
 def test_dockerignore_sends_what_the_images_copy_and_nothing_else() -> None:
     sent = set(context_files())
     needed: set[str] = set()
@@ -323,10 +440,11 @@ def test_dockerignore_sends_what_the_images_copy_and_nothing_else() -> None:
             for copy in stage.all("COPY"):
                 if "from" in copy.flags:
                     continue
-                for source in copy_sources_and_dest(copy)[0]:
-                    under = [f for f in sent if f == source or f.startswith(source + "/")]
-                    assert under, f"{kind}: COPY {source} but .dockerignore leaves it out"
-                    needed.update(under)
+                for pattern in copy_sources_and_dest(copy)[0]:
+                    for source in _copy_sources_for_every_image(kind, pattern):
+                        under = [f for f in sent if f == source or f.startswith(source + "/")]
+                        assert under, f"{kind}: COPY {source} but .dockerignore leaves it out"
+                        needed.update(under)
     assert sent == needed, f"sent but never copied: {sorted(sent - needed)}"
     assert any(f.endswith("/cli.py") for f in sent)
     ignore = DockerIgnore.read(REPO / ".dockerignore")
@@ -396,12 +514,19 @@ UV_KEPT_SETTINGS = (
 )
 
 
+def _expand(text: str, args: dict[str, str]) -> str:
+    """``${NAME}`` and ``$NAME`` replaced by the build argument's value."""
+    return re.sub(r"\$\{?(\w+)\}?", lambda m: args[m.group(1)], text)
+
+
 def _replay_builder(kind: str, root: Path, *, dry_run: bool) -> list[str]:
-    """Run the builder stage's COPY and `uv sync` steps in ``root`` instead of an image: the
-    files come from the build context as .dockerignore filters it, the commands are the
-    Dockerfile's own, with the locally running Python instead of the image's. Returns the
-    output of the last sync."""
+    """Run the builder stage's COPY and uv steps in ``root`` instead of an image: the files
+    come from the build context as .dockerignore filters it, the commands are the Dockerfile's
+    own (build arguments at their defaults), with the locally running Python instead of the
+    image's. ``dry_run``: every uv step after the first (the dependency layer, which makes the
+    environment) only resolves. Returns each uv step's output."""
     builder = dockerfile(kind).stage("builder")
+    args: dict[str, str] = {}
     context = set(context_files())
     env = {
         k: v
@@ -419,15 +544,25 @@ def _replay_builder(kind: str, root: Path, *, dry_run: bool) -> list[str]:
         elif instruction.keyword == "WORKDIR":
             workdir = root / instruction.rest.lstrip("/")
             workdir.mkdir(parents=True, exist_ok=True)
+        elif instruction.keyword == "ARG":
+            name, _, default = instruction.rest.partition("=")
+            args[name] = default
         elif instruction.keyword == "COPY" and "from" not in instruction.flags:
-            _copy_from_context(context, *copy_sources_and_dest(instruction), workdir)
+            sources, dest = copy_sources_and_dest(instruction)
+            into = (root, dest.lstrip("/")) if dest.startswith("/") else (workdir, dest)
+            _copy_from_context(context, [_expand(s, args) for s in sources], into[1], into[0])
         elif instruction.keyword == "RUN":
-            words = shlex.split(instruction.rest)
-            if words[:2] != ["uv", "sync"]:
-                assert words[:3] == ["uv", "python", "install"], f"cannot replay {words}"
-                continue  # the managed interpreter: the local one stands in for it
-            extra = ["--python", sys.executable] + (["--dry-run"] if dry_run else [])
-            command = [_uv(), *words[1:], *extra]
+            words = _uv_command(instruction)
+            dry = ["--dry-run"] if dry_run and outputs else []
+            if words[:2] == ["uv", "sync"]:
+                command = [_uv(), *words[1:], "--python", sys.executable, *dry]
+            else:
+                assert words[:3] == ["uv", "pip", "install"], f"cannot replay {words}"
+                at = words.index("--python") + 1
+                words[at] = str(root / words[at].lstrip("/"))
+                requirements = words.index("-r") + 1
+                words[requirements] = str(workdir / words[requirements])
+                command = [_uv(), *words[1:], *dry]
             run: dict[str, Any] = {"cwd": workdir, "env": env, "capture_output": True}
             result = subprocess.run([*command, "--offline"], text=True, timeout=300, **run)
             if result.returncode != 0:  # not everything in uv's cache: let it download
@@ -457,6 +592,10 @@ def test_cpu_install_steps_build_a_working_environment(tmp_path: Path) -> None:
 
 
 def test_gpu_install_steps_resolve_with_cupy(tmp_path: Path) -> None:
+    """The dependency layer for real, then the CUDA wheels and the code resolved (--dry-run):
+    the hash-pinned list installs beside the lock's packages and the code sync keeps it."""
     outputs = _replay_builder("gpu", tmp_path, dry_run=True)
-    assert len(outputs) == 2
-    assert re.search(r"cupy-cuda12x==\d", outputs[0]), outputs[0]
+    assert len(outputs) == 3
+    assert re.search(r"cupy-cuda12x==\d", outputs[1]), outputs[1]
+    assert re.search(r"nvidia-cuda-nvrtc-cu12==12\.", outputs[1]), outputs[1]
+    assert "cupy" not in outputs[2], "the code sync must not touch the CUDA layer (--inexact)"

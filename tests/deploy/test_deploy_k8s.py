@@ -263,8 +263,13 @@ def test_service_hpa_and_pdb_point_at_the_deployment() -> None:
 
     service = k8s_resource("Service")
     assert service["spec"]["selector"].items() <= pod_labels.items()
-    (port,) = service["spec"]["ports"]
-    assert _port_number(_container(), port["targetPort"]) == 8000
+    ports = {p["name"]: p for p in service["spec"]["ports"]}
+    assert set(ports) == {"http", "grpc"}
+    assert _port_number(_container(), ports["http"]["targetPort"]) == 8000
+    # gRPC at TENSORBITS_GRPC_PORT's default (the manifest leaves it unset).
+    assert _port_number(_container(), ports["grpc"]["targetPort"]) == 8001
+    assert ports["grpc"]["port"] == 8001
+    assert "TENSORBITS_GRPC_PORT" not in env_list(_container())
 
     hpa = k8s_resource("HorizontalPodAutoscaler")
     target = hpa["spec"]["scaleTargetRef"]

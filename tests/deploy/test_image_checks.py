@@ -1,0 +1,175 @@
+"""The checks `make image-test` (scripts/image_test.py) makes on a running image, run here on
+made-up and local input: each must pass what is right and catch what is wrong. The images
+themselves are built and started by `make images image-test`, not by `make test`; there, every
+check is also shown failing once against a sabotaged CPU image (--self-check)."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deploy.deployfiles import K8S, REPO, k8s_resource
+
+sys.path.insert(0, str(REPO / "scripts"))
+import image_test  # scripts/image_test.py
+import images  # scripts/images.py
+
+from tensorbits.backends import BackendUnavailable, select_backend
+
+
+def test_writable_paths_are_the_deployments_emptydirs() -> None:
+    deployment = k8s_resource("Deployment")
+    assert image_test.declared_writable_paths(deployment) == ("/tmp", "/var/cache/cupy")
+    # The read-only Secret mount is not a writable path, and a writable root is refused.
+    writable = copy.deepcopy(deployment)
+    (container,) = writable["spec"]["template"]["spec"]["containers"]
+    container["securityContext"]["readOnlyRootFilesystem"] = False
+    with pytest.raises(image_test.Failed, match="not read-only"):
+        image_test.declared_writable_paths(writable)
+    assert (K8S / "deployment.yaml") == image_test.DEPLOYMENT
+
+
+@pytest.mark.parametrize(
+    ("user", "uid", "problem"),
+    [
+        ("10001:10001", 10001, None),
+        ("10001", 10001, None),
+        ("10001:10001", 0, "runs as root"),
+        ("10001:10001", 10002, "runs as uid 10002"),
+        ("10001:10001", None, "not found"),
+        ("0:0", 0, "USER is root"),
+        ("tensorbits", 10001, "not numeric"),
+        ("", 10001, "not numeric"),
+    ],
+)
+def test_user_check(user: str, uid: int | None, problem: str | None) -> None:
+    found = image_test.user_problem(user, uid)
+    assert (found is None) if problem is None else (found is not None and problem in found)
+
+
+def _entry(mtime: int = 1, size: int = 0) -> tuple[int, int, int]:
+    return (0o100644, size, mtime)
+
+
+BEFORE = {
+    "/": _entry(),
+    "/opt/venv/bin/tensorbits": _entry(),
+    "/tmp": _entry(),
+    "/run": _entry(),
+    "/var/cache/cupy": _entry(),
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "outside"),
+    [
+        ({}, []),
+        ({"/tmp/x": _entry()}, []),
+        ({"/tmp": _entry(2)}, []),  # the mount point's own time
+        ({"/var/cache/cupy/kernel.cubin": _entry()}, []),
+        ({"/run": _entry(2)}, []),  # buildah's own mount point comes and goes there
+        ({"/run/pid": _entry()}, ["/run/pid"]),
+        ({"/opt/venv/bin/tensorbits": _entry(size=9)}, ["/opt/venv/bin/tensorbits"]),
+        ({"/opt/new": _entry(), "/tmpfoo": _entry()}, ["/opt/new", "/tmpfoo"]),
+        ({"/opt/venv/bin/tensorbits": None}, ["/opt/venv/bin/tensorbits"]),  # removed
+    ],
+)
+def test_writes_outside_the_writable_paths(change: dict[str, Any], outside: list[str]) -> None:
+    after = {**BEFORE, **change}
+    after = {path: entry for path, entry in after.items() if entry is not None}
+    assert image_test.writes_outside(BEFORE, after, ("/tmp", "/var/cache/cupy")) == outside
+
+
+def test_snapshot_sees_a_real_write_and_skips_proc(tmp_path: Path) -> None:
+    (tmp_path / "opt").mkdir()
+    (tmp_path / "tmp").mkdir()
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "opt" / "file").write_text("x")
+    before = image_test.snapshot(tmp_path)
+    assert {"/", "/opt", "/opt/file", "/tmp"} <= before.keys()
+    assert "/proc" not in before
+    (tmp_path / "tmp" / "scratch").write_text("ok")
+    (tmp_path / "proc" / "ignored").write_text("ok")
+    assert image_test.writes_outside(before, image_test.snapshot(tmp_path), ["/tmp"]) == []
+    (tmp_path / "opt" / "file").write_text("changed")
+    os.utime(tmp_path / "opt" / "file", ns=(1, 1))
+    assert image_test.writes_outside(before, image_test.snapshot(tmp_path), ["/tmp"]) == [
+        "/opt/file"
+    ]
+
+
+def test_dev_tools_are_found_by_module_or_distribution() -> None:
+    clean = ["numpy", "numpy-2.4.6.dist-info", "uvicorn", "tensorbits", "httpx"]
+    assert image_test.dev_tools_in(clean) == []
+    dirty = [*clean, "_pytest", "pytest-9.0.dist-info", "mypy", "tritonclient-2.60.dist-info"]
+    assert image_test.dev_tools_in(dirty) == ["_pytest", "mypy", "pytest", "tritonclient"]
+
+
+def test_the_fallback_check_reads_the_servers_own_words(caplog: pytest.LogCaptureFixture) -> None:
+    """Here, as in the GPU image without a device, `auto` falls back to NumPy and says why: the
+    check accepts the line the server writes, and refuses a log without it."""
+    with caplog.at_level(logging.INFO, logger="tensorbits.backend"):
+        selection = select_backend("auto")
+    selection.backend.close()
+    if selection.backend.name != "numpy":
+        pytest.skip("a CUDA device works here: auto does not fall back")
+    assert image_test.fallback_problem(caplog.text) is None
+    assert image_test.fallback_problem("backend selected: numpy on cpu (numpy backend requested)")
+
+
+def test_the_cupy_refusal_check_reads_the_servers_own_words() -> None:
+    try:
+        select_backend("cupy").backend.close()
+    except BackendUnavailable as exc:
+        message = f"tensorbits: {exc}"
+    else:
+        pytest.skip("a CUDA device works here: cupy does not refuse")
+    assert image_test.cupy_refusal_problem(2, message) is None
+    assert image_test.cupy_refusal_problem(None, message) is not None  # kept running
+    assert image_test.cupy_refusal_problem(0, message) is not None
+    assert image_test.cupy_refusal_problem(1, "Traceback ... RuntimeError") is not None
+
+
+@pytest.mark.parametrize(
+    ("code", "log", "clean"),
+    [
+        (0, "Finished server process [7]", True),
+        (1, "Finished server process [7]\nsubprocess exited on terminated", True),
+        (1, "Finished server process [7]\nError: exit status 1", False),
+        (0, "Shutting down", False),
+        (137, "subprocess exited on killed", False),
+    ],
+)
+def test_the_stop_check(code: int, log: str, clean: bool) -> None:
+    assert (image_test.stop_problem(code, log) is None) is clean
+
+
+def test_every_sabotage_has_its_expected_failure() -> None:
+    assert tuple(image_test.SABOTAGE_FAILURES) == image_test.SABOTAGES
+
+
+def test_the_image_table_matches_the_dockerfiles() -> None:
+    """One image per CUDA list, the CPU image, and tags that say which."""
+    assert [i.name for i in images.IMAGES] == ["cpu", "gpu-cuda12", "gpu-cuda13"]
+    for image in images.IMAGES:
+        assert image.dockerfile.is_file()
+        assert image.ref.startswith(f"localhost/tensorbits:{images.VERSION}-{image.name}")
+        assert image.gpu == ("CUDA_MAJOR" in image.build_args)
+    assert (
+        images.dockerfile_args(images.DOCKER / "Dockerfile.cpu").keys() == images.LOCAL_BASES.keys()
+    )
+
+
+def test_ci_builds_and_tests_the_images_after_the_suite() -> None:
+    script = (REPO / ".ci" / "run").read_text()
+    lines = [line.strip() for line in script.splitlines() if line.strip().startswith("make ")]
+    assert lines[-2:] == ["make test", "make images image-test"]
+    makefile = (REPO / "Makefile").read_text()
+    assert "\nimages:" in makefile
+    assert "\nimage-test:" in makefile
+    assert "--self-check" in makefile, "make image-test shows its checks failing too"
