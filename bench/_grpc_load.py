@@ -1,20 +1,31 @@
-"""A bounded gRPC load generator for small unary calls (Debian has no ``ghz`` package).
+"""Bounded gRPC load generators for small unary ``ModelInfer`` calls (Debian has no ``ghz``).
 
-``--streams`` coroutines, spread over ``--channels`` channels (each its own HTTP/2 connection),
-each making one unary ``ModelInfer`` call after another for ``--duration`` seconds (at most
-``--max-requests`` calls in all), after a ``--warmup`` that is not counted. The request is
-serialized ONCE (``model_infer_request``) and sent as bytes through a method with no serializer;
-the answers stay bytes too (no deserializer), and the first answer of each run is parsed and
-checked against NumPy. So the client spends its time in grpcio's C core and the event loop, as
-little as a Python client can, on every server alike: the figures are comparable between
-servers, not absolute (the client shares the machine's cores with the server).
+Two drivers, the same request, the same report:
 
-Reports requests/s, p50 and p99 latency (ms), and the calls that did not end OK (any is a
-failed run: exit status 1). The messages are the Open Inference Protocol's, from the stock
-``tritonclient.grpc`` package (its ``service_pb2``), so one request serves Triton and tensorbits.
+* ``aio`` (grpc.aio, in Python): ``--streams`` coroutines spread over ``--channels`` channels
+  (each its own HTTP/2 connection), each making one call after another. The request is
+  serialized ONCE (``model_infer_request``) and sent as bytes through a method with no
+  serializer; the answers stay bytes too. Still, grpcio's Python layer costs about 100 us of
+  CPU per call, several times what the servers spend on a small call: on a 2-core machine this
+  client takes cores from the server it measures.
+* ``h2load`` (nghttp2's HTTP/2 load generator, C; ``apt-get install -y nghttp2-client``): the
+  same serialized request in gRPC's length-prefixed framing, posted with gRPC's headers on
+  ``--channels`` connections of ``--streams``/``--channels`` streams each; latencies from its
+  per-request log. It reads HTTP statuses, not gRPC's (a gRPC error is a 200 with a
+  ``grpc-status`` trailer), so ...
 
-    .venv/bin/python bench/_grpc_load.py 127.0.0.1:8001                  # 16-element BIT_NOT
-    .venv/bin/python bench/_grpc_load.py 127.0.0.1:8001 --elements 4096 --streams 64 --json
+... both drivers check the outcome on the server: the model's statistics (the ModelStatistics
+RPC, which Triton and tensorbits both serve) are read before and after, and any failed
+inference, or fewer successes than calls answered, fails the run (exit status 1). One answer is
+also checked against NumPy first. The successes counted there are ``calls_made`` (warm-up
+included), what a server's CPU time is divided by.
+
+Reports requests/s, p50 and p99 latency (ms) and the client's CPU per call. The messages are the
+Open Inference Protocol's, from the stock ``tritonclient.grpc`` package (its ``service_pb2``), so
+one request serves Triton and tensorbits.
+
+    .venv/bin/python bench/_grpc_load.py 127.0.0.1:8001                 # 16-element BIT_NOT, aio
+    .venv/bin/python bench/_grpc_load.py 127.0.0.1:8001 --driver h2load --json
 """
 
 from __future__ import annotations
@@ -22,16 +33,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
+import resource
+import shutil
+import struct
+import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import grpc
 import numpy as np
 from tritonclient.grpc import service_pb2
 
-METHOD = "/inference.GRPCInferenceService/ModelInfer"
+SERVICE = "/inference.GRPCInferenceService"
+METHOD = f"{SERVICE}/ModelInfer"
 NOT = "DML_OPERATOR_ELEMENT_WISE_BIT_NOT"
 # A 64 MiB tensor and its message framing; both servers raise their own limits to match.
 MAX_MESSAGE_BYTES = 2**31 - 1
@@ -43,6 +62,7 @@ CHANNEL_OPTIONS = [
 MAX_STREAMS = 512
 MAX_CHANNELS = 64
 MAX_DURATION = 600.0
+DRIVERS = ("aio", "h2load")
 
 
 def model_infer_request(model: str, inputs: dict[str, np.ndarray]) -> bytes:
@@ -64,21 +84,29 @@ def first_output(answer: bytes) -> np.ndarray:
     return np.frombuffer(response.raw_output_contents[0], np.uint8)
 
 
-def raw_infer(channel: grpc.aio.Channel) -> grpc.aio.UnaryUnaryMultiCallable[bytes, bytes]:
+def raw_model_infer(channel: grpc.Channel) -> grpc.UnaryUnaryMultiCallable[bytes, bytes]:
     """``ModelInfer`` taking and giving bytes: no protobuf work per call on the client."""
+    return channel.unary_unary(METHOD, request_serializer=None, response_deserializer=None)
+
+
+def raw_model_infer_aio(
+    channel: grpc.aio.Channel,
+) -> grpc.aio.UnaryUnaryMultiCallable[bytes, bytes]:
+    """``raw_model_infer`` on an asyncio channel."""
     return channel.unary_unary(METHOD, request_serializer=None, response_deserializer=None)
 
 
 @dataclass(frozen=True)
 class LoadResult:
     target: str
-    requests: int
+    driver: str
+    requests: int  # answered OK in the timed part
     seconds: float
     p50_ms: float
     p99_ms: float
-    failures: dict[str, int]
-    client_cpu_s: float  # this process's CPU time over the counted round: is the client the bound?
-    calls_made: int  # every call the server answered, the check and the warm-up included
+    failures: dict[str, int]  # by gRPC status (aio), HTTP outcome (h2load) or "server stats"
+    client_cpu_s: float  # the client's CPU time over the timed part: is the client the bound?
+    calls_made: int  # inferences the server counted as successes, warm-up and check included
 
     @property
     def rate(self) -> float:
@@ -89,96 +117,188 @@ class LoadResult:
         return self.client_cpu_s / self.requests * 1e6 if self.requests else float("nan")
 
 
-async def _stream(
-    call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes],
-    body: bytes,
-    deadline: float,
-    budget: list[int],
-    latencies: list[float],
-    failures: Counter[str],
-) -> None:
-    while budget[0] > 0 and time.monotonic() < deadline:
-        budget[0] -= 1
-        start = time.perf_counter()
-        try:
-            await call(body, timeout=30)
-        except grpc.aio.AioRpcError as exc:
-            failures[exc.code().name] += 1
-            continue
-        latencies.append(time.perf_counter() - start)
+@dataclass(frozen=True)
+class Load:
+    """One run's parameters; ``body`` is a serialized ModelInferRequest."""
+
+    target: str
+    body: bytes
+    streams: int = 32
+    channels: int = 2
+    duration: float = 4.0
+    warmup: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not (1 <= self.streams <= MAX_STREAMS and 1 <= self.channels <= MAX_CHANNELS):
+            raise ValueError(f"streams 1..{MAX_STREAMS}, channels 1..{MAX_CHANNELS}")
+        if not (0 < self.duration <= MAX_DURATION and 0 <= self.warmup <= MAX_DURATION):
+            raise ValueError(
+                f"duration in (0, {MAX_DURATION:g}] s, warm-up in [0, {MAX_DURATION:g}]"
+            )
+
+    @property
+    def model(self) -> str:
+        return str(service_pb2.ModelInferRequest.FromString(self.body).model_name)
 
 
-async def _check(call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes], body: bytes) -> None:
+# --- the check on the server ------------------------------------------------------------------
+
+
+def check_answer(target: str, body: bytes) -> None:
     """One call answered with NOT of the request's input: the peer runs what we think it runs."""
     request = service_pb2.ModelInferRequest.FromString(body)
     sent = np.frombuffer(request.raw_input_contents[0], np.uint8)
-    got = first_output(await call(body, timeout=30, wait_for_ready=True))
+    with grpc.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
+        got = first_output(raw_model_infer(channel)(body, timeout=30, wait_for_ready=True))
     if request.model_name == NOT and not np.array_equal(got, np.bitwise_not(sent)):
         raise RuntimeError(f"{request.model_name}: wrong answer {got[:8]} for {sent[:8]}")
 
 
-async def run_load(
-    target: str,
-    body: bytes,
-    *,
-    streams: int = 32,
-    channels: int = 2,
-    duration: float = 4.0,
-    warmup: float = 0.5,
-    max_requests: int = 10_000_000,
-) -> LoadResult:
-    """``streams`` concurrent callers over ``channels`` channels to ``target`` (host:port)."""
-    if not (1 <= streams <= MAX_STREAMS and 1 <= channels <= MAX_CHANNELS):
-        raise ValueError(f"streams 1..{MAX_STREAMS}, channels 1..{MAX_CHANNELS}")
-    if not 0 < duration <= MAX_DURATION:
-        raise ValueError(f"duration in (0, {MAX_DURATION:g}] s")
-    opened = [grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) for _ in range(channels)]
+def inference_counts(target: str, model: str) -> tuple[int, int]:
+    """(successes, failures) the server has counted for ``model`` (the ModelStatistics RPC)."""
+    with grpc.insecure_channel(target) as channel:
+        call = channel.unary_unary(
+            f"{SERVICE}/ModelStatistics",
+            request_serializer=service_pb2.ModelStatisticsRequest.SerializeToString,
+            response_deserializer=service_pb2.ModelStatisticsResponse.FromString,
+        )
+        stats = call(service_pb2.ModelStatisticsRequest(name=model), timeout=30)
+    ok = sum(m.inference_stats.success.count for m in stats.model_stats)
+    failed = sum(m.inference_stats.fail.count for m in stats.model_stats)
+    return int(ok), int(failed)
+
+
+def run(load: Load, driver: str) -> LoadResult:
+    """``load`` with ``driver``, its outcome checked against the server's own counts."""
+    model = load.model
+    ok_before, failed_before = inference_counts(load.target, model)
+    check_answer(load.target, load.body)
+    if driver == "aio":
+        result = asyncio.run(_aio(load))
+    elif driver == "h2load":
+        result = _h2load(load)
+    else:
+        raise ValueError(f"driver: one of {DRIVERS}")
+    ok_after, failed_after = inference_counts(load.target, model)
+    made, server_failed = ok_after - ok_before, failed_after - failed_before
+    failures = dict(result.failures)
+    if server_failed or made < result.requests + 1:
+        failures["server stats"] = server_failed or result.requests + 1 - made
+    return LoadResult(**{**asdict(result), "failures": failures, "calls_made": made})
+
+
+# --- aio: grpc.aio in this process --------------------------------------------------------------
+
+
+async def _aio(load: Load) -> LoadResult:
+    opened = [
+        grpc.aio.insecure_channel(load.target, options=CHANNEL_OPTIONS)
+        for _ in range(load.channels)
+    ]
     try:
-        calls = [raw_infer(channel) for channel in opened]
-        await _check(calls[0], body)
-        spread = [calls[i % channels] for i in range(streams)]
-        warm, warm_failures, _ = await _round(spread, body, warmup, max_requests)  # not timed
+        calls = [raw_model_infer_aio(channel) for channel in opened]
+        spread = [calls[i % load.channels] for i in range(load.streams)]
+        _, warm_failures, _ = await _round(spread, load.body, load.warmup)  # not timed
         cpu = time.process_time()
-        latencies, failures, elapsed = await _round(spread, body, duration, max_requests)
+        latencies, failures, elapsed = await _round(spread, load.body, load.duration)
         cpu = time.process_time() - cpu
         failures += warm_failures
     finally:
         await asyncio.gather(*(channel.close() for channel in opened))
-    p50, p99 = np.percentile(latencies, [50, 99]) * 1e3 if latencies else (np.nan, np.nan)
-    made = 1 + len(warm) + len(latencies)
-    return LoadResult(
-        target, len(latencies), elapsed, float(p50), float(p99), dict(failures), cpu, made
-    )
+    p50, p99 = _percentiles(latencies)
+    return LoadResult(load.target, "aio", len(latencies), elapsed, p50, p99, dict(failures), cpu, 0)
 
 
 async def _round(
-    spread: list[grpc.aio.UnaryUnaryMultiCallable[bytes, bytes]],
-    body: bytes,
-    seconds: float,
-    max_requests: int,
+    spread: list[grpc.aio.UnaryUnaryMultiCallable[bytes, bytes]], body: bytes, seconds: float
 ) -> tuple[list[float], Counter[str], float]:
-    """Every stream calling until ``seconds`` have passed or ``max_requests`` were made."""
+    """Every stream calling, one call after another, until ``seconds`` have passed."""
     latencies: list[float] = []
     failures: Counter[str] = Counter()
-    budget = [max_requests]
     start = time.monotonic()
-    await asyncio.gather(
-        *(_stream(call, body, start + seconds, budget, latencies, failures) for call in spread)
-    )
+    deadline = start + seconds
+
+    async def stream(call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes]) -> None:
+        while time.monotonic() < deadline:
+            began = time.perf_counter()
+            try:
+                await call(body, timeout=30)
+            except grpc.aio.AioRpcError as exc:
+                failures[exc.code().name] += 1
+                continue
+            latencies.append(time.perf_counter() - began)
+
+    await asyncio.gather(*(stream(call) for call in spread))
     return latencies, failures, time.monotonic() - start
+
+
+def _percentiles(seconds: list[float]) -> tuple[float, float]:
+    if not seconds:
+        return float("nan"), float("nan")
+    p50, p99 = np.percentile(seconds, [50, 99]) * 1e3
+    return float(p50), float(p99)
+
+
+# --- h2load: nghttp2's load generator -----------------------------------------------------------
+
+
+def grpc_frame(message: bytes) -> bytes:
+    """gRPC's length-prefixed message: not compressed (0), then the length, big-endian."""
+    return struct.pack(">BI", 0, len(message)) + message
+
+
+def _h2load(load: Load) -> LoadResult:
+    if shutil.which("h2load") is None:
+        raise RuntimeError("the h2load driver needs h2load: apt-get install -y nghttp2-client")
+    if load.streams % load.channels:
+        raise ValueError("h2load: --streams must be a multiple of --channels")
+    with tempfile.TemporaryDirectory(prefix="tensorbits-h2load-") as tmp:
+        request, log = Path(tmp) / "request", Path(tmp) / "log"
+        request.write_bytes(grpc_frame(load.body))
+        argv = [
+            "h2load", "-t1", f"-c{load.channels}", f"-m{load.streams // load.channels}",
+            f"-D{round(load.duration * 1000)}ms", f"--warm-up-time={round(load.warmup * 1000)}ms",
+            f"-d{request}", f"--log-file={log}",
+            "-H", "content-type: application/grpc", "-H", "te: trailers",
+            f"http://{load.target}{METHOD}",
+        ]  # fmt: skip
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=load.warmup + load.duration + 60
+        )
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        if done.returncode != 0:
+            raise RuntimeError(f"h2load exited with {done.returncode}: {done.stderr[-2000:]}")
+        rows = [line.split("\t") for line in log.read_text().splitlines() if line]
+    out = done.stdout
+    stats = re.search(
+        r"requests: \d+ total, \d+ started, \d+ done, (\d+) succeeded, (\d+) failed, (\d+) errored, (\d+) timeout",
+        out,
+    )
+    elapsed = re.search(r"finished in ([\d.]+)(m?s)", out)
+    if stats is None or elapsed is None:
+        raise RuntimeError(f"could not read h2load's output:\n{out}")
+    succeeded, failed, errored, timed_out = (int(n) for n in stats.groups())
+    seconds = float(elapsed.group(1)) / (1000 if elapsed.group(2) == "ms" else 1)
+    failures = {
+        k: n for k, n in (("failed", failed), ("errored", errored), ("timeout", timed_out)) if n
+    }
+    p50, p99 = _percentiles([int(row[2]) / 1e6 for row in rows if row[1] == "200"])
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return LoadResult(load.target, "h2load", succeeded, seconds, p50, p99, failures, cpu, 0)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("target", help="host:port of a GRPCInferenceService")
+    parser.add_argument("--driver", choices=DRIVERS, default="aio")
     parser.add_argument("--model", default=NOT)
     parser.add_argument("--input", default="InputTensor", help="the model's input name")
     parser.add_argument("--elements", type=int, default=16, help="UINT8 elements (default 16)")
-    parser.add_argument("--streams", type=int, default=32, help="concurrent calls (default 32)")
+    parser.add_argument("--streams", type=int, default=32, help="calls in flight (default 32)")
     parser.add_argument("--channels", type=int, default=2, help="connections (default 2)")
     parser.add_argument("--duration", type=float, default=4.0, help="seconds (default 4)")
-    parser.add_argument("--warmup", type=float, default=0.5, help="seconds not counted")
-    parser.add_argument("--max-requests", type=int, default=10_000_000)
+    parser.add_argument("--warmup", type=float, default=0.5, help="seconds not timed")
     parser.add_argument("--json", action="store_true", help="one JSON line (for bench scripts)")
     args = parser.parse_args(argv)
     if not 1 <= args.elements <= 1 << 26:
@@ -186,27 +306,21 @@ def main(argv: list[str] | None = None) -> int:
     data = np.arange(args.elements, dtype=np.uint64).astype(np.uint8)
     body = model_infer_request(args.model, {args.input: data})
     try:
-        result = asyncio.run(
-            run_load(
-                args.target,
-                body,
-                streams=args.streams,
-                channels=args.channels,
-                duration=args.duration,
-                warmup=args.warmup,
-                max_requests=args.max_requests,
-            )
-        )
+        load = Load(args.target, body, args.streams, args.channels, args.duration, args.warmup)
+        result = run(load, args.driver)
     except ValueError as exc:
         parser.error(str(exc))
+    except grpc.RpcError as exc:  # the check or the statistics call: the server said no
+        print(f"{args.target}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(asdict(result)))
     else:
         print(
-            f"{result.target} {args.model} x{args.elements}: {result.rate:,.0f} req/s, "
-            f"p50 {result.p50_ms:.2f} ms, p99 {result.p99_ms:.2f} ms, {result.requests} calls "
-            f"in {result.seconds:.1f} s, {args.streams} streams on {args.channels} channels, "
-            f"client CPU {result.client_us_per_call:.0f} us/call"
+            f"{result.target} {args.model} x{args.elements} ({result.driver}): "
+            f"{result.rate:,.0f} req/s, p50 {result.p50_ms:.2f} ms, p99 {result.p99_ms:.2f} ms, "
+            f"{result.requests} calls in {result.seconds:.1f} s, {args.streams} streams on "
+            f"{args.channels} connections, client CPU {result.client_us_per_call:.0f} us/call"
             + (f"; FAILED: {result.failures}" if result.failures else "")
         )
     return 1 if result.failures else 0

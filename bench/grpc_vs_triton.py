@@ -45,7 +45,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._grpc_load import CHANNEL_OPTIONS, METHOD, model_infer_request
+from bench._grpc_load import CHANNEL_OPTIONS, model_infer_request, raw_model_infer
 from bench._harness import BIN, PlainClient, free_port, interleaved_best, note, wait_until_up
 from bench._triton_peer import PeerUnavailable, TritonPeer, stop_on_signals, triton_peer
 from bench.http_service import WRK_SCRIPT, _service_call, lua_string, v2_binary_request
@@ -144,11 +144,12 @@ def wrk_small(server: Endpoints, seconds: float, connections: int) -> Rate:
     )  # fmt: skip
 
 
-def grpc_small(server: Endpoints, seconds: float, streams: int, channels: int) -> Rate:
-    """bench/_grpc_load.py, in a process of its own, with the same 16-element request."""
+def grpc_small(server: Endpoints, driver: str, seconds: float, streams: int, channels: int) -> Rate:
+    """bench/_grpc_load.py with ``driver``, in a process of its own, the same 16-element request.
+    Its ``calls_made`` are the successes the server itself counted over the run."""
     argv = [
         sys.executable, str(ROOT / "bench" / "_grpc_load.py"), server.grpc_target, "--json",
-        "--elements", str(SMALL.size), "--duration", f"{seconds:g}",
+        "--driver", driver, "--elements", str(SMALL.size), "--duration", f"{seconds:g}",
         "--streams", str(streams), "--channels", str(channels),
     ]  # fmt: skip
     server_cpu = tree_cpu(server.pid)
@@ -163,16 +164,26 @@ def grpc_small(server: Endpoints, seconds: float, streams: int, channels: int) -
     )  # fmt: skip
 
 
+# The small-request contestants on each server: (label, how).
+HTTP, H2LOAD, AIO = "HTTP wrk", "gRPC h2load", "gRPC aio"
+
+
 def small_rounds(
     servers: list[Endpoints], args: argparse.Namespace
 ) -> dict[tuple[str, str], list[Rate]]:
-    """(server, protocol) -> one Rate per round; the contestants' order rotates every round, so
+    """(server, client) -> one Rate per round; the contestants' order rotates every round, so
     that none always runs first (or right after the same neighbour) on a shared machine."""
     contestants: list[tuple[tuple[str, str], Callable[[], Rate]]] = []
+    grpc_run = (args.seconds, args.streams, args.channels)
     for s in servers:
-        http = functools.partial(wrk_small, s, args.seconds, args.connections)
-        rpc = functools.partial(grpc_small, s, args.seconds, args.streams, args.channels)
-        contestants += [((s.server, "HTTP"), http), ((s.server, "gRPC"), rpc)]
+        contestants.append(
+            ((s.server, HTTP), functools.partial(wrk_small, s, args.seconds, args.connections))
+        )
+        if args.h2load:
+            contestants.append(
+                ((s.server, H2LOAD), functools.partial(grpc_small, s, "h2load", *grpc_run))
+            )
+        contestants.append(((s.server, AIO), functools.partial(grpc_small, s, "aio", *grpc_run)))
     rates: dict[tuple[str, str], list[Rate]] = {key: [] for key, _ in contestants}
     for round_ in range(args.rounds):
         shift = round_ % len(contestants)
@@ -189,38 +200,38 @@ def median_ratio(a: list[Rate], b: list[Rate]) -> float:
 def print_small(rates: dict[tuple[str, str], list[Rate]], args: argparse.Namespace) -> None:
     print(
         f"\n(small) 16-element UINT8 BIT_NOT, {args.rounds} interleaved rounds of {args.seconds:g} s"
-        f" each; HTTP: wrk -t1 -c{args.connections}, gRPC: bench/_grpc_load.py "
-        f"{args.streams} streams on {args.channels} channels"
+        f" each; {HTTP}: wrk -t1 -c{args.connections}; gRPC: bench/_grpc_load.py, "
+        f"{args.streams} calls in flight on {args.channels} connections"
     )
     print(
-        f"{'server':<11} {'protocol':<8} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} "
+        f"{'server':<11} {'client':<12} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} "
         f"{'server CPU':>10} {'client CPU':>10}  req/s each round"
     )
-    for (server, protocol), runs in rates.items():
+    for (server, client), runs in rates.items():
         med = {
             field: statistics.median(getattr(r, field) for r in runs)
             for field in ("rps", "p50_ms", "p99_ms", "server_us", "client_us")
         }
         print(
-            f"{server:<11} {protocol:<8} {med['rps']:>7,.0f} {med['p50_ms']:>7.2f} "
+            f"{server:<11} {client:<12} {med['rps']:>7,.0f} {med['p50_ms']:>7.2f} "
             f"{med['p99_ms']:>7.2f} {med['server_us']:>7.0f} us {med['client_us']:>7.0f} us  "
             + " ".join(f"{r.rps:,.0f}" for r in runs)
         )
-    print("(medians over the rounds; CPU: seconds of CPU per request answered, user + system)")
-    tb_http, tb_grpc = rates[("tensorbits", "HTTP")], rates[("tensorbits", "gRPC")]
+    print("(medians over the rounds; CPU: CPU time, user + system, per request answered)")
     print("ratios (median of the per-round ratios):")
-    print(
-        f"  tensorbits gRPC / tensorbits HTTP: {median_ratio(tb_grpc, tb_http):.2f}x "
-        "(target >= 1.0x)"
-    )
-    if ("Triton", "gRPC") in rates:
-        tr_http, tr_grpc = rates[("Triton", "HTTP")], rates[("Triton", "gRPC")]
+    tb_http = rates[("tensorbits", HTTP)]
+    drivers = [H2LOAD, AIO] if args.h2load else [AIO]
+    for driver in drivers:
         print(
-            f"  tensorbits gRPC / Triton gRPC:     {median_ratio(tb_grpc, tr_grpc):.2f}x "
-            "(target >= 0.7x)"
+            f"  tensorbits {driver} / tensorbits {HTTP}: "
+            f"{median_ratio(rates[('tensorbits', driver)], tb_http):.2f}x (target >= 1.0x)"
         )
-        print(f"  tensorbits HTTP / Triton HTTP:     {median_ratio(tb_http, tr_http):.2f}x")
-        print(f"  Triton gRPC / Triton HTTP:         {median_ratio(tr_grpc, tr_http):.2f}x")
+    if ("Triton", HTTP) in rates:
+        for driver in drivers:
+            ratio = median_ratio(rates[("tensorbits", driver)], rates[("Triton", driver)])
+            print(f"  tensorbits / Triton, {driver}: {ratio:.2f}x (target >= 0.7x)")
+        ratio = median_ratio(tb_http, rates[("Triton", HTTP)])
+        print(f"  tensorbits / Triton, {HTTP}: {ratio:.2f}x")
 
 
 # --- 64 MiB round trip ------------------------------------------------------------------------
@@ -233,9 +244,7 @@ def grpc_round_trip(
     (raw_output_contents is the response's last field: its bytes end the message), not parsed,
     so the client's share of the time stays a receive."""
     channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
-    call: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(
-        METHOD, request_serializer=None, response_deserializer=None
-    )
+    call = raw_model_infer(channel)
     tail = expected[-4096:].tobytes()
 
     def once() -> None:
@@ -359,6 +368,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("bounded: --rounds 1..50, --seconds (0, 60], --repeat 1..50")
     if "small" in parts and shutil.which("wrk") is None:
         parser.error("(small) needs wrk: apt-get install -y wrk")
+    args.h2load = shutil.which("h2load") is not None
+    if "small" in parts and not args.h2load:
+        print("h2load not found (apt-get install -y nghttp2-client): gRPC with grpc.aio only")
     stop_on_signals()  # a Ctrl-C or SIGTERM still stops both servers
     start = time.monotonic()
     print(f"machine: {conditions()}")
