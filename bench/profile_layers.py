@@ -62,7 +62,10 @@ def _innermost(*files: str) -> Rule:
 # First match wins: the order says which layer a frame shared by two belongs to.
 LAYERS: tuple[tuple[str, Rule], ...] = (
     ("event loop: idle in epoll", _leaf("epoll_wait", "epoll_pwait")),
-    ("response write (uvicorn send + write syscall)", _anywhere("RequestResponseCycle.send")),
+    (
+        "response write (uvicorn send + write syscall)",
+        _anywhere("RequestResponseCycle.send", "OneWriteCycle.send"),
+    ),
     ("logs", _anywhere("logging/__init__", "tensorbits/logs.py")),
     (
         "request read (read syscall)",

@@ -14,6 +14,7 @@ Targets (issue 16): tensorbits with 1 worker >= 0.9x Triton; the best configurat
 
     .venv/bin/python bench/small_requests.py                    # 5 rounds of 4 s: about 2 min
     .venv/bin/python bench/small_requests.py --rounds 7 --seconds 5 --no-triton
+    git worktree add /tmp/before <commit> && .venv/bin/python bench/small_requests.py --before /tmp/before
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ def wrk(target: WrkTarget, seconds: float, connections: int = 32) -> WrkResult:
         script.write(target.script())
         script.flush()
         out = subprocess.run(
-            ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", script.name,
+            ["wrk", "-t1", f"-c{connections}", f"-d{round(seconds)}s", "--latency", "-s", script.name,
              target.url],
             capture_output=True, text=True, check=True, timeout=seconds + 60,
         ).stdout  # fmt: skip
@@ -129,8 +130,11 @@ Contestant = Callable[[], contextlib.AbstractContextManager[WrkTarget]]
 
 
 @contextlib.contextmanager
-def _tensorbits(workers: int) -> Iterator[WrkTarget]:
-    with tensorbits_server(TENSORBITS_WORKERS=str(workers), TENSORBITS_GRPC_PORT="0") as port:
+def _tensorbits(workers: int, sources: Path | None = None) -> Iterator[WrkTarget]:
+    env = {"TENSORBITS_WORKERS": str(workers), "TENSORBITS_GRPC_PORT": "0"}
+    if sources is not None:  # another checkout's server code (--before), this one's .venv
+        env["PYTHONPATH"] = f"{sources / 'service' / 'src'}:{sources / 'client' / 'src'}"
+    with tensorbits_server(**env) as port:
         yield WrkTarget.for_port(port, small_infer())
 
 
@@ -148,10 +152,12 @@ def _triton() -> Iterator[WrkTarget]:
         yield WrkTarget(f"{peer.http_url}{small_infer().path}", small_infer())
 
 
-def contestants(workers: list[int], triton: bool) -> dict[str, Contestant]:
+def contestants(workers: list[int], triton: bool, before: Path | None) -> dict[str, Contestant]:
     found: dict[str, Contestant] = {}
     for n in workers:
         found[f"tensorbits, {n} worker{'s' if n > 1 else ''}"] = lambda n=n: _tensorbits(n)  # type: ignore[misc]
+    if before is not None:
+        found["before, 1 worker"] = lambda: _tensorbits(1, before)
     found["FastAPI GET /ping"] = _ping
     if triton:
         found["Triton"] = _triton
@@ -223,19 +229,26 @@ def main() -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--seconds", type=float, default=4.0, help="each wrk run (default 4)")
+    parser.add_argument("--seconds", type=int, default=4, help="each wrk run (default 4)")
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument(
         "--workers", default="1,2", help="tensorbits worker counts, comma-separated (default 1,2)"
     )
     parser.add_argument("--no-triton", action="store_true", help="leave the Triton peer out")
+    parser.add_argument(
+        "--before",
+        type=Path,
+        metavar="CHECKOUT",
+        help="also tensorbits (1 worker) from another checkout's sources, e.g. a git worktree "
+        "of an earlier commit: its service/src and client/src first on PYTHONPATH",
+    )
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("wrk is needed: apt-get install wrk")
     if not 1 <= args.rounds <= 50 or not 0 < args.seconds <= 60:
         parser.error("bounded: 1 <= --rounds <= 50, 0 < --seconds <= 60")
     workers = [int(n) for n in args.workers.split(",") if n.strip()]
-    wanted = contestants(workers, triton=not args.no_triton)
+    wanted = contestants(workers, triton=not args.no_triton, before=args.before)
     with contextlib.ExitStack() as stack:
         started: dict[str, WrkTarget] = {}
         for name, start in wanted.items():

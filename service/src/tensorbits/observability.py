@@ -148,7 +148,7 @@ _SHARED_FOLDER: Path | None = None
 PUBLISH_EVERY_S = 1.0
 
 
-def share_with_workers(folder: Path) -> None:
+def share_with_workers(folder: Path | None) -> None:
     """Make this process's metrics (``Metrics.create`` from now on) one worker's share of the
     server's, published in ``folder``, where the other workers publish theirs."""
     global _SHARED_FOLDER
@@ -167,11 +167,17 @@ class WorkerShare:
         self.path = folder / f"{self.pid}.json"
         self._timer: asyncio.TimerHandle | None = None
         self._gauges: dict[str, Callable[[], float]] = {}
+        self._statistics: Callable[[], dict[str, list[int]]] = dict
 
-    def start(self, tally: RequestTally, gauges: dict[str, Callable[[], float]]) -> None:
-        """Publish ``tally`` and ``gauges`` now and every ``PUBLISH_EVERY_S`` seconds on the
-        running loop (until it stops)."""
-        self._tally, self._gauges = tally, gauges
+    def start(
+        self,
+        tally: RequestTally,
+        gauges: dict[str, Callable[[], float]],
+        statistics: Callable[[], dict[str, list[int]]],
+    ) -> None:
+        """Publish ``tally``, ``gauges`` and the inference ``statistics`` (``Statistics.snapshot``)
+        now and every ``PUBLISH_EVERY_S`` seconds on the running loop (until it stops)."""
+        self._tally, self._gauges, self._statistics = tally, gauges, statistics
         loop = asyncio.get_running_loop()
 
         def tick() -> None:
@@ -185,7 +191,12 @@ class WorkerShare:
         if tally is None:
             return  # not started: the worker's runtime never came up
         gauges = {name: read() for name, read in self._gauges.items()}
-        document = {"pid": self.pid, "tally": tally.snapshot(), "gauges": gauges}
+        document = {
+            "pid": self.pid,
+            "tally": tally.snapshot(),
+            "gauges": gauges,
+            "statistics": self._statistics(),
+        }
         partial = self.path.with_suffix(".partial")
         partial.write_text(json.dumps(document))
         partial.replace(self.path)  # atomic: a reader sees the old file or the new one
@@ -286,7 +297,16 @@ class Metrics:
         self.inflight_bytes.set_function(summed("inflight_bytes"))
         self.device_memory.set_function(summed("device_memory"))
         self.workers.set_function(lambda: 1 + len(share.live_others()))
-        share.start(self.tally, own)
+        share.start(self.tally, own, runtime.statistics.snapshot)
+
+    def other_workers_statistics(self) -> list[dict[str, list[int]]]:
+        """The inference statistics the server's other workers published (``Statistics.snapshot``
+        each, at most a second old), for ``Statistics.response(..., others=...)``; none in a
+        server of one process."""
+        share = self.tally.share
+        if share is None:
+            return []
+        return [document.get("statistics", {}) for document in share.others()]
 
     def publish(self) -> None:
         """Publish this worker's figures now (a worker does once a second, and as it exits)."""
