@@ -8,7 +8,10 @@ to tensorbits and to Triton, whose Python-backend model does the same NumPy call
 ``bench/_triton_peer.py``), an empty ``GET /ping`` to the FastAPI app (``bench/_baseline_app.py``,
 uvicorn with uvloop and httptools, one worker). Reported: each contestant's median req/s, p50
 and p99 over the rounds, and the median over rounds of its ratio to Triton and to the ping,
-each ratio taken within one round. Every wrk run must answer 200 only.
+each ratio taken within one round; and the CPU time its processes (every worker, Triton's
+backend stubs) used per request (``/proc``: utime + stime over the run, over wrk's count), a
+figure that other work on a shared machine disturbs much less than the rate. Every wrk run
+must answer 200 only.
 
 Targets (issue 16): tensorbits with 1 worker >= 0.9x Triton; the best configuration >= 1.2x.
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import re
 import shutil
 import statistics
@@ -31,6 +35,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -93,6 +98,66 @@ class WrkResult:
     rps: float
     p50_ms: float
     p99_ms: float
+    requests: int = 0
+    cpu_s: float = 0.0  # CPU time the server's processes used meanwhile (all their threads)
+
+    @property
+    def cpu_us_per_request(self) -> float:
+        return self.cpu_s / self.requests * 1e6 if self.requests else float("nan")
+
+
+# --- the server's CPU time (Linux /proc): less sensitive than req/s to other work on the machine
+
+
+def listening_pids(port: int) -> set[int]:
+    """The processes with a socket listening on ``port`` (each worker of ``--workers N``)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(f"socket:[{fields[9]}]")
+    found = set()
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        with contextlib.suppress(OSError):
+            if any(os.readlink(fd) in inodes for fd in fd_dir.iterdir()):
+                found.add(int(fd_dir.parent.name))
+    return found
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text.rpartition(")")[2].split()  # fields from the state on (the name may hold spaces)
+
+
+def with_descendants(pids: set[int]) -> frozenset[int]:
+    """``pids`` and every process below them (Triton's Python-backend stubs)."""
+    parents = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        fields = _stat(int(entry.name))
+        if fields is not None:
+            parents[int(entry.name)] = int(fields[1])
+    found = set(pids)
+    grew = True
+    while grew:
+        more = {pid for pid, parent in parents.items() if parent in found} - found
+        found |= more
+        grew = bool(more)
+    return frozenset(found)
+
+
+def cpu_seconds(pids: frozenset[int]) -> float:
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        fields = _stat(pid)
+        if fields is not None:
+            total += int(fields[11]) + int(fields[12])  # utime, stime (all threads)
+    return total / ticks
 
 
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
@@ -105,8 +170,12 @@ def _latency(out: str, percentile: str) -> float:
     return float(match.group(1)) * _UNITS[match.group(2)]
 
 
-def wrk(target: WrkTarget, seconds: float, connections: int = 32) -> WrkResult:
-    """One ``wrk -t1`` run; raises unless every answer was a 2xx."""
+def wrk(
+    target: WrkTarget, seconds: float, connections: int = 32, server: frozenset[int] = frozenset()
+) -> WrkResult:
+    """One ``wrk -t1`` run; raises unless every answer was a 2xx. ``server``: the server's
+    processes, whose CPU time over the run is measured."""
+    cpu_before = cpu_seconds(server)
     with tempfile.NamedTemporaryFile("w", suffix=".lua") as script:
         script.write(target.script())
         script.flush()
@@ -118,10 +187,14 @@ def wrk(target: WrkTarget, seconds: float, connections: int = 32) -> WrkResult:
     for problem in (r"Non-2xx or 3xx responses: (\d+)", r"Socket errors: (.*)"):
         if (found := re.search(problem, out)) is not None:
             raise RuntimeError(f"{target.url}: {found.group(0)}\n{out}")
+    cpu = cpu_seconds(server) - cpu_before
     rate = re.search(r"Requests/sec:\s+([\d.]+)", out)
-    if rate is None:
+    done = re.search(r"(\d+) requests in", out)
+    if rate is None or done is None:
         raise RuntimeError(f"could not read wrk's output:\n{out}")
-    return WrkResult(float(rate.group(1)), _latency(out, "50"), _latency(out, "99"))
+    return WrkResult(
+        float(rate.group(1)), _latency(out, "50"), _latency(out, "99"), int(done.group(1)), cpu
+    )
 
 
 # --- the contestants --------------------------------------------------------------------------
@@ -170,12 +243,17 @@ def measure(
     names = list(started)
     for name in names:
         wrk(started[name], 1, connections)  # warm: connections, caches, allocator
+    # Every worker is up and listening by now: their processes, for the CPU time.
+    processes = {
+        name: with_descendants(listening_pids(urlsplit(target.url).port or 80))
+        for name, target in started.items()
+    }
     results: dict[str, list[WrkResult]] = {name: [] for name in names}
     for r in range(rounds):
         order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
             note(f"round {r + 1}/{rounds}: {name}")
-            results[name].append(wrk(started[name], seconds, connections))
+            results[name].append(wrk(started[name], seconds, connections, processes[name]))
     return results
 
 
@@ -188,24 +266,27 @@ def report(results: dict[str, list[WrkResult]], seconds: float, connections: int
     )
     print(
         f"{'server':<24} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'/ping':>7} "
-        f"{'/Triton':>8}  req/s by round"
+        f"{'/Triton':>8} {'CPU µs/req':>11} {'/Triton':>8}  req/s by round"
     )
     ping = results["FastAPI GET /ping"]
     ratios: dict[str, float] = {}
     for name, runs in results.items():
         to_ping = statistics.median(a.rps / b.rps for a, b in zip(runs, ping, strict=True))
-        to_triton = ""
+        to_triton = cpu_to_triton = ""
+        cpu = statistics.median(r.cpu_us_per_request for r in runs)
         if reference is not None:
             ratio = statistics.median(
                 a.rps / b.rps for a, b in zip(runs, results[reference], strict=True)
             )
             ratios[name] = ratio
             to_triton = f"{ratio:7.2f}x"
+            theirs = statistics.median(r.cpu_us_per_request for r in results[reference])
+            cpu_to_triton = f"{cpu / theirs:7.2f}x"
         print(
             f"{name:<24} {statistics.median(r.rps for r in runs):9,.0f} "
             f"{statistics.median(r.p50_ms for r in runs):8.2f} "
-            f"{statistics.median(r.p99_ms for r in runs):8.2f} {to_ping:6.2f}x {to_triton:>8}  "
-            + " ".join(f"{r.rps:,.0f}" for r in runs)
+            f"{statistics.median(r.p99_ms for r in runs):8.2f} {to_ping:6.2f}x {to_triton:>8} "
+            f"{cpu:11.1f} {cpu_to_triton:>8}  " + " ".join(f"{r.rps:,.0f}" for r in runs)
         )
     if reference is None:
         print("no Triton in this run: the targets are ratios to Triton, not judged")
