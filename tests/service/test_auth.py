@@ -32,7 +32,13 @@ WRONG_SAME_LENGTH = "tb-key-0123456789abcdefghijklmnoX"[: len(KEY)]
 WRONG_OTHER_LENGTH = "nope"
 OPEN = ("/v2/health/live", "/v2/health/ready")
 # Values for the path parameters of the route templates.
-PARAMETERS = {"model": NOT, "name": NOT, "version": "1", "path": "swagger-ui.css"}
+PARAMETERS = {
+    "model": NOT,
+    "name": NOT,
+    "version": "1",
+    "path": "swagger-ui.css",
+    "region_name": "r",
+}
 
 
 # --- the routes, from the app itself --------------------------------------------------------------

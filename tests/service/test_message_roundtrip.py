@@ -22,7 +22,13 @@ from tensorbits.inference import request_limits
 from tensorbits_client import Client
 from tensorbits_protocol import codec, v1_codec
 from tensorbits_protocol.dtypes import DTYPES, DataType, wire_dtype
-from tensorbits_protocol.infer import InferRequest, InferResponse, RequestedOutput, Tensor
+from tensorbits_protocol.infer import (
+    InferRequest,
+    InferResponse,
+    RequestedOutput,
+    SharedMemoryRef,
+    Tensor,
+)
 from tensorbits_protocol.jsondata import encode_data
 from tensorbits_protocol.v1 import BatchRequest, BatchResponse
 from tensorbits_protocol.v2 import InferenceRequest, InferenceResponse
@@ -78,6 +84,13 @@ def _requests(binary: bool) -> st.SearchStrategy[tuple[InferRequest, list[np.nda
                 st.text(min_size=1, max_size=8),
                 st.none() | st.booleans(),
                 st.just(()),
+                st.none()
+                | st.builds(
+                    SharedMemoryRef,
+                    st.text(min_size=1, max_size=8),
+                    st.integers(0, 2**63 - 1),
+                    st.integers(0, 2**63 - 1),
+                ),
             ),
             max_size=2,
         ),
@@ -104,6 +117,9 @@ def test_a_request_reads_back_as_written(binary: bool, data: st.DataObject) -> N
     assert dict(decoded.parameters) == request.parameters
     assert [o.name for o in decoded.outputs or ()] == [o.name for o in request.outputs or ()]
     assert [o.binary for o in decoded.outputs or ()] == [o.binary for o in request.outputs or ()]
+    assert [o.shared_memory for o in decoded.outputs or ()] == [
+        o.shared_memory for o in request.outputs or ()
+    ]
     for got, sent, array in zip(decoded.inputs, request.inputs, arrays, strict=True):
         assert (got.name, got.datatype, got.shape) == (sent.name, sent.datatype, sent.shape)
         _same_array(got.array(), array)

@@ -74,7 +74,7 @@ FRAMING = [
     ),
     pytest.param(
         {"inputs": [{"name": "InputTensor", "shape": [4], "datatype": "UINT32", "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 16}}]},
-        b"", None, "input 'InputTensor': the shared-memory extension is not supported", id="shared-memory",
+        b"", None, "input 'InputTensor': Client shared memory is disabled on this server", id="shared-memory",
     ),
 ]  # fmt: skip
 

@@ -82,7 +82,7 @@ class TensorFrame(NamedTuple):
     shape: tuple[int, ...]
     binary_size: int | None  # parameters.binary_data_size; None: not given
     has_data: bool = False  # "data" present (inputs only)
-    shared_memory: bool = False  # parameters.shared_memory_region present (refused)
+    shared_memory: bool = False  # parameters.shared_memory_region present
 
     @property
     def nbytes(self) -> int:
@@ -91,15 +91,20 @@ class TensorFrame(NamedTuple):
 
 
 def check_content(frame: TensorFrame) -> None:
-    """An input carries its elements exactly one way, as Triton's ValidateInputContentType says."""
+    """An input carries its elements exactly one way, as Triton's ValidateInputContentType says:
+    ``data``, ``binary_data_size`` or the shared-memory parameters (which a server takes only
+    with the extension on: that is its check, not the framing's)."""
     if frame.has_data is not (frame.binary_size is not None) and not frame.shared_memory:
         return  # the usual case, decided without building the message's words
-    given = {
-        "'data'": frame.has_data,
-        "'binary_data_size'": frame.binary_size is not None,
-        "'shared_memory_region'": frame.shared_memory,
-    }
-    chosen = [key for key, present in given.items() if present]
+    chosen = [
+        key
+        for key, present in (
+            ("'data'", frame.has_data),
+            ("'binary_data_size'", frame.binary_size is not None),
+            ("'shared_memory_region'", frame.shared_memory),
+        )
+        if present
+    ]
     if len(chosen) != 1:
         but = f"set {' '.join(chosen)}" if chosen else "no field is set"
         raise _invalid(
@@ -107,13 +112,6 @@ def check_content(frame: TensorFrame) -> None:
             f"'binary_data_size' in 'parameters', 'shared_memory_region' in 'parameters'. But {but}",
             frame.name,
             "content",
-        )
-    if frame.shared_memory:
-        raise _invalid(
-            f"input '{frame.name}': the shared-memory extension is not supported; send the tensor "
-            "as binary data (parameters.binary_data_size) or JSON data",
-            frame.name,
-            "shared_memory",
         )
 
 

@@ -35,7 +35,13 @@ from tensorbits_protocol.jsondata import (
     require_json_form,
 )
 from tensorbits_protocol.schema_errors import validate_document
-from tensorbits_protocol.v2 import InferenceRequest, InferenceResponse, RequestInput, RequestOutput
+from tensorbits_protocol.v2 import (
+    InferenceRequest,
+    InferenceResponse,
+    RequestInput,
+    RequestOutput,
+    SharedMemoryParameters,
+)
 
 # The messages are NamedTuples, not frozen dataclasses: one is built per tensor of every request,
 # and a NamedTuple is built in a fraction of the time (the hot path's budget is microseconds).
@@ -45,11 +51,10 @@ HostArray = np.ndarray[
     Any, Any
 ]  # a NumPy array in host memory (kernels.DeviceArray: any backend's)
 
-# Output parameters of Triton's classification and shared-memory extensions: they change what an
-# output means, so they are refused rather than ignored (codec.check_content refuses the input's).
+# Output parameters of Triton's classification extension: they change what an output means, so
+# they are refused rather than ignored.
 UNSUPPORTED_OUTPUT_PARAMETERS = {
     "classification": "the classification extension",
-    "shared_memory_region": "the shared-memory extension",
 }
 
 
@@ -65,16 +70,36 @@ class RequestLimits:
     json: JsonLimits
 
 
+class SharedMemoryRef(NamedTuple):
+    """Where a tensor's bytes are in a registered shared-memory region (the shared-memory
+    extension's parameters): ``byte_size`` bytes from ``offset`` within region ``region``."""
+
+    region: str
+    byte_size: int
+    offset: int = 0
+
+    def parameters(self) -> dict[str, Any]:
+        """The tensor parameters that say so, as the protocol writes them."""
+        entry: dict[str, Any] = {
+            "shared_memory_region": self.region,
+            "shared_memory_byte_size": self.byte_size,
+        }
+        if self.offset:
+            entry["shared_memory_offset"] = self.offset
+        return entry
+
+
 class Tensor(NamedTuple):
-    """A named tensor of a request or a response: its bytes (``raw``, little-endian, row-major)
-    or its JSON ``data`` (nested or flat, as sent; checked when read); neither for an output
-    whose bytes are yet to be written."""
+    """A named tensor of a request or a response: its bytes (``raw``, little-endian, row-major),
+    its JSON ``data`` (nested or flat, as sent; checked when read), or where they are in shared
+    memory (``shared_memory``); none for an output whose bytes are yet to be written."""
 
     name: str
     datatype: DataType
     shape: tuple[int, ...]
     raw: memoryview | None = None
     data: list[Any] | None = None
+    shared_memory: SharedMemoryRef | None = None
 
     @property
     def nbytes(self) -> int:
@@ -82,13 +107,15 @@ class Tensor(NamedTuple):
 
     def document(self) -> dict[str, Any]:
         """The tensor as the REST JSON writes it (``v2.RequestInput``, ``v2.ResponseOutput``):
-        with its ``data``, or without it, as binary data of ``binary_data_size`` bytes."""
+        with its ``data``, in shared memory, or as binary data of ``binary_data_size`` bytes."""
         entry: dict[str, Any] = {
             "name": self.name,
             "shape": list(self.shape),
             "datatype": self.datatype.value,
         }
-        if self.data is None:
+        if self.shared_memory is not None:
+            entry["parameters"] = self.shared_memory.parameters()
+        elif self.data is None:
             size = self.nbytes if self.raw is None else self.raw.nbytes
             entry["parameters"] = {"binary_data_size": size}
         else:
@@ -112,12 +139,14 @@ class Tensor(NamedTuple):
 
 class RequestedOutput(NamedTuple):
     """An output the caller asks for: ``binary`` is its ``binary_data`` parameter (None: the
-    request's default), ``parameters`` the names of its other parameters (none of which this
-    server takes: they are refused by name)."""
+    request's default), ``shared_memory`` where to write it instead (the shared-memory
+    extension), ``parameters`` the names of its other parameters (none of which this server
+    takes: they are refused by name)."""
 
     name: str
     binary: bool | None = None
     parameters: tuple[str, ...] = ()
+    shared_memory: SharedMemoryRef | None = None
 
 
 class InferRequest(NamedTuple):
@@ -160,9 +189,12 @@ class InferRequest(NamedTuple):
         check_sizes(frames, limits)
         slices = codec.slice_tensors(frames, tail, model, header_given=header_given)
         inputs = tuple(
-            Tensor(frame.name, frame.datatype, frame.shape, raw, tensor.data)
+            Tensor(
+                frame.name, frame.datatype, frame.shape, raw, tensor.data,
+                shared_reference(tensor.parameters, frame.name, "input"),
+            )
             for frame, tensor, raw in zip(frames, request.inputs, slices, strict=True)
-        )
+        )  # fmt: skip
         outputs = None
         if request.outputs is not None:
             outputs = tuple(map(_requested, request.outputs))
@@ -192,14 +224,49 @@ def _requested(output: RequestOutput) -> RequestedOutput:
     if parameters is None:
         return RequestedOutput(output.name)
     extra = parameters.model_extra
-    return RequestedOutput(output.name, parameters.binary_data, tuple(extra) if extra else ())
+    return RequestedOutput(
+        output.name,
+        parameters.binary_data,
+        tuple(extra) if extra else (),
+        shared_reference(parameters, output.name, "output"),
+    )
 
 
 def _output_document(output: RequestedOutput) -> dict[str, Any]:
     entry: dict[str, Any] = {"name": output.name}
+    parameters: dict[str, Any] = {}
     if output.binary is not None:
-        entry["parameters"] = {"binary_data": output.binary}
+        parameters["binary_data"] = output.binary
+    if output.shared_memory is not None:
+        parameters.update(output.shared_memory.parameters())
+    if parameters:
+        entry["parameters"] = parameters
     return entry
+
+
+def shared_reference(
+    parameters: SharedMemoryParameters | None, name: str, direction: str
+) -> SharedMemoryRef | None:
+    """A tensor's shared-memory parameters as a reference (None: not in shared memory); the
+    region and its byte size go together, as the extension requires."""
+    if parameters is None or (
+        parameters.shared_memory_region is None
+        and parameters.shared_memory_byte_size is None
+        and parameters.shared_memory_offset is None
+    ):
+        return None
+    if parameters.shared_memory_region is None or parameters.shared_memory_byte_size is None:
+        raise InvalidRequest(
+            f"{direction} '{name[:100]}': shared_memory_region and shared_memory_byte_size go "
+            "together (shared_memory_offset is optional, default 0)",
+            field=name[:100],
+            rule="shared_memory",
+        )
+    return SharedMemoryRef(
+        parameters.shared_memory_region,
+        parameters.shared_memory_byte_size,
+        parameters.shared_memory_offset or 0,
+    )
 
 
 class InferResponse(NamedTuple):
@@ -266,14 +333,13 @@ class InferResponse(NamedTuple):
 
 def _frame(tensor: RequestInput) -> codec.TensorFrame:
     parameters = tensor.parameters
-    extra = (parameters.model_extra or {}) if parameters is not None else {}
     return codec.TensorFrame(
         name=tensor.name,
         datatype=BY_NAME[tensor.datatype],  # a Literal of the names: always there
         shape=tuple(tensor.shape),
         binary_size=parameters.binary_data_size if parameters is not None else None,
         has_data="data" in tensor.model_fields_set,
-        shared_memory="shared_memory_region" in extra,
+        shared_memory=parameters is not None and parameters.shared_memory_region is not None,
     )
 
 
@@ -322,6 +388,7 @@ __all__ = [
     "InferResponse",
     "RequestLimits",
     "RequestedOutput",
+    "SharedMemoryRef",
     "Tensor",
     "check_sizes",
     "check_unique",

@@ -89,12 +89,38 @@ class InferenceRequestParameters(BaseModel):
     )
 
 
-class RequestInputParameters(BaseModel):
-    """An input's ``parameters``: ``{"binary_data_size"?: int}``.
+ByteCount = Annotated[StrictInt, Field(ge=0, le=INT64_MAX)]
+MAX_REGION_NAME = 256
+"""The longest shared-memory region name a request may give (Triton's names are free text)."""
+
+
+class SharedMemoryParameters(BaseModel):
+    """The shared-memory extension's tensor parameters (Triton's ``system_shared_memory``):
+    ``{"shared_memory_region": str, "shared_memory_byte_size": int,
+    "shared_memory_offset"?: int}``: the tensor's bytes are in a registered region, at the
+    offset (default 0) within it, ``shared_memory_byte_size`` of them. Only when the server has
+    the extension on (``TENSORBITS_SHARED_MEMORY``); refused with a 400 otherwise."""
+
+    model_config = _PARAMETERS
+
+    shared_memory_region: Annotated[StrictStr, Field(max_length=MAX_REGION_NAME)] | None = Field(
+        None, description="the registered region holding the tensor's bytes"
+    )
+    shared_memory_byte_size: ByteCount | None = Field(
+        None, description="bytes of the tensor in the region (required with the region)"
+    )
+    shared_memory_offset: ByteCount | None = Field(
+        None, description="where the tensor's bytes start in the region (default 0)"
+    )
+
+
+class RequestInputParameters(SharedMemoryParameters):
+    """An input's ``parameters``: ``{"binary_data_size"?: int}`` or the shared-memory ones.
 
     ``binary_data_size`` (binary tensor data extension) says the tensor's bytes follow the JSON
     header instead of a ``data`` array: little-endian, row-major, exactly
-    ``prod(shape) * element size`` bytes. The shared-memory parameters of Triton are refused.
+    ``prod(shape) * element size`` bytes. ``shared_memory_*`` (``SharedMemoryParameters``) says
+    they are in a registered shared-memory region instead.
     """
 
     model_config = _PARAMETERS
@@ -131,8 +157,10 @@ class RequestInput(BaseModel):
     data: SkipValidation[TensorData] | None = None
 
 
-class RequestOutputParameters(BaseModel):
-    """A requested output's ``parameters``: ``{"binary_data"?: bool}`` (binary extension)."""
+class RequestOutputParameters(SharedMemoryParameters):
+    """A requested output's ``parameters``: ``{"binary_data"?: bool}`` (binary extension), or
+    the shared-memory ones: the output is written into the region, and the response lists it
+    with those parameters and no data."""
 
     model_config = _PARAMETERS
     __pydantic_extra__: dict[str, WireParameterValue] = Field(init=False)
@@ -183,8 +211,9 @@ class InferenceRequest(BaseModel):
 # --- inference response -------------------------------------------------------------------------
 
 
-class ResponseOutputParameters(BaseModel):
-    """An output's ``parameters`` in a response: ``{"binary_data_size"?: int}``."""
+class ResponseOutputParameters(SharedMemoryParameters):
+    """An output's ``parameters`` in a response: ``{"binary_data_size"?: int}``, or the
+    shared-memory ones of an output written into a region (no data then)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -438,6 +467,33 @@ class ErrorResponse(BaseModel):
     rule: str | None = None
 
 
+# --- system shared-memory extension ------------------------------------------------------------
+
+
+class SystemSharedMemoryRegisterRequest(BaseModel):
+    """``POST /v2/systemsharedmemory/region/{name}/register``:
+    ``{"key": str, "offset"?: int, "byte_size": int}``: ``byte_size`` bytes from ``offset`` of
+    the POSIX shared-memory object ``key`` (its ``shm_open`` name) become region ``name``."""
+
+    model_config = ConfigDict(
+        **_STRICT,
+        json_schema_extra={"examples": [{"key": "/tensorbits_in", "offset": 0, "byte_size": 64}]},
+    )
+
+    key: Annotated[StrictStr, Field(max_length=255)]
+    offset: ByteCount = 0
+    byte_size: ByteCount
+
+
+class SystemSharedMemoryRegion(BaseModel):
+    """One registered region in ``GET /v2/systemsharedmemory[/region/{name}]/status``."""
+
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+
+
 __all__ = [
     "MAX_WIRE_RANK",
     "Datatype",
@@ -466,6 +522,8 @@ __all__ = [
     "ServerMetadataResponse",
     "StatisticDuration",
     "SupportRowInfo",
+    "SystemSharedMemoryRegion",
+    "SystemSharedMemoryRegisterRequest",
     "TensorData",
     "WireParameterValue",
     "WireShape",

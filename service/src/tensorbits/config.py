@@ -115,6 +115,28 @@ class Settings(BaseSettings):
         description="bytes of planned request headers remembered, plans included, per API (0: none)",
     )
 
+    # The system shared-memory extension (shared_memory.py): off unless switched on.
+    shared_memory: bool = Field(
+        False,
+        description="serve Triton's system shared-memory extension: clients on this host register "
+        "POSIX shared-memory regions and pass tensors by reference",
+    )
+    shared_memory_prefix: str = Field(
+        "/tensorbits",
+        pattern=r"^/[^/]*$",
+        max_length=200,
+        description="the keys a region may be registered with start with this: a client cannot "
+        "make the server open another program's memory",
+    )
+    max_shared_memory_regions: int = Field(
+        64, ge=1, le=4096, description="regions registered at once (400 past it)"
+    )
+    max_shared_memory_bytes: int = Field(
+        16 * 1024 * MiB,
+        ge=1,
+        description="bytes of all registered regions together (400 past it)",
+    )
+
     # Admission (503 + Retry-After past them): bounds memory under load.
     max_inflight_bytes: int = Field(
         2 * GiB, ge=MiB, description="bytes of the requests in flight (503 past it)"
@@ -206,6 +228,15 @@ class Settings(BaseSettings):
             )
         elif self.tls_key_password is not None:
             raise ValueError("tls_key_password is set but no tls_key_file is")
+        return self
+
+    @model_validator(mode="after")
+    def _shared_memory_in_one_process(self) -> Settings:
+        if self.shared_memory and self.workers > 1:
+            raise ValueError(
+                "shared_memory needs workers 1: a region is registered with the one process "
+                "that answered the registration, and another worker would not know it"
+            )
         return self
 
     @model_validator(mode="after")

@@ -24,6 +24,7 @@ from tensorbits.backends.base import Backend
 from tensorbits.config import Settings
 from tensorbits.engine import run_into_host
 from tensorbits.header_cache import HeaderCache
+from tensorbits.shared_memory import Location, SystemSharedMemory
 from tensorbits_protocol import codec
 from tensorbits_protocol.dtypes import itemsize, wire_dtype
 from tensorbits_protocol.errors import InvalidRequest, OperatorNotFound, PayloadTooLarge
@@ -33,6 +34,7 @@ from tensorbits_protocol.infer import (
     InferRequest,
     InferResponse,
     RequestLimits,
+    SharedMemoryRef,
     Tensor,
 )
 from tensorbits_protocol.jsondata import JsonLimits, MemberLimit, encode_data, require_json_form
@@ -85,24 +87,51 @@ class Plan(NamedTuple):
     # The binary response's JSON header when already known (a cached header's plan): it depends
     # on nothing that running the plan decides.
     response_header: bytes | None = None
+    # Inputs in shared memory (their place in ``inputs`` holds an empty array until
+    # ``load_shared`` reads them) and the region the output goes to (shared_memory.py).
+    shared_inputs: tuple[SharedInput, ...] = ()
+    shared_output: SharedMemoryRef | None = None
+
+    @property
+    def shared_input_bytes(self) -> int:
+        return sum(shared.nbytes for shared in self.shared_inputs)
 
     @property
     def work_bytes(self) -> int:
         """Memory the run touches: inputs read, output written (and JSON text for JSON output)."""
         out = self.output_nbytes
-        if not self.binary_output:
+        if not self.binary_output and self.shared_output is None:
             out += math.prod(self.call.output_shape) * JSON_BYTES_PER_ELEMENT
-        return sum(x.nbytes for x in self.inputs) + out
+        return sum(x.nbytes for x in self.inputs) + self.shared_input_bytes + out
 
     def memory_needed(self, body_bytes: int) -> int:
-        """Bytes this inference holds while it runs: the request's body and the response's."""
-        return body_bytes + self.output_nbytes
+        """Bytes this inference holds while it runs: the request's body, the inputs read from
+        shared memory, and the response's."""
+        return body_bytes + self.shared_input_bytes + self.output_nbytes
 
     def response(self, data: list[Any] | None = None) -> InferResponse:
-        """The response to this plan: the output as binary data, or with its JSON ``data``."""
+        """The response to this plan: the output as binary data, with its JSON ``data``, or as
+        written into its shared-memory region."""
         call = self.call
-        output = Tensor(self.op.output, call.output_datatype, call.output_shape, data=data)
+        output = Tensor(
+            self.op.output, call.output_datatype, call.output_shape, data=data,
+            shared_memory=self.shared_output,
+        )  # fmt: skip
         return InferResponse(self.op.name, (output,), MODEL_VERSION, self.request_id)
+
+
+class SharedInput(NamedTuple):
+    """An input whose bytes are in shared memory: its place in the operator's inputs, where."""
+
+    position: int
+    name: str
+    ref: SharedMemoryRef
+    dtype: np.dtype[Any]
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
 
 
 # --- planning -----------------------------------------------------------------------------------
@@ -161,27 +190,107 @@ def _check_output(call: ResolvedCall, binary: bool, limits: RequestLimits) -> No
         )
 
 
-def plan(op: OperatorSpec, request: InferRequest, limits: RequestLimits) -> Plan:
+_NOT_READ = np.empty(0, np.uint8)  # an input in shared memory, until load_shared reads it
+
+
+def plan(
+    op: OperatorSpec,
+    request: InferRequest,
+    limits: RequestLimits,
+    regions: SystemSharedMemory | None = None,
+) -> Plan:
     """Check a decoded request against ``op``'s rules and the limits; raise on anything wrong.
 
-    Whatever front end decoded it (``InferRequest.from_rest`` today), the checks and their
-    messages are these."""
+    Whatever front end decoded it (``InferRequest.from_rest``, the gRPC ``messages``), the
+    checks and their messages are these. Tensors in shared memory need ``regions`` (the server's,
+    when the extension is on); they are located and checked here, read by ``load_shared`` once
+    the request is admitted for them."""
     call = validate_call(
         op,
         {t.name: TensorSpec(t.datatype, t.shape) for t in request.inputs},
         request.parameters,
     )
+    shared_output = next(
+        (o.shared_memory for o in request.outputs or () if o.shared_memory is not None), None
+    )
     binary = _binary_output(op, request)
-    _check_output(call, binary, limits)
-    arrays = {tensor.name: tensor.array() for tensor in request.inputs}
+    _check_output(call, binary or shared_output is not None, limits)
+    output_nbytes = math.prod(call.output_shape) * itemsize(call.output_datatype)
+    arrays: dict[str, HostArray] = {}
+    shared: list[SharedInput] = []
+    places: dict[str, Location] = {}
+    for tensor in request.inputs:
+        if tensor.shared_memory is None:
+            arrays[tensor.name] = tensor.array()
+            continue
+        ref = _shared_memory_on(regions, tensor.name, "input")
+        places[tensor.name] = ref.locate(tensor.shared_memory, tensor.nbytes, tensor.name, "input")
+        arrays[tensor.name] = _NOT_READ
+        shared.append(
+            SharedInput(
+                op.inputs.index(tensor.name), tensor.name, tensor.shared_memory,
+                wire_dtype(tensor.datatype), tensor.shape,
+            )
+        )  # fmt: skip
+    if shared_output is not None:
+        out = _shared_memory_on(regions, op.output, "output").locate(
+            shared_output, output_nbytes, op.output, "output"
+        )
+        _check_aliasing(op, out, places)
     return Plan(
         op=op,
         call=call,
         request_id=request.id,
         inputs=[arrays[name] for name in op.inputs],
-        binary_output=binary,
-        output_nbytes=math.prod(call.output_shape) * itemsize(call.output_datatype),
+        binary_output=binary and shared_output is None,
+        output_nbytes=output_nbytes,
+        shared_inputs=tuple(shared),
+        shared_output=shared_output,
     )
+
+
+def _shared_memory_on(
+    regions: SystemSharedMemory | None, tensor: str, direction: str
+) -> SystemSharedMemory:
+    if regions is None:
+        raise InvalidRequest(
+            f"{direction} '{tensor[:100]}': Client shared memory is disabled on this server (the "
+            "shared-memory extension is off; TENSORBITS_SHARED_MEMORY=true turns it on); send "
+            "the tensor as binary data or JSON data",
+            field=tensor[:100],
+            rule="shared_memory",
+        )
+    return regions
+
+
+def _check_aliasing(op: OperatorSpec, output: Location, inputs: dict[str, Location]) -> None:
+    """An output region may overlap an input's only as the operator's in-place rule allows:
+    the very same bytes, of an input the output may replace (``op.in_place``)."""
+    for name, place in inputs.items():
+        if not place.overlaps(output):
+            continue
+        if place == output and name in op.in_place:
+            continue
+        allowed = ", ".join(op.in_place) or "none"
+        raise InvalidRequest(
+            f"output '{op.output}': its shared-memory bytes overlap input '{name}''s; "
+            f"{op.name} may write its output over exactly the bytes of an input among: {allowed}",
+            field=op.output,
+            rule="output_aliasing",
+        )
+
+
+def load_shared(plan: Plan, regions: SystemSharedMemory | None) -> Plan:
+    """``plan`` with its shared-memory inputs read (a copy each: never a mapping, see
+    shared_memory.py); the plan itself when it has none."""
+    if not plan.shared_inputs:
+        return plan
+    assert regions is not None  # plan() refused shared memory without regions
+    inputs = list(plan.inputs)
+    for shared in plan.shared_inputs:
+        data = regions.read(shared.ref, shared.nbytes, shared.name)
+        inputs[shared.position] = np.frombuffer(data, shared.dtype).reshape(shared.shape)
+    return plan._replace(inputs=inputs)
 
 
 class PlanTemplate(NamedTuple):
@@ -239,6 +348,7 @@ def plan_rest(
     header_length: int | None,
     limits: RequestLimits,
     cache: HeaderCache[PlanTemplate] | None = None,
+    regions: SystemSharedMemory | None = None,
 ) -> Plan:
     """Decode and plan one REST inference request for ``op``; raise on anything wrong with it.
 
@@ -255,8 +365,13 @@ def plan_rest(
     request = InferRequest.from_rest(
         header, tail, model=op.name, header_given=header_length is not None, limits=limits
     )
-    planned = plan(op, request, limits)
-    if key is not None and cache is not None and all(t.raw is not None for t in request.inputs):
+    planned = plan(op, request, limits, regions)
+    if (
+        key is not None
+        and cache is not None
+        and planned.shared_output is None
+        and all(t.raw is not None for t in request.inputs)
+    ):
         cache.put(key, PlanTemplate.of(planned, request), len(header))
     return planned
 
@@ -264,10 +379,21 @@ def plan_rest(
 # --- running and encoding -----------------------------------------------------------------------
 
 
-def execute(plan: Plan, backend: Backend) -> codec.Framed:
-    """Run a plan and encode the response (binary: one buffer, written in place)."""
+def execute(
+    plan: Plan, backend: Backend, regions: SystemSharedMemory | None = None
+) -> codec.Framed:
+    """Run a plan and encode the response (binary: one buffer, written in place; shared
+    memory: the inputs read first, the output written into its region, the response its JSON
+    header alone). Called once the request is admitted for ``plan.memory_needed``."""
+    plan = load_shared(plan, regions)
     call = plan.call
     dtype = wire_dtype(call.output_datatype)
+    if plan.shared_output is not None:
+        assert regions is not None  # plan() refused shared memory without regions
+        out = np.empty(call.output_shape, dtype)
+        run_into_host(backend, call, plan.inputs, out)
+        regions.write(plan.shared_output, out.reshape(-1).view(np.uint8).data, plan.op.output)
+        return codec.Framed.json(plan.response().to_rest().header)
     if plan.binary_output:
         if plan.response_header is not None:
             layout = codec.BodyLayout(plan.response_header, (plan.output_nbytes,))
@@ -301,6 +427,7 @@ __all__ = [
     "Plan",
     "PlanTemplate",
     "execute",
+    "load_shared",
     "plan",
     "plan_rest",
     "request_limits",

@@ -38,18 +38,19 @@ from tensorbits_protocol.validation import support_row
 
 SERVER_NAME = "tensorbits"
 PLATFORM = "tensorbits"
-# The extensions this server serves (GET /v2 lists them). Not shared memory: it has an issue of
-# its own; not gRPC, which is a protocol, not an extension.
+# The extensions this server serves (GET /v2 lists them), and the one served only when switched
+# on (TENSORBITS_SHARED_MEMORY). Not gRPC, which is a protocol, not an extension.
 EXTENSIONS = ("binary_tensor_data", "model_repository", "model_configuration", "statistics")
+SHARED_MEMORY_EXTENSION = "system_shared_memory"
 # Triton's data_type names are the protocol's, prefixed (model_config.proto, DataType).
 CONFIG_TYPE_PREFIX = "TYPE_"
 
 
-def server_metadata() -> ServerMetadataResponse:
-    """``GET /v2``: the server's name, version and extensions."""
-    return ServerMetadataResponse(
-        name=SERVER_NAME, version=__version__, extensions=list(EXTENSIONS)
-    )
+def server_metadata(shared_memory: bool = False) -> ServerMetadataResponse:
+    """``GET /v2``: the server's name, version and extensions (``shared_memory``: whether the
+    shared-memory extension is on)."""
+    extensions = [*EXTENSIONS, SHARED_MEMORY_EXTENSION] if shared_memory else list(EXTENSIONS)
+    return ServerMetadataResponse(name=SERVER_NAME, version=__version__, extensions=extensions)
 
 
 def default_parameters(op: OperatorSpec) -> dict[str, str | int]:

@@ -10,6 +10,7 @@ from tensorbits.batch import BatchLimits, BatchPlan
 from tensorbits.config import Settings
 from tensorbits.header_cache import HeaderCache, PlanT
 from tensorbits.inference import CACHED_HEADER_MAX_BYTES, PlanTemplate, request_limits
+from tensorbits.shared_memory import SystemSharedMemory
 from tensorbits.statistics import Statistics
 from tensorbits_protocol.errors import InvalidRequest, Overloaded, PayloadTooLarge
 from tensorbits_protocol.infer import RequestLimits
@@ -159,6 +160,8 @@ class Runtime:
     models: ModelStates = field(default_factory=ModelStates)
     # Per-model inference counts and durations (statistics.py), fed by every front end.
     statistics: Statistics = field(default_factory=Statistics)
+    # The system shared-memory extension's regions; None when it is off (the default).
+    shared_memory: SystemSharedMemory | None = None
 
     @property
     def ready(self) -> bool:
@@ -180,10 +183,21 @@ class Runtime:
             # A batch header is as long as its dispatches are many: keep up to 1/16 of the budget.
             batch_plans=_cache(settings, settings.header_cache_bytes // 16),
             drain=drain or Drain(),
+            shared_memory=(
+                SystemSharedMemory(
+                    settings.shared_memory_prefix,
+                    settings.max_shared_memory_regions,
+                    settings.max_shared_memory_bytes,
+                )
+                if settings.shared_memory
+                else None
+            ),
         )
 
     def close(self) -> None:
         self.started = False
+        if self.shared_memory is not None:
+            self.shared_memory.close()
         self.selection.backend.close()
 
 

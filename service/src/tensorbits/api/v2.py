@@ -102,8 +102,8 @@ async def _model_version_ready(request: Request, op: ModelAtVersion) -> Response
 
 
 @router.get("", response_model=ServerMetadataResponse, summary="Server metadata")
-async def server_metadata() -> ServerMetadataResponse:
-    return model_info.server_metadata()
+async def server_metadata(request: Request) -> ServerMetadataResponse:
+    return model_info.server_metadata(request.app.state.settings.shared_memory)
 
 
 @router.get(

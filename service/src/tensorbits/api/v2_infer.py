@@ -48,13 +48,13 @@ async def run_inference(
             json_bytes = len(body) if header_length is None else header_length
             plan = await offload(
                 json_bytes, JSON_INLINE_MAX_BYTES, inference.plan_rest, op, body, header_length,
-                runtime.limits, runtime.v2_plans,
+                runtime.limits, runtime.v2_plans, runtime.shared_memory,
             )  # fmt: skip
             exchange.grow(plan.memory_needed(len(body)), "inference", "body, output", "body")
             planned = perf_counter_ns()
             framed = await offload(
                 plan.work_bytes, COMPUTE_INLINE_MAX_BYTES, inference.execute, plan,
-                runtime.selection.backend,
+                runtime.selection.backend, runtime.shared_memory,
             )  # fmt: skip
             executed = perf_counter_ns()
             await exchange.send(send, framed)

@@ -29,6 +29,7 @@ from tensorbits.engine import run_into_host
 from tensorbits.grpc import inference_pb2 as pb
 from tensorbits.grpc import wire
 from tensorbits.inference import MODEL_VERSION, Plan
+from tensorbits.shared_memory import SystemSharedMemory
 from tensorbits_protocol import codec
 from tensorbits_protocol.dtypes import BY_NAME, DataType, wire_dtype
 from tensorbits_protocol.errors import InvalidRequest
@@ -39,6 +40,7 @@ from tensorbits_protocol.infer import (
     Tensor,
     check_sizes,
     check_unique,
+    shared_reference,
 )
 from tensorbits_protocol.operators import OperatorSpec
 from tensorbits_protocol.schema_errors import validate_document
@@ -142,17 +144,26 @@ def infer_request(
     message: pb.ModelInferRequest, raw: list[memoryview], limits: RequestLimits
 ) -> InferRequest:
     """The protocol-neutral request of ``message`` (whose raw contents ``wire`` split off as
-    ``raw``), checked as far as it can be without the operator."""
+    ``raw``), checked as far as it can be without the operator. An input's bytes come one of
+    three ways: typed ``contents``, an entry of ``raw_input_contents`` (one per input that is
+    not in shared memory, in order; never beside typed contents, as in Triton), or the
+    shared-memory parameters."""
     request = validate_document(InferenceRequest, _document(message), WHAT)
-    if raw and len(raw) != len(message.inputs):
+    shared = [
+        shared_reference(checked.parameters, checked.name, "input") for checked in request.inputs
+    ]
+    unshared = sum(ref is None for ref in shared)
+    if raw and len(raw) != unshared:
         raise InvalidRequest(
-            f"raw_input_contents has {len(raw)} entries for {len(message.inputs)} inputs: give "
-            "one per input, in the order of the inputs",
+            f"raw_input_contents has {len(raw)} entries for {unshared} inputs not in shared "
+            "memory: give one per such input, in the order of the inputs",
             field="raw_input_contents",
             rule="raw_contents",
         )
     frames = []
-    for index, (tensor, checked) in enumerate(zip(message.inputs, request.inputs, strict=True)):
+    raw_of: list[memoryview | None] = []
+    next_raw = iter(raw)
+    for tensor, checked, ref in zip(message.inputs, request.inputs, shared, strict=True):
         has_contents = tensor.HasField("contents")
         if raw and has_contents:
             raise InvalidRequest(
@@ -161,21 +172,22 @@ def infer_request(
                 field=tensor.name,
                 rule="contents",
             )
-        if not raw and not has_contents:
+        if ref is None and not raw and not has_contents:
             raise InvalidRequest(
                 f"input '{tensor.name}' has no contents, and the request no raw_input_contents",
                 field=tensor.name,
                 rule="contents",
             )
-        extra = (checked.parameters.model_extra if checked.parameters is not None else None) or {}
+        own_raw = next(next_raw) if raw and ref is None else None
+        raw_of.append(own_raw)
         frames.append(
             codec.TensorFrame(
                 name=checked.name,
                 datatype=BY_NAME[checked.datatype],
                 shape=tuple(checked.shape),
-                binary_size=raw[index].nbytes if raw else None,
+                binary_size=own_raw.nbytes if own_raw is not None else None,
                 has_data=has_contents,
-                shared_memory="shared_memory_region" in extra,
+                shared_memory=ref is not None,
             )
         )
     check_unique(frames)
@@ -183,21 +195,27 @@ def infer_request(
         codec.check_content(frame)
     check_sizes(frames, limits)
     inputs = []
-    for index, (frame, tensor) in enumerate(zip(frames, message.inputs, strict=True)):
-        if raw:
-            if raw[index].nbytes != frame.nbytes:
+    for index, (frame, tensor, own_raw, ref) in enumerate(
+        zip(frames, message.inputs, raw_of, shared, strict=True)
+    ):
+        if ref is not None:
+            inputs.append(Tensor(frame.name, frame.datatype, frame.shape, shared_memory=ref))
+        elif own_raw is not None:
+            if own_raw.nbytes != frame.nbytes:
                 raise InvalidRequest(
-                    f"input '{frame.name}': raw_input_contents[{index}] has {raw[index].nbytes} "
-                    f"bytes, {frame.datatype} {list(frame.shape)} needs {frame.nbytes}",
+                    f"input '{frame.name}': raw_input_contents[{index - raw_of[:index].count(None)}]"
+                    f" has {own_raw.nbytes} bytes, {frame.datatype} {list(frame.shape)} needs "
+                    f"{frame.nbytes}",
                     field=frame.name,
                     rule="raw_contents",
                 )
-            inputs.append(Tensor(frame.name, frame.datatype, frame.shape, raw=raw[index]))
+            inputs.append(Tensor(frame.name, frame.datatype, frame.shape, raw=own_raw))
         else:
             data = _contents(tensor, frame.datatype)
             inputs.append(Tensor(frame.name, frame.datatype, frame.shape, data=data))
     parameters = {} if request.parameters is None else request.parameters.model_dump()
-    # Outputs go back as raw_output_contents whatever the request says (Triton does the same).
+    # Outputs go back as raw_output_contents whatever the request says (Triton does the same),
+    # or into their shared-memory region.
     parameters["binary_data_output"] = True
     outputs = None
     if request.outputs is not None:
@@ -206,6 +224,7 @@ def infer_request(
                 output.name,
                 True,
                 tuple(output.parameters.model_extra or ()) if output.parameters else (),
+                shared_reference(output.parameters, output.name, "output"),
             )
             for output in request.outputs
         )
@@ -213,33 +232,50 @@ def infer_request(
 
 
 def plan(
-    op: OperatorSpec, message: pb.ModelInferRequest, raw: list[memoryview], limits: RequestLimits
+    op: OperatorSpec,
+    message: pb.ModelInferRequest,
+    raw: list[memoryview],
+    limits: RequestLimits,
+    regions: SystemSharedMemory | None = None,
 ) -> Plan:
     """``message`` checked and planned for ``op``: ``infer_request``, then ``inference.plan``."""
-    return inference.plan(op, infer_request(message, raw, limits), limits)
+    return inference.plan(op, infer_request(message, raw, limits), limits, regions)
 
 
-def execute(plan: Plan, backend: Backend) -> bytes:
+def execute(plan: Plan, backend: Backend, regions: SystemSharedMemory | None = None) -> bytes:
     """Run ``plan`` into a serialized ``ModelInferResponse``: its one output's bytes, written by
-    the kernel in place, as ``raw_output_contents[0]``. (grpcio sends only ``bytes``: the one
-    copy of the output is that conversion; protobuf would have made two.)"""
+    the kernel in place, as ``raw_output_contents[0]`` (grpcio sends only ``bytes``: the one
+    copy of the output is that conversion; protobuf would have made two); or, for an output in
+    shared memory, written into its region and named by the output's parameters."""
+    plan = inference.load_shared(plan, regions)
     call = plan.call
-    head = pb.ModelInferResponse(
+    output = pb.ModelInferResponse.InferOutputTensor(
+        name=plan.op.output, datatype=call.output_datatype.value, shape=call.output_shape
+    )
+    response = pb.ModelInferResponse(
         model_name=plan.op.name,
         model_version=MODEL_VERSION,
         id=plan.request_id or "",
-        outputs=[
-            pb.ModelInferResponse.InferOutputTensor(
-                name=plan.op.output,
-                datatype=call.output_datatype.value,
-                shape=call.output_shape,
-            )
-        ],
-    ).SerializeToString()
-    head += wire.raw_field(wire.RAW_OUTPUT_CONTENTS, plan.output_nbytes)
+        outputs=[output],
+    )
+    dtype = wire_dtype(call.output_datatype)
+    if plan.shared_output is not None:
+        assert regions is not None  # inference.plan refused shared memory without regions
+        result = np.empty(call.output_shape, dtype)
+        run_into_host(backend, call, plan.inputs, result)
+        regions.write(plan.shared_output, result.reshape(-1).view(np.uint8).data, output.name)
+        for key, value in plan.shared_output.parameters().items():
+            if isinstance(value, str):
+                response.outputs[0].parameters[key].string_param = value
+            else:
+                response.outputs[0].parameters[key].int64_param = value
+        return response.SerializeToString()
+    head = response.SerializeToString() + wire.raw_field(
+        wire.RAW_OUTPUT_CONTENTS, plan.output_nbytes
+    )
     body = bytearray(len(head) + plan.output_nbytes)
     body[: len(head)] = head
-    out = np.frombuffer(body, wire_dtype(call.output_datatype), offset=len(head))
+    out = np.frombuffer(body, dtype, offset=len(head))
     run_into_host(backend, call, plan.inputs, out.reshape(call.output_shape))
     return bytes(body)
 

@@ -32,6 +32,7 @@ from tensorbits.grpc import inference_pb2 as pb
 from tensorbits.grpc import messages, wire
 from tensorbits.observability import Metrics
 from tensorbits.runtime import Runtime
+from tensorbits.shared_memory import SystemSharedMemory
 from tensorbits_protocol.errors import (
     InvalidRequest,
     OperatorNotFound,
@@ -212,7 +213,9 @@ class InferenceService:
 
     async def server_metadata(self, data: bytes) -> bytes:
         _parse(pb.ServerMetadataRequest, data)
-        document = model_info.server_metadata().model_dump(exclude_none=True)
+        document = model_info.server_metadata(self.runtime.shared_memory is not None).model_dump(
+            exclude_none=True
+        )
         return _message(pb.ServerMetadataResponse, document).SerializeToString()
 
     async def model_metadata(self, data: bytes) -> bytes:
@@ -281,6 +284,38 @@ class InferenceService:
         self.runtime.models.unload(inference.resolve_model(request.model_name, None).name)
         return pb.RepositoryModelUnloadResponse().SerializeToString()
 
+    # --- system shared memory -----------------------------------------------------------------
+
+    def _regions(self) -> SystemSharedMemory:
+        regions = self.runtime.shared_memory
+        if regions is None:
+            raise InvalidRequest(
+                "Client shared memory is disabled on this server (the system shared-memory "
+                "extension is off; TENSORBITS_SHARED_MEMORY=true turns it on)",
+                field="shared_memory",
+                rule="shared_memory",
+            )
+        return regions
+
+    async def system_shared_memory_status(self, data: bytes) -> bytes:
+        request = _parse(pb.SystemSharedMemoryStatusRequest, data)
+        response = pb.SystemSharedMemoryStatusResponse()
+        for entry in self._regions().status(request.name or None):
+            response.regions[entry["name"]].CopyFrom(
+                pb.SystemSharedMemoryStatusResponse.RegionStatus(**entry)
+            )
+        return response.SerializeToString()
+
+    async def system_shared_memory_register(self, data: bytes) -> bytes:
+        request = _parse(pb.SystemSharedMemoryRegisterRequest, data)
+        self._regions().register(request.name, request.key, request.offset, request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse().SerializeToString()
+
+    async def system_shared_memory_unregister(self, data: bytes) -> bytes:
+        request = _parse(pb.SystemSharedMemoryUnregisterRequest, data)
+        self._regions().unregister(request.name or None)
+        return pb.SystemSharedMemoryUnregisterResponse().SerializeToString()
+
     # --- inference ----------------------------------------------------------------------------
 
     async def model_infer(self, data: bytes) -> bytes:
@@ -298,13 +333,13 @@ class InferenceService:
                 # Typed contents are read value by value: off the event loop when there are many.
                 plan = await offload(
                     len(split.message), JSON_INLINE_MAX_BYTES, messages.plan, op, message,
-                    split.raw_contents, runtime.limits,
+                    split.raw_contents, runtime.limits, runtime.shared_memory,
                 )  # fmt: skip
                 grant.hold(plan.memory_needed(len(data)), "inference", "message, output", "inputs")
                 planned = time.perf_counter_ns()
                 response = await offload(
                     plan.work_bytes, COMPUTE_INLINE_MAX_BYTES, messages.execute, plan,
-                    runtime.selection.backend,
+                    runtime.selection.backend, runtime.shared_memory,
                 )  # fmt: skip
             finally:
                 grant.release()

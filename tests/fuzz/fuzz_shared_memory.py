@@ -1,0 +1,143 @@
+"""Coverage-guided fuzz target: the system shared-memory extension's register and use parameters.
+
+One real POSIX shared-memory object of ``OBJECT_BYTES`` (``/dev/shm``, under the target's own
+prefix) is made once. Each input is a program of steps, one control byte each, then integers
+(each an edge-biased value: a control byte c and (1, 2, 4, 8)[c & 3] little-endian bytes v, the
+family c >> 4: 15: 2**63 - 1 + (v % 5 - 2), 14: 2**64 + v, 13: OBJECT_BYTES + (v % 5 - 2),
+12: -v, otherwise v)::
+
+    step & 7 == 0: register region (step >> 3) % 4 at (offset, byte_size); the key is the
+                   object's, or (step & 0x80) another one (outside the prefix, missing, '..')
+    step & 7 == 1: unregister region (step >> 3) % 4 (or all, when step & 0x80)
+    step & 7 == 2: read (offset, byte_size, nbytes) from region (step >> 3) % 4
+    step & 7 == 3: write (offset, byte_size, nbytes) into region (step >> 3) % 4
+    step & 7 == 4: truncate the object to an integer % (2 * OBJECT_BYTES), then restore it
+    step & 7 == 5: status of region (step >> 3) % 4
+
+The properties: every step raises ``InvalidRequest`` or succeeds; a successful read returns
+exactly the bytes asked for, equal to what lies in the object at that place; a successful write
+changes only the bytes of its range and never grows the object; the object never becomes larger
+than it was made (the server never writes past a region); nothing else is raised (no OSError,
+no crash: the server never maps the object).
+
+By hand::
+
+    .venv/bin/python tests/fuzz/fuzz_shared_memory.py -max_total_time=600 tests/fuzz/corpus_shared_memory
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+from pathlib import Path
+
+from fuzz_support import Reader, fuzz, instrumented
+
+with instrumented(__name__, "tensorbits", "tensorbits_protocol"):
+    from tensorbits.shared_memory import SHM_DIR, SystemSharedMemory
+    from tensorbits_protocol.errors import InvalidRequest
+    from tensorbits_protocol.infer import SharedMemoryRef
+
+OBJECT_BYTES = 4096
+PREFIX = f"/tensorbits_fuzz_{os.getpid()}"
+KEY = f"{PREFIX}_object"
+OTHER_KEYS = ("/not_ours", f"{PREFIX}_missing", f"{PREFIX}/..", "/")
+PATH = SHM_DIR / KEY[1:]
+PATTERN = bytes(range(256)) * (OBJECT_BYTES // 256)
+
+
+def _object() -> Path:
+    PATH.write_bytes(PATTERN)
+    return PATH
+
+
+def _integer(reader: Reader) -> int:
+    control = reader.byte()
+    width = (1, 2, 4, 8)[control & 3]
+    value = int.from_bytes(reader.raw(width).ljust(width, b"\0"), "little")
+    family = control >> 4
+    if family == 15:
+        return 2**63 - 1 + (value % 5 - 2)
+    if family == 14:
+        return 2**64 + value
+    if family == 13:
+        return OBJECT_BYTES + (value % 5 - 2)
+    if family == 12:
+        return -value
+    return value
+
+
+def _in_range(value: int) -> bool:
+    # The wire models bound every byte count to [0, 2**63 - 1] before the registry sees it.
+    return 0 <= value <= 2**63 - 1
+
+
+def TestOneInput(data: bytes) -> None:  # noqa: N802 (the name atheris and libFuzzer use)
+    path = _object()
+    regions = SystemSharedMemory(PREFIX, max_regions=3, max_bytes=2 * OBJECT_BYTES)
+    reader = Reader(data)
+    try:
+        for _ in range(16):
+            if reader.pos >= len(data):
+                break
+            step = reader.byte()
+            name = f"r{(step >> 3) % 4}"
+            with contextlib.suppress(InvalidRequest):  # a refusal is an answer
+                _step(regions, reader, step, name, path)
+            assert os.stat(path).st_size <= OBJECT_BYTES
+    finally:
+        regions.close()
+        path.unlink(missing_ok=True)
+
+
+def _step(regions: SystemSharedMemory, reader: Reader, step: int, name: str, path: Path) -> None:
+    kind = step & 7
+    if kind == 0:
+        offset, byte_size = _integer(reader), _integer(reader)
+        if not (_in_range(offset) and _in_range(byte_size)):
+            return
+        key = OTHER_KEYS[(step >> 3) % len(OTHER_KEYS)] if step & 0x80 else KEY
+        regions.register(name, key, offset, byte_size)
+        assert key == KEY
+        assert offset + byte_size <= OBJECT_BYTES
+    elif kind == 1:
+        regions.unregister(None if step & 0x80 else name)
+    elif kind in (2, 3):
+        offset, byte_size, nbytes = _integer(reader), _integer(reader), _integer(reader) % 8192
+        if not (_in_range(offset) and _in_range(byte_size)):
+            return
+        ref = SharedMemoryRef(name, byte_size, offset)
+        direction = "input" if kind == 2 else "output"
+        place = regions.locate(ref, nbytes, "t", direction)
+        assert place.end - place.start == byte_size
+        assert place.end <= OBJECT_BYTES
+        if kind == 2:
+            got = regions.read(ref, nbytes, "t")
+            assert len(got) == nbytes
+            assert bytes(got) == path.read_bytes()[place.start : place.start + nbytes]
+        else:
+            before = path.read_bytes()
+            payload = struct.pack("<Q", step) * (nbytes // 8) + b"\xab" * (nbytes % 8)
+            regions.write(ref, memoryview(payload), "t")
+            after = path.read_bytes()
+            assert len(after) == len(before)
+            start = place.start
+            assert after[:start] == before[:start]
+            assert after[start : start + nbytes] == payload
+            assert after[start + nbytes :] == before[start + nbytes :]
+    elif kind == 4:
+        size = _integer(reader) % (2 * OBJECT_BYTES)
+        os.truncate(path, min(size, OBJECT_BYTES))
+        try:
+            ref = SharedMemoryRef(name, 64, 0)
+            regions.read(ref, 64, "t")
+        finally:
+            os.truncate(path, OBJECT_BYTES)
+    elif kind == 5:
+        for entry in regions.status(name):
+            assert entry["offset"] + entry["byte_size"] <= OBJECT_BYTES
+
+
+if __name__ == "__main__":
+    fuzz(TestOneInput)
