@@ -275,16 +275,18 @@ def _h2load(load: Load) -> LoadResult:
         r"requests: \d+ total, \d+ started, \d+ done, (\d+) succeeded, (\d+) failed, (\d+) errored, (\d+) timeout",
         out,
     )
-    elapsed = re.search(r"finished in ([\d.]+)(m?s)", out)
-    if stats is None or elapsed is None:
+    # "finished in" counts the warm-up too; the rate and the counts are the timed part's.
+    rate = re.search(r"finished in [\d.]+m?s, ([\d.]+) req/s", out)
+    if stats is None or rate is None:
         raise RuntimeError(f"could not read h2load's output:\n{out}")
     succeeded, failed, errored, timed_out = (int(n) for n in stats.groups())
-    seconds = float(elapsed.group(1)) / (1000 if elapsed.group(2) == "ms" else 1)
+    seconds = succeeded / float(rate.group(1)) if succeeded else load.duration
     failures = {
         k: n for k, n in (("failed", failed), ("errored", errored), ("timeout", timed_out)) if n
     }
     p50, p99 = _percentiles([int(row[2]) / 1e6 for row in rows if row[1] == "200"])
     cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    cpu *= load.duration / (load.duration + load.warmup)  # its share of the timed part
     return LoadResult(load.target, "h2load", succeeded, seconds, p50, p99, failures, cpu, 0)
 
 

@@ -6,17 +6,20 @@ same NumPy call, installed on demand outside the project's lock), then:
 
   (small) requests/s of a 16-element UINT8 BIT_NOT, the same request on both servers:
           HTTP with wrk (v2 binary body from a Lua script, keep-alive, ``--connections``, one
-          thread), gRPC with bench/_grpc_load.py (pre-serialized ModelInfer, ``--streams`` calls
-          in flight on ``--channels`` connections). ``--rounds`` rounds, each running the four
-          contestants once in an order rotated every round; the table shows each one's median
-          rate and p50/p99, and each ratio is the median of its per-round ratios.
+          thread); gRPC with bench/_grpc_load.py (one pre-serialized ModelInfer, ``--streams``
+          calls in flight on ``--channels`` connections), driven by h2load (C) when installed
+          and by grpc.aio (Python). ``--rounds`` rounds, each running every contestant once in
+          an order rotated every round; the table shows each one's median rate, p50/p99 and
+          the server's and the client's CPU time per request, and each ratio is the median of
+          its per-round ratios. CPU per request is the figure least moved by the other work on
+          a shared machine.
   (large) a 64 MiB BIT_NOT round trip (64 MiB in, 64 MiB out), best of ``--repeat`` interleaved
           rounds: HTTP v2 binary through a plain-socket client (bench/_harness.PlainClient),
-          gRPC as one pre-serialized ModelInfer with raw contents (answers checked, not
-          parsed), on both servers.
+          gRPC as one pre-serialized ModelInfer with raw contents (the answer's tail checked,
+          not parsed), on both servers; with the least server CPU time of the rounds.
 
 When the Triton peer cannot be installed or started, says why and measures tensorbits alone.
-Loopback only, bounded (about 2 minutes with the defaults). Usage:
+Loopback only, bounded (about 3 minutes with the defaults). Usage:
 
   .venv/bin/python bench/grpc_vs_triton.py [--rounds N] [--seconds S] [--repeat N] [--parts small,large]
 """
@@ -63,7 +66,7 @@ class Endpoints:
     """One server's two front ends: an HTTP port and a gRPC ``host:port``."""
 
     server: str
-    http_port: int
+    http_port: int | None  # None: gRPC only (the bare grpc.aio servers)
     grpc_target: str
     pid: int  # the server's process; its CPU time is read with its children's (tree_cpu)
 
@@ -114,6 +117,7 @@ def _wrk_ms(out: str, percentile: int) -> float:
 
 def wrk_small(server: Endpoints, seconds: float, connections: int) -> Rate:
     """wrk (one thread) posting the 16-element v2 binary BIT_NOT for ``seconds``."""
+    assert server.http_port is not None
     head, parts = v2_binary_request({"InputTensor": SMALL}, "OutputTensor")
     script = WRK_SCRIPT.format(
         method="POST",
@@ -176,14 +180,18 @@ def small_rounds(
     contestants: list[tuple[tuple[str, str], Callable[[], Rate]]] = []
     grpc_run = (args.seconds, args.streams, args.channels)
     for s in servers:
-        contestants.append(
-            ((s.server, HTTP), functools.partial(wrk_small, s, args.seconds, args.connections))
-        )
+        if s.http_port is not None:
+            contestants.append(
+                ((s.server, HTTP), functools.partial(wrk_small, s, args.seconds, args.connections))
+            )
         if args.h2load:
             contestants.append(
                 ((s.server, H2LOAD), functools.partial(grpc_small, s, "h2load", *grpc_run))
             )
-        contestants.append(((s.server, AIO), functools.partial(grpc_small, s, "aio", *grpc_run)))
+        if s.http_port is not None or not args.h2load:  # the bare servers: one driver is enough
+            contestants.append(
+                ((s.server, AIO), functools.partial(grpc_small, s, "aio", *grpc_run))
+            )
     rates: dict[tuple[str, str], list[Rate]] = {key: [] for key, _ in contestants}
     for round_ in range(args.rounds):
         shift = round_ % len(contestants)
@@ -232,6 +240,16 @@ def print_small(rates: dict[tuple[str, str], list[Rate]], args: argparse.Namespa
             print(f"  tensorbits / Triton, {driver}: {ratio:.2f}x (target >= 0.7x)")
         ratio = median_ratio(tb_http, rates[("Triton", HTTP)])
         print(f"  tensorbits / Triton, {HTTP}: {ratio:.2f}x")
+    driver = drivers[0]
+    for bare in (BARE_UU, BARE_SU):
+        if (bare, driver) in rates:
+            ratio = median_ratio(rates[("tensorbits", driver)], rates[(bare, driver)])
+            print(f"  tensorbits / {bare}, {driver}: {ratio:.2f}x")
+    if (BARE_UU, driver) in rates:
+        print(
+            f"  ({BARE_UU}: a grpc.aio server on uvloop answering a cached response, unary-unary;"
+            f" {BARE_SU}: the same as a stream-unary handler, as tensorbits registers ModelInfer)"
+        )
 
 
 # --- 64 MiB round trip ------------------------------------------------------------------------
@@ -277,6 +295,8 @@ def large_round_trips(servers: list[Endpoints], repeat: int) -> dict[str, tuple[
     cpu: dict[str, list[float]] = {}
     with contextlib.ExitStack() as stack:
         for s in servers:
+            if s.http_port is None:
+                continue  # a bare gRPC server: no 64 MiB answer to give
             http = PlainClient(s.http_port)
             stack.callback(http.close)
             once, channel = grpc_round_trip(s.grpc_target, body, expected)
@@ -330,10 +350,31 @@ def tensorbits() -> Iterator[Endpoints]:
         proc.wait(timeout=30)
 
 
+BARE_UU, BARE_SU = "bare u-u", "bare s-u"
+
+
 @contextlib.contextmanager
-def peers() -> Iterator[list[Endpoints]]:
+def bare_grpc(label: str, *flags: str) -> Iterator[Endpoints]:
+    """bench/_grpc_baseline.py on a free port: grpcio's own cost per call, with no work."""
+    port = free_port()
+    argv = [sys.executable, str(ROOT / "bench" / "_grpc_baseline.py"), str(port), *flags]
+    proc = subprocess.Popen(argv, cwd=ROOT)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            grpc.channel_ready_future(channel).result(timeout=30)
+        yield Endpoints(label, None, f"127.0.0.1:{port}", proc.pid)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def peers(bare: bool) -> Iterator[list[Endpoints]]:
     with contextlib.ExitStack() as stack:
         servers = [stack.enter_context(tensorbits())]
+        if bare:
+            servers.append(stack.enter_context(bare_grpc(BARE_UU)))
+            servers.append(stack.enter_context(bare_grpc(BARE_SU, "--stream-unary")))
         try:
             peer: TritonPeer = stack.enter_context(triton_peer())
         except PeerUnavailable as exc:
@@ -374,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     stop_on_signals()  # a Ctrl-C or SIGTERM still stops both servers
     start = time.monotonic()
     print(f"machine: {conditions()}")
-    with peers() as servers:
+    with peers(bare="small" in parts) as servers:
         if "small" in parts:
             note("(small) ...")
             print_small(small_rounds(servers, args), args)
