@@ -362,3 +362,20 @@ def test_too_many_regions(client: triton.InferenceServerClient, regions: list[Re
     with pytest.raises(InferenceServerException) as caught:
         client.register_system_shared_memory(made[-1].name, made[-1].key, 8)
     assert "TENSORBITS_MAX_SHARED_MEMORY_REGIONS" in str(caught.value.message())
+
+
+def test_cuda_shared_memory_is_refused_without_cupy(server: GrpcServer) -> None:
+    """The NumPy backend has no device memory to share: registering a CUDA IPC handle (as
+    tritonclient.utils.cuda_shared_memory sends it) is a clear 400 / INVALID_ARGUMENT."""
+    registration = {"raw_handle": {"b64": "AAAA"}, "device_id": 0, "byte_size": 64}
+    status, body = post(server, "/v2/cudasharedmemory/region/gpu/register", registration)
+    assert (status, body["rule"]) == (400, "cuda_shared_memory")
+    assert "needs the CuPy backend; this server runs numpy" in body["error"]
+    client = triton_grpc.InferenceServerClient(server.grpc_url)
+    with pytest.raises(InferenceServerException) as caught:
+        client.register_cuda_shared_memory("gpu", b"\0" * 64, 0, 64)
+    assert caught.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "needs the CuPy backend" in str(caught.value.message())
+    assert not client.get_cuda_shared_memory_status().regions
+    http = triton.InferenceServerClient(server.http.url)
+    assert http.get_cuda_shared_memory_status() == []

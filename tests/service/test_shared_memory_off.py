@@ -33,6 +33,9 @@ def test_every_route_and_parameter_is_refused() -> None:
         _refused(client.post("/v2/systemsharedmemory/region/r/register", json={"key": "/x"}))
         _refused(client.post("/v2/systemsharedmemory/region/r/unregister"))
         _refused(client.post("/v2/systemsharedmemory/unregister"))
+        _refused(client.get("/v2/cudasharedmemory/status"))
+        _refused(client.post("/v2/cudasharedmemory/region/r/register", json={}))
+        _refused(client.post("/v2/cudasharedmemory/unregister"))
         tensor = {"name": "InputTensor", "shape": [4], "datatype": "UINT8"}
         _refused(
             client.post(

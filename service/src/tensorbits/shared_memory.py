@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from tensorbits.backends.base import Backend
 from tensorbits_protocol.errors import InvalidRequest
 from tensorbits_protocol.infer import SharedMemoryRef
 
@@ -337,4 +338,35 @@ class SystemSharedMemory:
         )
 
 
-__all__ = ["Location", "Region", "SystemSharedMemory"]
+def switched_on(regions: SystemSharedMemory | None) -> SystemSharedMemory:
+    """The server's regions, or the 400 that every use of the switched-off extension gets."""
+    if regions is None:
+        raise _refused(
+            "Client shared memory is disabled on this server (the system shared-memory "
+            "extension is off; TENSORBITS_SHARED_MEMORY=true turns it on)",
+            "shared_memory",
+            "shared_memory",
+        )
+    return regions
+
+
+def cuda_refusal(regions: SystemSharedMemory | None, backend: Backend) -> InvalidRequest:
+    """Why a CUDA shared-memory region cannot be registered here: the extension is off, the
+    backend is not CuPy (device memory needs a device), or, with CuPy, that this version does
+    not serve it yet (issue 13's CUDA part waits for a GPU to be tested on)."""
+    switched_on(regions)  # the extension's switch first, as for system regions
+    if backend.name != "cupy":
+        return _refused(
+            f"CUDA shared memory needs the CuPy backend; this server runs {backend.name} on "
+            f"{backend.device} (TENSORBITS_BACKEND); use system shared memory instead",
+            "raw_handle",
+            "cuda_shared_memory",
+        )
+    return _refused(
+        "CUDA shared memory is not served by this version; use system shared memory instead",
+        "raw_handle",
+        "cuda_shared_memory",
+    )
+
+
+__all__ = ["Location", "Region", "SystemSharedMemory", "cuda_refusal", "switched_on"]

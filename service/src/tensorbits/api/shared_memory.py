@@ -14,29 +14,23 @@ from fastapi import APIRouter, Request, Response
 from tensorbits.api import v2_openapi
 from tensorbits.api.body import read_body
 from tensorbits.api.deps import RuntimeDep
-from tensorbits.shared_memory import SystemSharedMemory
-from tensorbits_protocol.errors import InvalidRequest
+from tensorbits.runtime import Runtime
+from tensorbits.shared_memory import SystemSharedMemory, cuda_refusal, switched_on
 from tensorbits_protocol.jsondata import JsonLimits, parse_json
 from tensorbits_protocol.schema_errors import validate_document
 from tensorbits_protocol.v2 import SystemSharedMemoryRegion, SystemSharedMemoryRegisterRequest
 
 router = APIRouter(prefix="/v2/systemsharedmemory", tags=["v2 shared memory"])
+cuda_router = APIRouter(prefix="/v2/cudasharedmemory", tags=["v2 shared memory"])
 
 REGISTER_BODY_MAX_BYTES = 4 << 10
 REGISTER_JSON_LIMITS = JsonLimits(max_depth=2, max_values=8)
 _DONE: dict[int | str, dict[str, Any]] = {200: {"description": "Done (empty body)"}}
 
 
-def regions_of(runtime: RuntimeDep) -> SystemSharedMemory:
+def regions_of(runtime: Runtime) -> SystemSharedMemory:
     """The server's regions, or the 400 every use of a switched-off extension gets."""
-    if runtime.shared_memory is None:
-        raise InvalidRequest(
-            "Client shared memory is disabled on this server (the system shared-memory "
-            "extension is off; TENSORBITS_SHARED_MEMORY=true turns it on)",
-            field="shared_memory",
-            rule="shared_memory",
-        )
-    return runtime.shared_memory
+    return switched_on(runtime.shared_memory)
 
 
 def _status(regions: SystemSharedMemory, name: str | None) -> list[SystemSharedMemoryRegion]:
@@ -111,4 +105,51 @@ async def system_shared_memory_unregister(region_name: str, runtime: RuntimeDep)
 )
 async def system_shared_memory_unregister_all(runtime: RuntimeDep) -> Response:
     regions_of(runtime).unregister()
+    return Response(status_code=200)
+
+
+# --- CUDA shared memory: refused (cuda_refusal), its status empty ----------------------------
+
+
+@cuda_router.get(
+    "/status",
+    response_model=list[dict[str, Any]],
+    responses=v2_openapi.errors(400),
+    summary="Registered CUDA shared-memory regions (none: registration is refused)",
+)
+async def cuda_shared_memory_status(runtime: RuntimeDep) -> list[dict[str, Any]]:
+    regions_of(runtime)
+    return []
+
+
+@cuda_router.post(
+    "/region/{region_name}/register",
+    response_class=Response,
+    responses={**_DONE, **v2_openapi.errors(400)},
+    summary="Register device memory (refused: needs the CuPy backend; see the message)",
+)
+async def cuda_shared_memory_register(region_name: str, runtime: RuntimeDep) -> Response:
+    # Before the body is read: nothing of it is needed.
+    raise cuda_refusal(runtime.shared_memory, runtime.selection.backend)
+
+
+@cuda_router.post(
+    "/region/{region_name}/unregister",
+    response_class=Response,
+    responses={**_DONE, **v2_openapi.errors(400)},
+    summary="Unregister a CUDA region (none can be registered: nothing to do)",
+)
+async def cuda_shared_memory_unregister(region_name: str, runtime: RuntimeDep) -> Response:
+    regions_of(runtime)
+    return Response(status_code=200)
+
+
+@cuda_router.post(
+    "/unregister",
+    response_class=Response,
+    responses={**_DONE, **v2_openapi.errors(400)},
+    summary="Unregister every CUDA region (none can be registered: nothing to do)",
+)
+async def cuda_shared_memory_unregister_all(runtime: RuntimeDep) -> Response:
+    regions_of(runtime)
     return Response(status_code=200)

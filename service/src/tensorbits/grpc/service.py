@@ -32,7 +32,7 @@ from tensorbits.grpc import inference_pb2 as pb
 from tensorbits.grpc import messages, wire
 from tensorbits.observability import Metrics
 from tensorbits.runtime import Runtime
-from tensorbits.shared_memory import SystemSharedMemory
+from tensorbits.shared_memory import SystemSharedMemory, cuda_refusal, switched_on
 from tensorbits_protocol.errors import (
     InvalidRequest,
     OperatorNotFound,
@@ -287,15 +287,7 @@ class InferenceService:
     # --- system shared memory -----------------------------------------------------------------
 
     def _regions(self) -> SystemSharedMemory:
-        regions = self.runtime.shared_memory
-        if regions is None:
-            raise InvalidRequest(
-                "Client shared memory is disabled on this server (the system shared-memory "
-                "extension is off; TENSORBITS_SHARED_MEMORY=true turns it on)",
-                field="shared_memory",
-                rule="shared_memory",
-            )
-        return regions
+        return switched_on(self.runtime.shared_memory)
 
     async def system_shared_memory_status(self, data: bytes) -> bytes:
         request = _parse(pb.SystemSharedMemoryStatusRequest, data)
@@ -315,6 +307,20 @@ class InferenceService:
         request = _parse(pb.SystemSharedMemoryUnregisterRequest, data)
         self._regions().unregister(request.name or None)
         return pb.SystemSharedMemoryUnregisterResponse().SerializeToString()
+
+    async def cuda_shared_memory_status(self, data: bytes) -> bytes:
+        _parse(pb.CudaSharedMemoryStatusRequest, data)
+        self._regions()
+        return pb.CudaSharedMemoryStatusResponse().SerializeToString()  # none registered
+
+    async def cuda_shared_memory_register(self, data: bytes) -> bytes:
+        _parse(pb.CudaSharedMemoryRegisterRequest, data)
+        raise cuda_refusal(self.runtime.shared_memory, self.runtime.selection.backend)
+
+    async def cuda_shared_memory_unregister(self, data: bytes) -> bytes:
+        _parse(pb.CudaSharedMemoryUnregisterRequest, data)
+        self._regions()
+        return pb.CudaSharedMemoryUnregisterResponse().SerializeToString()  # nothing to do
 
     # --- inference ----------------------------------------------------------------------------
 
