@@ -5,7 +5,7 @@ UV := .tools/bin/uv
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install install-serve serve test check lint typecheck unit bench openapi clean images image-test
+.PHONY: install install-serve serve test check lint typecheck unit bench openapi proto clean images image-test
 
 $(UV):
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check --target .tools uv==$(UV_VERSION)
@@ -61,6 +61,9 @@ bench: install ## operator core on the CPU; bench/http_service.py, bench/in_proc
 
 openapi: install ## regenerate openapi/openapi.json from the app
 	$(BIN)/python scripts/export_openapi.py
+
+proto: install ## regenerate the gRPC messages (service/src/tensorbits/grpc/inference_pb2.py/.pyi) from inference.proto
+	$(BIN)/python scripts/generate_grpc.py
 
 # Images, built and run without a Docker daemon: buildah (installed from Debian's packages when
 # missing), official bases when a registry answers, else stand-ins made here (scripts/images.py;
