@@ -256,9 +256,13 @@ _STATS: dict[str, Any] = {
 }
 
 
-def _statistics(runtime: Runtime, models: list[OperatorSpec]) -> ModelStatisticsResponse:
+def _statistics(
+    request: Request, runtime: Runtime, models: list[OperatorSpec]
+) -> ModelStatisticsResponse:
+    # With several workers, each counts its own: the others' published counts are added in.
+    others = request.app.state.metrics.other_workers_statistics()
     return ModelStatisticsResponse.model_validate(
-        runtime.statistics.response(op.name for op in models)
+        runtime.statistics.response((op.name for op in models), others)
     )
 
 
@@ -267,13 +271,15 @@ def _statistics(runtime: Runtime, models: list[OperatorSpec]) -> ModelStatistics
     **_STATS,
     summary="Inference statistics of every model (statistics extension)",
 )
-async def models_statistics(runtime: RuntimeDep) -> ModelStatisticsResponse:
-    return _statistics(runtime, list(OPERATORS))
+async def models_statistics(request: Request, runtime: RuntimeDep) -> ModelStatisticsResponse:
+    return _statistics(request, runtime, list(OPERATORS))
 
 
 @router.get("/models/{model}/stats", **_STATS, summary="Inference statistics of one model")
-async def model_statistics(op: Model, runtime: RuntimeDep) -> ModelStatisticsResponse:
-    return _statistics(runtime, [op])
+async def model_statistics(
+    request: Request, op: Model, runtime: RuntimeDep
+) -> ModelStatisticsResponse:
+    return _statistics(request, runtime, [op])
 
 
 @router.get(
@@ -282,9 +288,9 @@ async def model_statistics(op: Model, runtime: RuntimeDep) -> ModelStatisticsRes
     summary="Inference statistics of one model version",
 )
 async def model_version_statistics(
-    op: ModelAtVersion, runtime: RuntimeDep
+    request: Request, op: ModelAtVersion, runtime: RuntimeDep
 ) -> ModelStatisticsResponse:
-    return _statistics(runtime, [op])
+    return _statistics(request, runtime, [op])
 
 
 @router.get(

@@ -243,7 +243,9 @@ class InferenceService:
                 field="version",
                 rule="unknown_version",
             )
-        document = self.runtime.statistics.response(op.name for op in models)
+        # With several workers, each counts its own: the others' published counts are added in.
+        others = self.metrics.other_workers_statistics() if self.metrics is not None else []
+        document = self.runtime.statistics.response((op.name for op in models), others)
         return _message(pb.ModelStatisticsResponse, document).SerializeToString()
 
     # --- model repository ---------------------------------------------------------------------
