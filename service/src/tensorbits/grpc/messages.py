@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -45,6 +45,7 @@ from tensorbits_protocol.infer import (
 from tensorbits_protocol.operators import OperatorSpec
 from tensorbits_protocol.schema_errors import validate_document
 from tensorbits_protocol.v2 import InferenceRequest
+from tensorbits_protocol.validation import ResolvedCall
 
 WHAT = "ModelInferRequest"
 
@@ -242,37 +243,54 @@ def plan(
     return inference.plan(op, infer_request(message, raw, limits), limits, regions)
 
 
-def execute(plan: Plan, backend: Backend, regions: SystemSharedMemory | None = None) -> bytes:
-    """Run ``plan`` into a serialized ``ModelInferResponse``: its one output's bytes, written by
-    the kernel in place, as ``raw_output_contents[0]`` (grpcio sends only ``bytes``: the one
-    copy of the output is that conversion; protobuf would have made two); or, for an output in
-    shared memory, written into its region and named by the output's parameters."""
-    plan = inference.load_shared(plan, regions)
+def _response(plan: Plan) -> pb.ModelInferResponse:
     call = plan.call
     output = pb.ModelInferResponse.InferOutputTensor(
         name=plan.op.output, datatype=call.output_datatype.value, shape=call.output_shape
     )
-    response = pb.ModelInferResponse(
+    return pb.ModelInferResponse(
         model_name=plan.op.name,
         model_version=MODEL_VERSION,
         id=plan.request_id or "",
         outputs=[output],
     )
+
+
+def response_head(plan: Plan) -> bytes:
+    """The serialized response before its output's bytes: everything but them, then the tag
+    and length of ``raw_output_contents[0]`` (``wire.raw_field``)."""
+    return _response(plan).SerializeToString() + wire.raw_field(
+        wire.RAW_OUTPUT_CONTENTS, plan.output_nbytes
+    )
+
+
+def execute(
+    plan: Plan,
+    backend: Backend,
+    regions: SystemSharedMemory | None = None,
+    head: bytes | None = None,
+) -> bytes:
+    """Run ``plan`` into a serialized ``ModelInferResponse``: its one output's bytes, written by
+    the kernel in place after ``head`` (``response_head``; given when a template knows it), as
+    ``raw_output_contents[0]`` (grpcio sends only ``bytes``: the one copy of the output is that
+    conversion; protobuf would have made two); or, for an output in shared memory, written into
+    its region and named by the output's parameters."""
+    plan = inference.load_shared(plan, regions)
+    call = plan.call
     dtype = wire_dtype(call.output_datatype)
     if plan.shared_output is not None:
         assert regions is not None  # inference.plan refused shared memory without regions
         result = np.empty(call.output_shape, dtype)
         run_into_host(backend, call, plan.inputs, result)
-        regions.write(plan.shared_output, result.reshape(-1).view(np.uint8).data, output.name)
+        regions.write(plan.shared_output, result.reshape(-1).view(np.uint8).data, plan.op.output)
+        response = _response(plan)
         for key, value in plan.shared_output.parameters().items():
             if isinstance(value, str):
                 response.outputs[0].parameters[key].string_param = value
             else:
                 response.outputs[0].parameters[key].int64_param = value
         return response.SerializeToString()
-    head = response.SerializeToString() + wire.raw_field(
-        wire.RAW_OUTPUT_CONTENTS, plan.output_nbytes
-    )
+    head = response_head(plan) if head is None else head
     body = bytearray(len(head) + plan.output_nbytes)
     body[: len(head)] = head
     out = np.frombuffer(body, dtype, offset=len(head))
@@ -280,4 +298,61 @@ def execute(plan: Plan, backend: Backend, regions: SystemSharedMemory | None = N
     return bytes(body)
 
 
-__all__ = ["CONTENTS_FIELD", "execute", "infer_request", "parameter_value", "plan"]
+class PlanTemplate(NamedTuple):
+    """What one ``ModelInferRequest`` whose inputs are all raw contents decides: everything in
+    its plan but the tensors' bytes, and the response's head. Keyed by the message without its
+    raw contents (``wire.SplitRequest.message``) and the raw contents' sizes, a repeated request
+    is planned from it without being parsed or checked again (the HTTP side's
+    ``inference.PlanTemplate``, for gRPC's framing)."""
+
+    op: OperatorSpec
+    call: ResolvedCall
+    request_id: str | None
+    output_nbytes: int
+    inputs: tuple[tuple[int, np.dtype[Any], tuple[int, ...]], ...]  # raw index, dtype, shape
+    head: bytes
+
+    def plan(self, raw: list[memoryview]) -> Plan:
+        return Plan(
+            op=self.op,
+            call=self.call,
+            request_id=self.request_id,
+            inputs=[
+                np.frombuffer(raw[index], dtype).reshape(shape)
+                for index, dtype, shape in self.inputs
+            ],
+            binary_output=True,
+            output_nbytes=self.output_nbytes,
+        )
+
+    @classmethod
+    def of(cls, planned: Plan, message: pb.ModelInferRequest) -> PlanTemplate | None:
+        """The template of a plan, or None when its request is not all raw contents (typed
+        contents or shared memory: not worth keeping, or not the same on the next call)."""
+        if planned.shared_inputs or planned.shared_output is not None:
+            return None
+        if any(tensor.HasField("contents") for tensor in message.inputs):
+            return None
+        where = {
+            tensor.name: (index, wire_dtype(BY_NAME[tensor.datatype]), tuple(tensor.shape))
+            for index, tensor in enumerate(message.inputs)
+        }
+        return cls(
+            op=planned.op,
+            call=planned.call,
+            request_id=planned.request_id,
+            output_nbytes=planned.output_nbytes,
+            inputs=tuple(where[name] for name in planned.op.inputs),
+            head=response_head(planned),
+        )
+
+
+__all__ = [
+    "CONTENTS_FIELD",
+    "PlanTemplate",
+    "execute",
+    "infer_request",
+    "parameter_value",
+    "plan",
+    "response_head",
+]

@@ -30,6 +30,8 @@ from tensorbits.api.offload import offload
 from tensorbits.api.v2_infer import COMPUTE_INLINE_MAX_BYTES, JSON_INLINE_MAX_BYTES
 from tensorbits.grpc import inference_pb2 as pb
 from tensorbits.grpc import messages, wire
+from tensorbits.header_cache import HeaderCache
+from tensorbits.inference import CACHED_HEADER_MAX_BYTES
 from tensorbits.observability import Metrics
 from tensorbits.runtime import Runtime
 from tensorbits.shared_memory import SystemSharedMemory, cuda_refusal, switched_on
@@ -101,6 +103,12 @@ class InferenceService:
             rpc for rpc, path in OPEN_WHEN.items() if path in settings.auth_open_paths
         )
         self.receive_timeout = settings.timeout_body_read
+        # ModelInfer messages planned before (TENSORBITS_HEADER_CACHE_BYTES, as HTTP's headers).
+        self.plans: HeaderCache[messages.PlanTemplate] | None = (
+            HeaderCache(settings.header_cache_bytes, CACHED_HEADER_MAX_BYTES)
+            if settings.header_cache_bytes
+            else None
+        )
         # Every RPC of the service in inference.proto, by the method of its snake-case name.
         self.handlers: dict[str, Handler] = {rpc: getattr(self, method) for rpc, method in RPCS}
 
@@ -328,26 +336,45 @@ class InferenceService:
 
     async def model_infer(self, data: bytes) -> bytes:
         """One inference, admitted for its message before it is parsed, counted in
-        ``runtime.statistics`` with the HTTP path's phases (statistics.py)."""
+        ``runtime.statistics`` with the HTTP path's phases (statistics.py). A message planned
+        before (the same bytes but the raw contents', of the same sizes) is planned from its
+        ``messages.PlanTemplate`` (``self.plans``), not parsed and checked again."""
         started = time.perf_counter_ns()
         runtime = self.runtime
         split = wire.split_infer_request(data, runtime.limits.max_tensors)
-        message = _parse(pb.ModelInferRequest, split.message)
-        op = inference.resolve_model(message.model_name, _version(message.model_version))
-        runtime.models.check_loaded(op.name)
+        key: tuple[bytes, tuple[int, ...]] | None = None
+        template = None
+        if self.plans is not None and self.plans.keeps(split.message):
+            key = (split.message, tuple(raw.nbytes for raw in split.raw_contents))
+            template = self.plans.get(key)
+        if template is not None:
+            op = template.op
+        else:
+            message = _parse(pb.ModelInferRequest, split.message)
+            op = inference.resolve_model(message.model_name, _version(message.model_version))
+        runtime.models.check_loaded(op.name)  # every call: a template skips no state
         try:
             grant = runtime.admission.acquire(len(data))
             try:
-                # Typed contents are read value by value: off the event loop when there are many.
-                plan = await offload(
-                    len(split.message), JSON_INLINE_MAX_BYTES, messages.plan, op, message,
-                    split.raw_contents, runtime.limits, runtime.shared_memory,
-                )  # fmt: skip
+                if template is not None:
+                    plan, head = template.plan(split.raw_contents), template.head
+                else:
+                    # Typed contents are read value by value: off the event loop when many.
+                    plan = await offload(
+                        len(split.message), JSON_INLINE_MAX_BYTES, messages.plan, op, message,
+                        split.raw_contents, runtime.limits, runtime.shared_memory,
+                    )  # fmt: skip
+                    head = None
+                    if key is not None and self.plans is not None:
+                        made = messages.PlanTemplate.of(plan, message)
+                        if made is not None:
+                            self.plans.put(key, made, len(split.message))
+                            head = made.head
                 grant.hold(plan.memory_needed(len(data)), "inference", "message, output", "inputs")
                 planned = time.perf_counter_ns()
                 response = await offload(
                     plan.work_bytes, COMPUTE_INLINE_MAX_BYTES, messages.execute, plan,
-                    runtime.selection.backend, runtime.shared_memory,
+                    runtime.selection.backend, runtime.shared_memory, head,
                 )  # fmt: skip
             finally:
                 grant.release()
