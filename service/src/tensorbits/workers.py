@@ -33,6 +33,7 @@ import os
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import time
 from multiprocessing.process import BaseProcess
@@ -77,12 +78,19 @@ def run_worker(index: int, port: int, folder: str) -> None:
 
     settings = Settings(port=port)
     configure_logging(settings.log_level, settings.log_json)
-    observability.share_with_workers(Path(folder))
-    drain = Drain()
-    app = create_app(settings, drain=drain)
-    server = cli.draining_server(uvicorn.Config(**cli._uvicorn_kwargs(settings, drain, app)), drain)
     try:
-        server.run(sockets=[port_socket(settings.host, port)])
+        observability.share_with_workers(Path(folder))
+        drain = Drain()
+        app = create_app(settings, drain=drain)
+        config = uvicorn.Config(**cli._uvicorn_kwargs(settings, drain, app))
+        sock = port_socket(settings.host, port)
+    except Exception:
+        # Before serving: the next worker would fail the same way. The supervisor stops.
+        logger.exception("worker %d could not start", index)
+        sys.exit(STARTUP_FAILURE)
+    server = cli.draining_server(config, drain)
+    try:
+        server.run(sockets=[sock])  # a failed lifespan start-up exits STARTUP_FAILURE too
     finally:
         app.state.metrics.publish()  # the final counts, for the workers still serving
         logger.debug("worker %d (pid %d) stopped", index, os.getpid())
