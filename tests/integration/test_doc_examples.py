@@ -12,10 +12,11 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.live import LiveServer
+from support.live import LiveServer, serve
 
 ROOT = Path(__file__).resolve().parents[2]
 UV = ROOT / ".tools" / "bin" / "uv"
@@ -61,6 +62,14 @@ def documented_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
         timeout=240,
     )
     return python
+
+
+@pytest.fixture(scope="module")
+def live_server() -> Iterator[LiveServer]:
+    """The session's server, but with the system shared-memory extension on: the README's
+    shared-memory example registers a region."""
+    with serve({"TENSORBITS_SHARED_MEMORY": "true"}) as server:
+        yield server
 
 
 @pytest.mark.integration

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from tensorbits_client._codec import InferResult
     from tensorbits_client._constants import DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
     from tensorbits_client._exceptions import *  # every one, as its __all__ lists them
+    from tensorbits_client._shared_memory import AsyncSharedMemoryRegion, SharedMemoryRegion
     from tensorbits_client._types import NOT_GIVEN, NotGiven
     from tensorbits_client.recipes import async_hamming_distances, hamming_distances
     from tensorbits_protocol.dtypes import DataType
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 # name -> the module it is defined in.
 _LAZY: dict[str, str] = {
     "AsyncClient": "tensorbits_client._client",
+    "AsyncSharedMemoryRegion": "tensorbits_client._shared_memory",
     "Batch": "tensorbits_client._batch",
     "Binding": "tensorbits_client._batch",
     "Buffer": "tensorbits_client._batch",
@@ -47,6 +49,7 @@ _LAZY: dict[str, str] = {
     "InferResult": "tensorbits_client._codec",
     "NOT_GIVEN": "tensorbits_client._types",
     "NotGiven": "tensorbits_client._types",
+    "SharedMemoryRegion": "tensorbits_client._shared_memory",
     "async_hamming_distances": "tensorbits_client.recipes",
     "hamming_distances": "tensorbits_client.recipes",
 }
@@ -65,6 +68,7 @@ __all__ = [
     "APIStatusError",
     "APITimeoutError",
     "AsyncClient",
+    "AsyncSharedMemoryRegion",
     "AuthenticationError",
     "BadRequestError",
     "Batch",
@@ -80,6 +84,7 @@ __all__ = [
     "OverloadedError",
     "PayloadTooLargeError",
     "RateLimitError",
+    "SharedMemoryRegion",
     "TensorbitsClientError",
     "UnprocessableEntityError",
     "__version__",

@@ -21,6 +21,12 @@ from tensorbits_client._catalog import Registry
 from tensorbits_client._codec import HEADER_LENGTH, Body, FramingError, InferResult, decode_batch
 from tensorbits_client._exceptions import APIError, APIResponseValidationError
 from tensorbits_client._map import as_inputs, open_progress, pipeline, run_sync, total_of
+from tensorbits_client._shared_memory import (
+    DEFAULT_ALIGNMENT,
+    DEFAULT_PREFIX,
+    AsyncSharedMemoryRegion,
+    SharedMemoryRegion,
+)
 from tensorbits_client._streaming import aiter_parts, iter_parts
 from tensorbits_client._types import (
     NOT_GIVEN,
@@ -158,6 +164,16 @@ class Client(BaseClient[httpx.Client, Array]):
             verify=self._verify,
             _catalog=self._catalog,
         )
+
+    def shared_memory(
+        self, nbytes: int, *, prefix: str = DEFAULT_PREFIX, alignment: int = DEFAULT_ALIGNMENT
+    ) -> SharedMemoryRegion:
+        """A POSIX shared-memory region of ``nbytes`` for a client on the server's host: ``with``
+        creates and registers it (the server needs ``TENSORBITS_SHARED_MEMORY=true``) and then
+        unregisters and unlinks it. Its ``infer`` and operator methods pass tensors by reference
+        and return views of the region. ``prefix`` must match the server's
+        ``TENSORBITS_SHARED_MEMORY_PREFIX``; each array starts at a multiple of ``alignment``."""
+        return SharedMemoryRegion(self, nbytes, prefix=prefix, alignment=alignment)
 
     def batch(self, request_id: str | None = None) -> Batch[dict[str, Array]]:
         """A new /v1 batch; ``run()`` sends it and returns its outputs by buffer name."""
@@ -328,6 +344,12 @@ class AsyncClient(BaseClient[httpx.AsyncClient, Coroutine[Any, Any, Array]]):
             return await pipeline(items, one, concurrency=concurrency, progress=bar)
         finally:
             bar.close()
+
+    def shared_memory(
+        self, nbytes: int, *, prefix: str = DEFAULT_PREFIX, alignment: int = DEFAULT_ALIGNMENT
+    ) -> AsyncSharedMemoryRegion:
+        """``Client.shared_memory``, used with ``async with``; its ``infer`` is awaited."""
+        return AsyncSharedMemoryRegion(self, nbytes, prefix=prefix, alignment=alignment)
 
     def batch(self, request_id: str | None = None) -> Batch[Coroutine[Any, Any, dict[str, Array]]]:
         """A new /v1 batch; ``await batch.run()`` sends it and returns its outputs by name."""

@@ -1,4 +1,5 @@
-"""Public value types of the client: results, batch handles and the parameter literals."""
+"""Public value types of the client: results, batch handles, shared-memory regions and the
+parameter literals."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from tensorbits_client._families import (
     FeatureLevel,
     OpenVINO,
 )
+from tensorbits_client._shared_memory import AsyncSharedMemoryRegion, SharedMemoryRegion
 from tensorbits_client._types import NOT_GIVEN, Array, Inputs, NotGiven, Parameters, TimeoutTypes
 from tensorbits_protocol.dml import TensorDesc
 from tensorbits_protocol.dtypes import DataType
@@ -23,6 +25,7 @@ __all__ = [
     "NOT_GIVEN",
     "ONNX",
     "Array",
+    "AsyncSharedMemoryRegion",
     "AutoBroadcast",
     "Batch",
     "Binding",
@@ -38,6 +41,7 @@ __all__ = [
     "NotGiven",
     "OpenVINO",
     "Parameters",
+    "SharedMemoryRegion",
     "TensorDesc",
     "TimeoutTypes",
 ]

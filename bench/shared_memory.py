@@ -1,0 +1,189 @@
+"""System shared memory against HTTP and against memcpy, in one run (issue 13).
+
+Starts ``tensorbits serve`` (NumPy backend, ``TENSORBITS_SHARED_MEMORY=true``, loopback) and,
+when it can, the Triton peer (bench/_triton_peer.py: Triton 2.51, Python-backend BIT_NOT), then
+times a 64 MiB UINT8 BIT_NOT (64 MiB in, 64 MiB out), best of ``--repeat`` rounds, every
+contestant once per round, interleaved so that machine drift hits all of them alike:
+
+  sdk-shm       the SDK's region (``client.shared_memory``): the input already in the region,
+                ``y = region.dml.bit_not(x)``, the result a view of the region (the server reads
+                the input with preadv and writes the output with pwritev: one copy in, one out)
+  raw-shm       the same request through stock tritonclient.http + tritonclient.utils.shared_memory
+                (output read back as a NumPy view of the region)
+  http          the SDK's ordinary ``client.dml.bit_not(x)``: v2 binary over HTTP, 64 MiB each way
+  memcpy        ``np.copyto`` of the 64 MiB into a region and of 64 MiB out of one: the bound for
+                moving the bytes in and out at all
+  triton-shm    the sdk-shm request against Triton with system shared memory (tritonclient)
+
+Ratios printed: sdk-shm / memcpy (target <= 3), http / sdk-shm (target >= 5), triton-shm / sdk-shm
+(target > 1: ours faster). Usage:
+
+  .venv/bin/python bench/shared_memory.py [--repeat N] [--mib N] [--no-triton] [--server-env K=V]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# Run as a script, bench/ is sys.path[0], where a bench module could shadow the standard library:
+# import from the repository root instead.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path.insert(0, str(_HERE.parent))
+
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from bench._harness import interleaved_best, note, tensorbits_server  # noqa: E402
+from tensorbits_client import Client  # noqa: E402
+
+MiB = 1 << 20
+NOT = "DML_OPERATOR_ELEMENT_WISE_BIT_NOT"
+Arr = np.ndarray[Any, Any]
+
+
+class TritonShm:
+    """One region through stock tritonclient: input written once, output read as a view."""
+
+    def __init__(self, url: str, x: Arr, tag: str) -> None:
+        import tritonclient.http as triton
+        import tritonclient.utils.shared_memory as shm
+
+        self.triton, self.shm = triton, shm
+        self.client = triton.InferenceServerClient(url, connection_timeout=120, network_timeout=120)
+        self.nbytes = x.nbytes
+        self.name = f"bench_{tag}"
+        self.key = f"/tensorbits_bench_{tag}_{os.getpid()}"
+        self.handle = shm.create_shared_memory_region(self.name, self.key, 2 * x.nbytes)
+        try:
+            shm.set_shared_memory_region(self.handle, [x])
+            self.client.register_system_shared_memory(self.name, self.key, 2 * x.nbytes)
+        except BaseException:
+            shm.destroy_shared_memory_region(self.handle)
+            raise
+        self.input = triton.InferInput("InputTensor", [x.size], "UINT8")
+        self.input.set_shared_memory(self.name, x.nbytes)
+        self.output = triton.InferRequestedOutput("OutputTensor")
+        self.output.set_shared_memory(self.name, x.nbytes, offset=x.nbytes)
+
+    def __call__(self) -> Arr:
+        self.client.infer(NOT, [self.input], outputs=[self.output])
+        view: Arr = self.shm.get_contents_as_numpy(
+            self.handle, np.uint8, [self.nbytes], offset=self.nbytes
+        )
+        return view
+
+    def close(self) -> None:
+        try:
+            self.client.unregister_system_shared_memory(self.name)
+        finally:
+            self.shm.destroy_shared_memory_region(self.handle)
+            self.client.close()
+
+
+@contextlib.contextmanager
+def triton_shm(url: str, x: Arr, tag: str) -> Iterator[TritonShm]:
+    runner = TritonShm(url, x, tag)
+    try:
+        yield runner
+    finally:
+        runner.close()
+
+
+def check(name: str, got: Arr, x: Arr) -> None:
+    if not np.array_equal(got, ~x):
+        raise SystemExit(f"{name}: wrong result")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=7, help="rounds (best of)")
+    parser.add_argument("--mib", type=int, default=64, help="tensor size in MiB")
+    parser.add_argument("--no-triton", action="store_true", help="leave the Triton peer out")
+    parser.add_argument(
+        "--server-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra environment of tensorbits serve (e.g. GLIBC_TUNABLES=glibc.malloc.hugetlb=1)",
+    )
+    args = parser.parse_args()
+    n = args.mib * MiB
+    x = np.random.default_rng(1).integers(0, 256, n, dtype=np.uint8)
+    print(
+        f"# shared memory vs HTTP vs memcpy: {args.mib} MiB UINT8 BIT_NOT, best of {args.repeat} "
+        f"interleaved rounds; {platform.machine()}, nproc {os.cpu_count()}, "
+        f"python {platform.python_version()}, numpy {np.__version__}; server env "
+        f"{' '.join(args.server_env) or '(default)'}"
+    )
+    with contextlib.ExitStack() as stack:
+        env = dict(item.split("=", 1) for item in args.server_env)
+        port = stack.enter_context(tensorbits_server(TENSORBITS_SHARED_MEMORY="true", **env))
+        url = f"127.0.0.1:{port}"
+        client = stack.enter_context(Client(f"http://{url}", timeout=120))
+        region = stack.enter_context(client.shared_memory(3 * n))
+        rx = region.put(x)
+        check("sdk-shm", region.dml.bit_not(rx), x)
+        check("http", client.dml.bit_not(x), x)
+        raw = stack.enter_context(triton_shm(url, x, "tb"))
+        check("raw-shm", raw(), x)
+        # The memcpy bound: the bytes into a region and out of one, as a client would copy them.
+        dst = np.empty_like(x)
+        copy_in = region.array(np.uint8, n)
+
+        def memcpy() -> None:
+            np.copyto(copy_in, x)
+            np.copyto(dst, rx)
+
+        fns: dict[str, Callable[[], object]] = {
+            "sdk-shm": lambda: region.dml.bit_not(rx),
+            "raw-shm": raw,
+            "http": lambda: client.dml.bit_not(x),
+            "memcpy": memcpy,
+        }
+        if not args.no_triton:
+            fns.update(triton_contestant(stack, x))
+        best = interleaved_best(fns, args.repeat)
+    width = max(map(len, best))
+    for name, seconds in best.items():
+        rate = 2 * n / seconds / 1e9
+        print(f"{name:<{width}}  {seconds * 1e3:8.1f} ms   {rate:6.2f} GB/s moved (in + out)")
+    shm_s = best["sdk-shm"]
+    print(f"sdk-shm / memcpy     {shm_s / best['memcpy']:6.2f}x   (target <= 3)")
+    print(f"http / sdk-shm       {best['http'] / shm_s:6.2f}x   (target >= 5)")
+    print(f"raw-shm / sdk-shm    {best['raw-shm'] / shm_s:6.2f}x")
+    if "triton-shm" in best:
+        print(f"triton-shm / sdk-shm {best['triton-shm'] / shm_s:6.2f}x   (target > 1)")
+    return 0
+
+
+def triton_contestant(stack: contextlib.ExitStack, x: Arr) -> dict[str, Callable[[], object]]:
+    """The Triton peer's contestant, or nothing (with the reason) when it cannot run."""
+    try:
+        from bench._triton_peer import PeerUnavailable, triton_peer
+    except ImportError as exc:
+        note(f"no Triton peer: {exc}")
+        return {}
+    try:
+        peer = stack.enter_context(triton_peer())
+        runner = stack.enter_context(triton_shm(peer.http_url.removeprefix("http://"), x, "tr"))
+        check("triton-shm", runner(), x)
+    except (PeerUnavailable, OSError) as exc:
+        note(f"no Triton peer: {exc}")
+        return {}
+    except Exception as exc:  # e.g. a Triton that refuses client shared memory
+        note(f"Triton peer refused system shared memory: {type(exc).__name__}: {exc}")
+        return {}
+    note(f"Triton peer {peer.version} at {peer.http_url}")
+    return {"triton-shm": runner}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
