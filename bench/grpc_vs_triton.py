@@ -12,7 +12,8 @@ same NumPy call, installed on demand outside the project's lock), then:
           an order rotated every round; the table shows each one's median rate, p50/p99 and
           the server's and the client's CPU time per request, and each ratio is the median of
           its per-round ratios. CPU per request is the figure least moved by the other work on
-          a shared machine.
+          a shared machine. Beside them, gRPC only, two bare grpc.aio servers
+          (bench/_grpc_baseline.py, unary-unary and stream-unary): grpcio's own floor.
   (large) a 64 MiB BIT_NOT round trip (64 MiB in, 64 MiB out), best of ``--repeat`` interleaved
           rounds: HTTP v2 binary through a plain-socket client (bench/_harness.PlainClient),
           gRPC as one pre-serialized ModelInfer with raw contents (the answer's tail checked,
