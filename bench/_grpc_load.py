@@ -5,9 +5,9 @@ Two drivers, the same request, the same report:
 * ``aio`` (grpc.aio, in Python): ``--streams`` coroutines spread over ``--channels`` channels
   (each its own HTTP/2 connection), each making one call after another. The request is
   serialized ONCE (``model_infer_request``) and sent as bytes through a method with no
-  serializer; the answers stay bytes too. Still, grpcio's Python layer costs about 100 us of
-  CPU per call, several times what the servers spend on a small call: on a 2-core machine this
-  client takes cores from the server it measures.
+  serializer; the answers stay bytes too. Still, grpcio's Python layer costs 60-200 us of CPU
+  per call, about what a server spends on a small call and several times what h2load spends:
+  on a 2-core machine this client takes a core's share from the server it measures.
 * ``h2load`` (nghttp2's HTTP/2 load generator, C; ``apt-get install -y nghttp2-client``): the
   same serialized request in gRPC's length-prefixed framing, posted with gRPC's headers on
   ``--channels`` connections of ``--streams``/``--channels`` streams each; latencies from its
