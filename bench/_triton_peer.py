@@ -2,7 +2,7 @@
 
 The ``nvidia-pytriton`` wheel ships the ``tritonserver`` binary and its Python backend. It is
 installed ON DEMAND into a throwaway venv outside the project's lock (default
-``~/.cache/tensorbits-bench/pytriton-venv``, or ``$TENSORBITS_PYTRITON_VENV``), never by
+``~/.cache/tensorbits-bench/pytriton-venv``, or ``$BENCH_PYTRITON_VENV``), never by
 ``make test``. When it cannot be installed (no network, no wheel for this platform), ``triton_peer``
 raises ``PeerUnavailable`` with the reason, and the benchmarks say so and carry on without it.
 
@@ -130,7 +130,8 @@ class TritonPeer:
 
 
 def venv_dir() -> Path:
-    return Path(os.environ.get("TENSORBITS_PYTRITON_VENV", DEFAULT_VENV))
+    # Not TENSORBITS_*: the server warns about every variable of its prefix that is no setting.
+    return Path(os.environ.get("BENCH_PYTRITON_VENV", DEFAULT_VENV))
 
 
 def _venv_python(venv: Path) -> Path:
