@@ -14,7 +14,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from tensorbits.config import Settings
-from tensorbits.guarded_protocol import JOINED_BODY_MAX_BYTES, guarded_protocol
+from tensorbits.guarded_protocol import BODY_RECEIVED, JOINED_BODY_MAX_BYTES, guarded_protocol
 
 
 class _Transport(asyncio.Transport):
@@ -134,3 +134,39 @@ def test_a_bad_header_from_the_app_is_refused_as_uvicorn_refuses_it() -> None:
     assert ours.writes == theirs.writes == []
     assert ours.closed
     assert theirs.closed
+
+
+def _recording_app(seen: list[bool]) -> Any:
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(scope.get(BODY_RECEIVED, False))  # as the app finds it before it reads
+        while (await receive()).get("more_body"):
+            pass
+        await _app(b"ok")(scope, receive, send)
+
+    return app
+
+
+def test_a_body_read_whole_before_the_app_runs_is_marked() -> None:
+    seen: list[bool] = []
+    post = b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello"
+    _serve(GUARDED, _recording_app(seen), post)
+    assert seen == [True]
+
+
+def test_a_body_still_arriving_is_not_marked() -> None:
+    """The app starts on the head; the body comes later: it must be read under its deadline."""
+    seen: list[bool] = []
+    loop = asyncio.new_event_loop()
+    try:
+        config = Config(app=_recording_app(seen), loop="none", log_config=None)
+        config.load()
+        protocol = GUARDED(config=config, server_state=ServerState(), app_state={}, _loop=loop)
+        protocol.connection_made(_Transport())
+        protocol.data_received(b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\n")
+        loop.run_until_complete(asyncio.sleep(0))  # the app runs and waits for the body
+        assert seen == [False]
+        protocol.data_received(b"hello")
+        loop.run_until_complete(asyncio.gather(*protocol.tasks))
+        protocol.connection_lost(None)
+    finally:
+        loop.close()

@@ -25,6 +25,7 @@ from starlette.types import Message, Receive, Scope, Send
 from tensorbits.api.body import declared_length, header_values, receive_body
 from tensorbits.api.compression import accepted_coding, compress, compressed_bound
 from tensorbits.api.offload import offload
+from tensorbits.guarded_protocol import BODY_RECEIVED
 from tensorbits.runtime import Admission, Grant, Runtime
 from tensorbits_protocol import codec
 from tensorbits_protocol.errors import Overloaded
@@ -39,8 +40,8 @@ COMPRESS_INLINE_MAX_BYTES = 64 << 10
 
 class AdmittedRequest:
     __slots__ = (
-        "accept_encoding", "admission", "encoding", "grant", "header_length_value", "length",
-        "settings",
+        "accept_encoding", "admission", "body_received", "encoding", "grant",
+        "header_length_value", "length", "settings",
     )  # fmt: skip
 
     def __init__(self, runtime: Runtime, scope: Scope) -> None:
@@ -52,13 +53,18 @@ class AdmittedRequest:
         # The declared Content-Length (None: a chunked body), refused past the body limit.
         self.length = declared_length(length_value, self.settings.max_body_bytes)
         self.grant: Grant = self.admission.acquire(self.length or 0)
+        self.body_received: bool = scope.get(BODY_RECEIVED, False)
 
     async def receive(self, receive: Receive) -> tuple[bytearray, int | None]:
         """The body and its JSON header's length (None: no Inference-Header-Content-Length, the
         whole body is JSON), checked against each other."""
         settings = self.settings
+        # A body the server has read whole already (guarded_protocol.BODY_RECEIVED, set before
+        # the app runs for most small requests) is taken without a deadline: nothing is left
+        # to wait for. Any other is read under TENSORBITS_TIMEOUT_BODY_READ.
+        timeout = None if self.body_received else settings.timeout_body_read
         body = await receive_body(
-            receive, self.length, self.encoding, settings.max_body_bytes, settings.timeout_body_read
+            receive, self.length, self.encoding, settings.max_body_bytes, timeout
         )
         return body, codec.parse_header_length(self.header_length_value, len(body))
 

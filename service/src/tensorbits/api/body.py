@@ -73,13 +73,13 @@ async def receive_body(
     of holding its buffer and its admission for ever. ``length`` is the declared Content-Length
     (None: chunked), already checked against ``limit`` by ``declared_length``."""
     try:
-        # asyncio's own timeout, not anyio's fail_after: a third of the cost per request, and
-        # the server only ever runs on asyncio (uvloop).
-        async with asyncio.timeout(timeout):
-            if length is None:
-                buffer = await _receive_chunked(receive, limit)
-            else:
-                buffer = await _receive_declared(receive, length)
+        if timeout is None:  # no deadline (a body already read whole: api/admitted.py)
+            buffer = await _receive(receive, length, limit)
+        else:
+            # asyncio's own timeout, not anyio's fail_after: a third of the cost per request,
+            # and the server only ever runs on asyncio (uvloop).
+            async with asyncio.timeout(timeout):
+                buffer = await _receive(receive, length, limit)
     except TimeoutError:
         raise RequestTimeout(
             f"request body not received within {timeout:g} s (TENSORBITS_TIMEOUT_BODY_READ)",
@@ -96,6 +96,12 @@ async def receive_body(
             rule="header",
         )
     return inflate(buffer, encoding, limit)
+
+
+async def _receive(receive: Receive, length: int | None, limit: int) -> bytearray:
+    if length is None:
+        return await _receive_chunked(receive, limit)
+    return await _receive_declared(receive, length)
 
 
 def _chunk(message: Message) -> tuple[bytes, bool]:
