@@ -28,6 +28,7 @@ Standard library only: it runs with the system python3, before any virtual envir
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -310,23 +311,27 @@ def local_uv_image(official: str) -> str:
 LOCAL_BASES = {"PYTHON_BASE": lambda _official: local_python_base(), "UV_IMAGE": local_uv_image}
 
 
+@functools.cache
+def resolve_base(name: str, official: str) -> str:
+    """The base build argument ``name``: its official default when usable, else the local
+    stand-in (once per run, whichever Dockerfile asks)."""
+    why = "TENSORBITS_IMAGE_BASES=local" if BASES_MODE == "local" else try_pull(official)
+    if why is None:
+        log(f"{name}: official {official}")
+        return official
+    if BASES_MODE == "official":
+        raise Failed(f"{name}: cannot pull {official}: {why}")
+    local = LOCAL_BASES[name](official)
+    log(f"{name}: local {local} (official {official} unusable: {why})")
+    return local
+
+
 def resolve_bases(dockerfile: Path) -> dict[str, str]:
-    """Each base build argument: its official default when usable, else the local stand-in."""
-    chosen: dict[str, str] = {}
-    for name, official in dockerfile_args(dockerfile).items():
-        make_local = LOCAL_BASES.get(name)
-        if make_local is None:
-            continue
-        why = "TENSORBITS_IMAGE_BASES=local" if BASES_MODE == "local" else try_pull(official)
-        if why is None:
-            log(f"{name}: official {official}")
-            chosen[name] = official
-        elif BASES_MODE == "official":
-            raise Failed(f"{name}: cannot pull {official}: {why}")
-        else:
-            chosen[name] = make_local(official)
-            log(f"{name}: local {chosen[name]} (official {official} unusable: {why})")
-    return chosen
+    return {
+        name: resolve_base(name, official)
+        for name, official in dockerfile_args(dockerfile).items()
+        if name in LOCAL_BASES
+    }
 
 
 # ---- builds ---------------------------------------------------------------------------------------
