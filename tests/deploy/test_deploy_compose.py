@@ -194,3 +194,16 @@ def test_services_are_healthchecked_hardened_and_env_driven(service: str) -> Non
     for port in (http, grpc):
         assert VARIABLE.search(port), "published port chosen by the environment"
     assert {"path": "./tensorbits.env", "required": False} in spec["env_file"]
+
+
+def test_default_host_ports_do_not_collide() -> None:
+    """Both services up at once (`--profile cpu up`) publish four distinct host ports by
+    default: the GPU service's HTTP and gRPC (8000, 8001), the CPU service's (8002, 8003)."""
+    published = []
+    for spec in _compose()["services"].values():
+        for port in spec["ports"]:
+            # "${ADDRESS:-127.0.0.1}:${HOST_PORT:-8000}:8000": the second variable's default.
+            address, host_port = VARIABLE.finditer(port)
+            assert address.group("name") == "TENSORBITS_PUBLISH_ADDRESS"
+            published.append(host_port.group("default"))
+    assert sorted(published) == ["8000", "8001", "8002", "8003"]
