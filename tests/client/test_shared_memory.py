@@ -233,6 +233,16 @@ def test_cleanup_when_the_body_raises(offline: tuple[Client, FakeServer]) -> Non
         region.array(np.uint8, 8)
 
 
+def test_an_object_unlinked_by_someone_else_still_closes(
+    offline: tuple[Client, FakeServer],
+) -> None:
+    client, server = offline
+    with client.shared_memory(64) as region:
+        (SHM / region.name).unlink()
+    assert region.closed
+    assert server.requests[-1].url.path.endswith("/unregister")
+
+
 def test_a_failed_unregister_is_raised_or_noted(fake: FakeShm) -> None:
     def failing(request: httpx.Request) -> httpx.Response:
         if request.url.path.endswith("/unregister"):

@@ -330,7 +330,8 @@ class _Region(Generic[ClientT]):
         mapping, self._mmap = self._mmap, None
         try:
             if unlink is not None:
-                unlink()
+                with contextlib.suppress(FileNotFoundError):  # someone else unlinked it
+                    unlink()
         finally:
             if mapping is not None:
                 # Arrays of the region may still exist: then it is unmapped when the last goes.
