@@ -207,7 +207,7 @@ def test_a_head_past_the_limit_after_a_valid_request_is_refused_in_order(
 
 # --- 6. HEAD wherever GET is served -------------------------------------------------------------
 def _get_targets() -> list[str]:
-    params = {"{model}": NOT, "{name}": NOT, "{version}": "1"}
+    params = {"{model}": NOT, "{name}": NOT, "{version}": "1", "{region_name}": "r"}
     targets = ["/docs", "/redoc", "/openapi.json"]
     for path, operations in OPENAPI["paths"].items():
         if "get" in operations:
@@ -228,7 +228,8 @@ def test_head_answers_as_get_without_a_body(server: LiveServer, target: str) -> 
         ),
         ["GET", "HEAD", "GET"],
     )
-    assert get.status == 200, get
+    # The shared-memory extension is off on this server: its routes answer 400 (saying so).
+    assert get.status == (400 if "sharedmemory" in target else 200), get
     assert head.status == get.status
     assert head.body == b""
     assert head.headers.get("content-type") == get.headers.get("content-type")
