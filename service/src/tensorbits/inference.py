@@ -16,6 +16,8 @@ thread. Every failure is a ``TensorbitsError`` (400, 404, 413), never a bare exc
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -88,7 +90,7 @@ class Plan(NamedTuple):
     # on nothing that running the plan decides.
     response_header: bytes | None = None
     # Inputs in shared memory (their place in ``inputs`` holds an empty array until
-    # ``load_shared`` reads them) and the region the output goes to (shared_memory.py).
+    # ``shared_loaded`` reads them) and the region the output goes to (shared_memory.py).
     shared_inputs: tuple[SharedInput, ...] = ()
     shared_output: SharedMemoryRef | None = None
 
@@ -190,7 +192,7 @@ def _check_output(call: ResolvedCall, binary: bool, limits: RequestLimits) -> No
         )
 
 
-_NOT_READ = np.empty(0, np.uint8)  # an input in shared memory, until load_shared reads it
+_NOT_READ = np.empty(0, np.uint8)  # an input in shared memory, until shared_loaded reads it
 
 
 def plan(
@@ -203,7 +205,7 @@ def plan(
 
     Whatever front end decoded it (``InferRequest.from_rest``, the gRPC ``messages``), the
     checks and their messages are these. Tensors in shared memory need ``regions`` (the server's,
-    when the extension is on); they are located and checked here, read by ``load_shared`` once
+    when the extension is on); they are located and checked here, read by ``shared_loaded`` once
     the request is admitted for them."""
     call = validate_call(
         op,
@@ -280,17 +282,50 @@ def _check_aliasing(op: OperatorSpec, output: Location, inputs: dict[str, Locati
         )
 
 
-def load_shared(plan: Plan, regions: SystemSharedMemory | None) -> Plan:
-    """``plan`` with its shared-memory inputs read (a copy each: never a mapping, see
-    shared_memory.py); the plan itself when it has none."""
+@contextmanager
+def shared_loaded(plan: Plan, regions: SystemSharedMemory | None) -> Iterator[Plan]:
+    """``plan`` with its shared-memory inputs read, for the block (a copy each, never a
+    mapping: see shared_memory.py; into buffers the regions recycle once the block ends, so
+    nothing may keep the inputs past it); the plan itself when it has none."""
     if not plan.shared_inputs:
-        return plan
+        yield plan
+        return
     assert regions is not None  # plan() refused shared memory without regions
     inputs = list(plan.inputs)
-    for shared in plan.shared_inputs:
-        data = regions.read(shared.ref, shared.nbytes, shared.name)
-        inputs[shared.position] = np.frombuffer(data, shared.dtype).reshape(shared.shape)
-    return plan._replace(inputs=inputs)
+    buffers: list[bytearray] = []
+    try:
+        for shared in plan.shared_inputs:
+            data = regions.read(shared.ref, shared.nbytes, shared.name)
+            buffers.append(data)
+            array = np.frombuffer(data, shared.dtype, math.prod(shared.shape))
+            inputs[shared.position] = array.reshape(shared.shape)
+        yield plan._replace(inputs=inputs)
+    finally:
+        regions.recycle(buffers)
+
+
+def run_to_region(plan: Plan, backend: Backend, regions: SystemSharedMemory) -> None:
+    """Run a plan whose output goes into shared memory (its inputs loaded): into the buffer of
+    an input read from shared memory when the operator may write its output over that input
+    (``op.in_place``, same type and shape: that buffer is the server's own copy), else into a
+    new array; then write it into the output's region."""
+    call, op = plan.call, plan.op
+    dtype = wire_dtype(call.output_datatype)
+    out = next(
+        (
+            plan.inputs[shared.position]
+            for shared in plan.shared_inputs
+            if shared.name in op.in_place
+            and shared.dtype == dtype
+            and shared.shape == call.output_shape
+        ),
+        None,
+    )
+    if out is None:
+        out = np.empty(call.output_shape, dtype)
+    run_into_host(backend, call, plan.inputs, out)
+    assert plan.shared_output is not None
+    regions.write(plan.shared_output, out.reshape(-1).view(np.uint8).data, op.output)
 
 
 class PlanTemplate(NamedTuple):
@@ -385,15 +420,17 @@ def execute(
     """Run a plan and encode the response (binary: one buffer, written in place; shared
     memory: the inputs read first, the output written into its region, the response its JSON
     header alone). Called once the request is admitted for ``plan.memory_needed``."""
-    plan = load_shared(plan, regions)
+    with shared_loaded(plan, regions) as loaded:
+        if loaded.shared_output is not None:
+            assert regions is not None  # plan() refused shared memory without regions
+            run_to_region(loaded, backend, regions)
+            return codec.Framed.json(loaded.response().to_rest().header)
+        return _run_to_body(loaded, backend)
+
+
+def _run_to_body(plan: Plan, backend: Backend) -> codec.Framed:
     call = plan.call
     dtype = wire_dtype(call.output_datatype)
-    if plan.shared_output is not None:
-        assert regions is not None  # plan() refused shared memory without regions
-        out = np.empty(call.output_shape, dtype)
-        run_into_host(backend, call, plan.inputs, out)
-        regions.write(plan.shared_output, out.reshape(-1).view(np.uint8).data, plan.op.output)
-        return codec.Framed.json(plan.response().to_rest().header)
     if plan.binary_output:
         if plan.response_header is not None:
             layout = codec.BodyLayout(plan.response_header, (plan.output_nbytes,))
@@ -427,9 +464,10 @@ __all__ = [
     "Plan",
     "PlanTemplate",
     "execute",
-    "load_shared",
     "plan",
     "plan_rest",
     "request_limits",
     "resolve_model",
+    "run_to_region",
+    "shared_loaded",
 ]

@@ -275,27 +275,24 @@ def execute(
     ``raw_output_contents[0]`` (grpcio sends only ``bytes``: the one copy of the output is that
     conversion; protobuf would have made two); or, for an output in shared memory, written into
     its region and named by the output's parameters."""
-    plan = inference.load_shared(plan, regions)
-    call = plan.call
-    dtype = wire_dtype(call.output_datatype)
-    if plan.shared_output is not None:
-        assert regions is not None  # inference.plan refused shared memory without regions
-        result = np.empty(call.output_shape, dtype)
-        run_into_host(backend, call, plan.inputs, result)
-        regions.write(plan.shared_output, result.reshape(-1).view(np.uint8).data, plan.op.output)
-        response = _response(plan)
-        for key, value in plan.shared_output.parameters().items():
-            if isinstance(value, str):
-                response.outputs[0].parameters[key].string_param = value
-            else:
-                response.outputs[0].parameters[key].int64_param = value
-        return response.SerializeToString()
-    head = response_head(plan) if head is None else head
-    body = bytearray(len(head) + plan.output_nbytes)
-    body[: len(head)] = head
-    out = np.frombuffer(body, dtype, offset=len(head))
-    run_into_host(backend, call, plan.inputs, out.reshape(call.output_shape))
-    return bytes(body)
+    with inference.shared_loaded(plan, regions) as loaded:
+        if loaded.shared_output is not None:
+            assert regions is not None  # inference.plan refused shared memory without regions
+            inference.run_to_region(loaded, backend, regions)
+            response = _response(loaded)
+            for key, value in loaded.shared_output.parameters().items():
+                if isinstance(value, str):
+                    response.outputs[0].parameters[key].string_param = value
+                else:
+                    response.outputs[0].parameters[key].int64_param = value
+            return response.SerializeToString()
+        call = loaded.call
+        head = response_head(loaded) if head is None else head
+        body = bytearray(len(head) + loaded.output_nbytes)
+        body[: len(head)] = head
+        out = np.frombuffer(body, wire_dtype(call.output_datatype), offset=len(head))
+        run_into_host(backend, call, loaded.inputs, out.reshape(call.output_shape))
+        return bytes(body)
 
 
 class PlanTemplate(NamedTuple):
