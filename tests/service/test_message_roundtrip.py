@@ -222,3 +222,15 @@ def test_a_batch_response_of_the_wrong_length_is_refused(cut: int) -> None:
     layout = v1_codec.encode_response(None, [("a", 8)])
     with pytest.raises(v1_codec.InvalidRequest):
         v1_codec.decode_response(layout.header, 8 - cut)
+
+
+def test_an_output_in_shared_memory_reads_back_as_written() -> None:
+    ref = SharedMemoryRef("region", 16, 64)
+    output = Tensor("OutputTensor", DataType.UINT32, (4,), shared_memory=ref)
+    response = InferResponse("m", (output,), "1", "id")
+    layout = response.to_rest()
+    assert layout.sizes == ()  # nothing of it follows the header
+    decoded = InferResponse.from_rest(layout.header, memoryview(b""), header_given=False)
+    assert decoded.outputs[0].shared_memory == ref
+    assert decoded.outputs[0].raw is None
+    assert decoded.outputs[0].data is None

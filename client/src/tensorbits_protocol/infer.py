@@ -293,10 +293,12 @@ class InferResponse(NamedTuple):
 
     def to_rest(self) -> codec.BodyLayout:
         """The response laid out before its binary outputs exist: the JSON header (aligned when
-        binary data follows), then room for each output without ``data``, in order. A body
+        binary data follows), then room for each output without ``data`` or a shared-memory region, in order. A body
         without binary outputs is the header alone, all JSON."""
         document = self.document()
-        sizes = tuple([t.nbytes for t in self.outputs if t.data is None])
+        sizes = tuple(
+            [t.nbytes for t in self.outputs if t.data is None and t.shared_memory is None]
+        )
         return codec.BodyLayout(codec.dump_header(document, align=bool(sizes)), sizes)
 
     @classmethod
@@ -316,9 +318,12 @@ class InferResponse(NamedTuple):
         ]
         slices = codec.slice_tensors(frames, tail, document.model_name, header_given=header_given)
         outputs = tuple(
-            Tensor(frame.name, frame.datatype, frame.shape, raw, output.data)
+            Tensor(
+                frame.name, frame.datatype, frame.shape, raw, output.data,
+                shared_reference(output.parameters, frame.name, "output"),
+            )
             for frame, output, raw in zip(frames, document.outputs, slices, strict=True)
-        )
+        )  # fmt: skip
         return cls(
             document.model_name,
             outputs,
