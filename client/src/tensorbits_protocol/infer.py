@@ -293,8 +293,8 @@ class InferResponse(NamedTuple):
 
     def to_rest(self) -> codec.BodyLayout:
         """The response laid out before its binary outputs exist: the JSON header (aligned when
-        binary data follows), then room for each output without ``data`` or a shared-memory region, in order. A body
-        without binary outputs is the header alone, all JSON."""
+        binary data follows), then room for each output without ``data`` or a shared-memory
+        region, in order. A body without binary outputs is the header alone, all JSON."""
         document = self.document()
         sizes = tuple(
             [t.nbytes for t in self.outputs if t.data is None and t.shared_memory is None]
