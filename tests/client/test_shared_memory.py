@@ -19,6 +19,7 @@ import pytest
 from client_support import FakeServer, json_error
 from core.bitref import assert_bits_equal, reference
 from support.live import serve
+from support.v2 import uint8_inputs
 
 from tensorbits_client import (
     APIConnectionError,
@@ -30,7 +31,7 @@ from tensorbits_client import (
     LocalValidationError,
     SharedMemoryRegion,
 )
-from tensorbits_protocol.operators import OPERATORS, Function, OperatorSpec
+from tensorbits_protocol.operators import OPERATORS, OperatorSpec
 
 Arr = np.ndarray[Any, Any]
 SHM = Path("/dev/shm")
@@ -335,19 +336,12 @@ def status(url: str) -> Any:
         return json.loads(response.read())
 
 
-def inputs_of(op: OperatorSpec) -> tuple[dict[str, Arr], dict[str, str]]:
-    arrays = {name: RNG.integers(0, 256, size=(4, 8), dtype=np.uint8) for name in op.inputs}
-    if op.function in (Function.SHIFT, Function.SHIFT_LEFT, Function.SHIFT_RIGHT):
-        arrays[op.inputs[1]] = RNG.integers(0, 10, size=(4, 8), dtype=np.uint8)
-    return arrays, ({"direction": "LEFT"} if op.function is Function.SHIFT else {})
-
-
 @pytest.mark.integration
 @pytest.mark.parametrize("op", OPERATORS, ids=lambda op: op.name)
 def test_every_operator_through_a_region(
     shm_url: str, shm_client: Client, op: OperatorSpec
 ) -> None:
-    arrays, params = inputs_of(op)
+    arrays, params = uint8_inputs(op, RNG, (4, 8))
     want = reference(op.name, arrays, params)
     with shm_client.shared_memory(1 << 16) as region:
         placed = {name: region.put(array) for name, array in arrays.items()}

@@ -15,10 +15,11 @@ import tritonclient.grpc as triton
 from core.bitref import assert_bits_equal, reference
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from support.grpc_live import GrpcServer
+from support.v2 import uint8_inputs
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from tensorbits_protocol.operators import OPERATORS, Function, OperatorSpec
+from tensorbits_protocol.operators import OPERATORS, OperatorSpec
 
 pytestmark = pytest.mark.integration
 
@@ -76,13 +77,6 @@ def infer(
         request.parameters[key].string_param = value
     response = client._client_stub.ModelInfer(request)  # the stock stub tritonclient calls
     return triton.InferResult(response)
-
-
-def uint8_inputs(op: OperatorSpec) -> tuple[dict[str, Arr], dict[str, str]]:
-    arrays = {name: RNG.integers(0, 256, size=(2, 3), dtype=np.uint8) for name in op.inputs}
-    if op.function in (Function.SHIFT, Function.SHIFT_LEFT, Function.SHIFT_RIGHT):
-        arrays[op.inputs[1]] = RNG.integers(0, 10, size=(2, 3), dtype=np.uint8)
-    return arrays, ({"direction": "LEFT"} if op.function is Function.SHIFT else {})
 
 
 def refused(call: Any) -> InferenceServerException:
@@ -156,7 +150,7 @@ def test_unload_and_load(client: triton.InferenceServerClient) -> None:
 @pytest.mark.parametrize("typed", [False, True], ids=["raw", "typed"])
 @pytest.mark.parametrize("op", OPERATORS, ids=lambda op: op.name)
 def test_every_model(client: triton.InferenceServerClient, op: OperatorSpec, typed: bool) -> None:
-    arrays, params = uint8_inputs(op)
+    arrays, params = uint8_inputs(op, RNG)
     result = infer(client, op.name, arrays, typed=typed, parameters=params)
     assert_bits_equal(result.as_numpy(op.output), reference(op.name, arrays, params))
     response = result.get_response()

@@ -22,9 +22,10 @@ import tritonclient.http as triton
 import tritonclient.utils.shared_memory as shm
 from core.bitref import assert_bits_equal, reference
 from support.grpc_live import GrpcServer, serve_grpc
+from support.v2 import uint8_inputs
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from tensorbits_protocol.operators import OPERATORS, Function, OperatorSpec
+from tensorbits_protocol.operators import OPERATORS, OperatorSpec
 
 pytestmark = pytest.mark.integration
 
@@ -88,13 +89,6 @@ def make(regions: list[Region], byte_size: int) -> Region:
     return region
 
 
-def inputs_of(op: OperatorSpec) -> tuple[dict[str, Arr], dict[str, str]]:
-    arrays = {name: RNG.integers(0, 256, size=(2, 3), dtype=np.uint8) for name in op.inputs}
-    if op.function in (Function.SHIFT, Function.SHIFT_LEFT, Function.SHIFT_RIGHT):
-        arrays[op.inputs[1]] = RNG.integers(0, 10, size=(2, 3), dtype=np.uint8)
-    return arrays, ({"direction": "LEFT"} if op.function is Function.SHIFT else {})
-
-
 def shm_input(module: Any, name: str, array: Arr, region: Region, offset: int = 0) -> Any:
     tensor = module.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
     tensor.set_shared_memory(region.name, array.nbytes, offset=offset)
@@ -114,7 +108,7 @@ def shm_output(module: Any, name: str, region: Region, nbytes: int, offset: int 
 def test_every_model_in_shared_memory(
     client: triton.InferenceServerClient, regions: list[Region], op: OperatorSpec
 ) -> None:
-    arrays, params = inputs_of(op)
+    arrays, params = uint8_inputs(op, RNG)
     want = reference(op.name, arrays, params)
     region = make(regions, 4096)
     client.register_system_shared_memory(region.name, region.key, region.byte_size)

@@ -15,9 +15,10 @@ from core.bitref import assert_bits_equal, reference
 from support.framing import HEADER, framed
 from support.live import LiveServer
 from support.rawhttp import ask
+from support.v2 import uint8_inputs
 from tritonclient.utils import InferenceServerException
 
-from tensorbits_protocol.operators import OPERATORS, Function, OperatorSpec
+from tensorbits_protocol.operators import OPERATORS, OperatorSpec
 
 pytestmark = pytest.mark.integration
 
@@ -58,13 +59,6 @@ def triton_type(array: Arr) -> str:
     return name
 
 
-def uint8_inputs(op: OperatorSpec) -> tuple[dict[str, Arr], dict[str, str]]:
-    arrays = {name: RNG.integers(0, 256, size=(2, 3), dtype=np.uint8) for name in op.inputs}
-    if op.function in (Function.SHIFT, Function.SHIFT_LEFT, Function.SHIFT_RIGHT):
-        arrays[op.inputs[1]] = RNG.integers(0, 10, size=(2, 3), dtype=np.uint8)
-    return arrays, ({"direction": "LEFT"} if op.function is Function.SHIFT else {})
-
-
 # --- tritonclient ---------------------------------------------------------------------------------
 
 
@@ -85,7 +79,7 @@ def test_health_and_metadata(client: triton.InferenceServerClient) -> None:
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
 @pytest.mark.parametrize("op", OPERATORS, ids=lambda op: op.name)
 def test_every_model(client: triton.InferenceServerClient, op: OperatorSpec, binary: bool) -> None:
-    arrays, params = uint8_inputs(op)
+    arrays, params = uint8_inputs(op, RNG)
     result = infer(client, op.name, arrays, binary=binary, output=op.output, parameters=params)
     assert_bits_equal(result.as_numpy(op.output), reference(op.name, arrays, params))
     response = result.get_response()

@@ -15,9 +15,22 @@ from support.framing import HEADER, framed
 from support.inprocess import TestClient, app_client
 from tensorbits.runtime import Drain
 from tensorbits_protocol.dtypes import from_numpy
+from tensorbits_protocol.operators import Function, OperatorSpec
 
 NOT = "DML_OPERATOR_ELEMENT_WISE_BIT_NOT"
 AND = "onnx.BitwiseAnd-18"
+SHIFTS = (Function.SHIFT, Function.SHIFT_LEFT, Function.SHIFT_RIGHT)
+
+
+def uint8_inputs(
+    op: OperatorSpec, rng: np.random.Generator, shape: tuple[int, ...] = (2, 3)
+) -> tuple[dict[str, np.ndarray[Any, Any]], dict[str, str]]:
+    """Random UINT8 inputs every operator takes (shift counts below 10), and the parameters it
+    needs (onnx.BitShift's direction): one valid call of any model."""
+    arrays = {name: rng.integers(0, 256, size=shape, dtype=np.uint8) for name in op.inputs}
+    if op.function in SHIFTS:
+        arrays[op.inputs[1]] = rng.integers(0, 10, size=shape, dtype=np.uint8)
+    return arrays, ({"direction": "LEFT"} if op.function is Function.SHIFT else {})
 
 
 def v2_client(drain: Drain | None = None, **settings: Any) -> AbstractContextManager[TestClient]:
