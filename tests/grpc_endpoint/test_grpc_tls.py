@@ -1,0 +1,62 @@
+"""gRPC over TLS when the server has a certificate: the same certificate and key as HTTPS, the
+stock tritonclient.grpc verifying it against the test's CA, the API key still required."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as triton_grpc
+from support.live import START_TIMEOUT_S, free_port, serve
+from tritonclient.utils import InferenceServerException
+
+trustme = pytest.importorskip("trustme", reason="trustme not installed (dev dependency)")
+
+pytestmark = pytest.mark.integration
+
+KEY = "tb-grpc-tls-key-5d2e9a"
+NOT = "DML_OPERATOR_ELEMENT_WISE_BIT_NOT"
+
+
+def test_grpc_serves_tls_with_the_https_certificate(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    cert_file, key_file, ca_file = tmp_path / "tls.crt", tmp_path / "tls.key", tmp_path / "ca.crt"
+    cert.private_key_pem.write_to_path(str(key_file))
+    for blob in cert.cert_chain_pems:
+        blob.write_to_path(str(cert_file), append=True)
+    ca.cert_pem.write_to_path(str(ca_file))
+    port = free_port()
+    env = {
+        "TENSORBITS_TLS_CERT_FILE": str(cert_file),
+        "TENSORBITS_TLS_KEY_FILE": str(key_file),
+        "TENSORBITS_API_KEYS": KEY,
+        "TENSORBITS_GRPC_PORT": str(port),
+    }
+    with serve(env, ready=None) as server:
+        client = triton_grpc.InferenceServerClient(
+            f"127.0.0.1:{port}", ssl=True, root_certificates=str(ca_file)
+        )
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:  # the HTTP readiness route is HTTPS here: wait on the gRPC side instead
+            assert server.proc.poll() is None, "the server exited"
+            try:
+                if client.is_server_ready():
+                    break
+            except InferenceServerException:
+                pass
+            assert time.monotonic() < deadline, "gRPC over TLS was not ready"
+            time.sleep(0.1)
+        x = np.arange(16, dtype=np.uint8)
+        tensor = triton_grpc.InferInput("InputTensor", [16], "UINT8")
+        tensor.set_data_from_numpy(x)
+        result = client.infer(NOT, [tensor], headers={"authorization": f"Bearer {KEY}"})
+        assert (result.as_numpy("OutputTensor") == ~x).all()
+        with pytest.raises(InferenceServerException) as caught:
+            client.infer(NOT, [tensor])
+        assert caught.value.status() == "StatusCode.UNAUTHENTICATED"  # the key counts
+        plain = triton_grpc.InferenceServerClient(f"127.0.0.1:{port}")  # no TLS: refused
+        with pytest.raises(InferenceServerException):
+            plain.is_server_live(client_timeout=5)
