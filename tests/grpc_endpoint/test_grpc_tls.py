@@ -60,3 +60,29 @@ def test_grpc_serves_tls_with_the_https_certificate(tmp_path: Path) -> None:
         plain = triton_grpc.InferenceServerClient(f"127.0.0.1:{port}")  # no TLS: refused
         with pytest.raises(InferenceServerException):
             plain.is_server_live(client_timeout=5)
+
+
+def test_an_encrypted_key_is_a_settings_error_with_grpc_on(tmp_path: Path) -> None:
+    from cryptography.hazmat.primitives import serialization
+    from pydantic import ValidationError
+
+    from tensorbits.config import Settings
+
+    cert = trustme.CA().issue_cert("127.0.0.1")
+    key = serialization.load_pem_private_key(cert.private_key_pem.bytes(), password=None)
+    encrypted = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.BestAvailableEncryption(b"secret"),
+    )
+    (tmp_path / "tls.key").write_bytes(encrypted)
+    cert.cert_chain_pems[0].write_to_path(str(tmp_path / "tls.crt"))
+    tls = {
+        "tls_cert_file": tmp_path / "tls.crt",
+        "tls_key_file": tmp_path / "tls.key",
+        "tls_key_password": "secret",
+    }
+    with pytest.raises(ValidationError) as caught:
+        Settings(**tls, grpc_port=8001)
+    assert "gRPC serves TLS only with an unencrypted key" in str(caught.value)
+    assert Settings(**tls, grpc_port=0).tls_key_password is not None  # HTTPS alone: fine

@@ -240,6 +240,16 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _grpc_tls_needs_a_plain_key(self) -> Settings:
+        if self.grpc_port and self.tls_key_password is not None:
+            raise ValueError(
+                "gRPC serves TLS only with an unencrypted key (grpcio takes the key as PEM "
+                "bytes): give tls_key_file unencrypted without tls_key_password, or set "
+                "grpc_port 0"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _ports_differ(self) -> Settings:
         if self.grpc_port != 0 and self.grpc_port == self.port:
             raise ValueError(
