@@ -112,7 +112,8 @@ def test_each_worker_admits_its_share_of_the_inflight_bytes(workers: LiveServer)
     for _ in range(6):  # whichever worker takes it
         reply = ask(workers, _not_request(large))
         body = assert_json_error(reply, 413, "body", "max_inflight_bytes")
-        assert str(MiB) in body["error"], body
+        assert f"this worker's limit of {MiB}" in body["error"], body
+        assert "shared by 2 workers" in body["error"], body
     small = np.arange(300 << 10, dtype=np.uint8)  # 600 KiB in all: within a share
     _check_not(ask(workers, _not_request(small)), small)
 

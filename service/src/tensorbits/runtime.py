@@ -28,6 +28,18 @@ class Admission:
     max_requests: int
     bytes_in_flight: int = 0
     requests_in_flight: int = 0
+    # Worker processes sharing the server's bounds (each admits 1/workers of them).
+    workers: int = 1
+
+    @property
+    def bytes_bound_words(self) -> str:
+        """The byte bound as a refusal names it: the server's, or a worker's share of it."""
+        if self.workers == 1:
+            return f"the server's limit of {self.max_bytes} (TENSORBITS_MAX_INFLIGHT_BYTES)"
+        return (
+            f"this worker's limit of {self.max_bytes} (TENSORBITS_MAX_INFLIGHT_BYTES shared by "
+            f"{self.workers} workers)"
+        )
 
     def _take_bytes(self, nbytes: int) -> None:
         # No await between the check and the increment: on one event loop this is atomic.
@@ -72,8 +84,8 @@ class Grant:
         bound = self.admission.max_bytes
         if needed > bound:
             raise PayloadTooLarge(
-                f"{what} needs {needed} bytes while it runs ({parts}), more than the server's "
-                f"limit of {bound} (TENSORBITS_MAX_INFLIGHT_BYTES)",
+                f"{what} needs {needed} bytes while it runs ({parts}), more than "
+                f"{self.admission.bytes_bound_words}",
                 field=field,
                 rule="max_inflight_bytes",
             )
@@ -176,7 +188,11 @@ class Runtime:
             settings=settings,
             selection=selection,
             # One worker's share: with N workers the limits hold for the server as a whole.
-            admission=Admission(settings.worker_inflight_bytes, settings.worker_inflight_requests),
+            admission=Admission(
+                settings.worker_inflight_bytes,
+                settings.worker_inflight_requests,
+                workers=settings.workers,
+            ),
             limits=request_limits(settings),
             batch_limits=BatchLimits.from_settings(settings),
             v2_plans=_cache(settings, CACHED_HEADER_MAX_BYTES),
