@@ -18,6 +18,7 @@ By hand::
 from __future__ import annotations
 
 import asyncio
+import atexit
 import math
 
 from fuzz_support import SMALL_LIMITS, fuzz, instrumented
@@ -32,7 +33,9 @@ with instrumented(__name__, "tensorbits", "tensorbits_protocol"):
 
 RUNTIME = Runtime.start(Settings(**SMALL_LIMITS, grpc_port=0))
 SERVICE = InferenceService(RUNTIME)
-LOOP = asyncio.new_event_loop()
+LOOP = asyncio.new_event_loop()  # one for every input: a loop per call would cost more than it
+atexit.register(LOOP.close)
+atexit.register(RUNTIME.close)
 
 
 def TestOneInput(data: bytes) -> None:  # noqa: N802 (the name atheris and libFuzzer use)
