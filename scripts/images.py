@@ -57,6 +57,9 @@ CACHE = Path(
 BASE_TARBALL = CACHE / "debian-bookworm-python3.tar"  # kept by `clean`; `clean --all` drops it
 DEBIAN_MIRROR = os.environ.get("DEBIAN_MIRROR", "http://deb.debian.org/debian")
 PULL_TIMEOUT_S = float(os.environ.get("TENSORBITS_IMAGE_PULL_TIMEOUT", "60"))
+# vfs keeps a full copy of the root filesystem per layer, and every code change adds layers (the
+# old ones stay as the cache's): past this size a build starts from an emptied cache instead.
+CACHE_MAX_BYTES = float(os.environ.get("TENSORBITS_IMAGE_CACHE_MAX_GIB", "40")) * 2**30
 # auto: official when it can be pulled, else local; official/local: only that (no fallback).
 BASES_MODE = os.environ.get("TENSORBITS_IMAGE_BASES", "auto")
 
@@ -374,6 +377,9 @@ def build_all(names: Sequence[str] | None, ca_bundle: Path | None, context: Path
     if ca_bundle is not None and not ca_bundle.is_file():
         raise Failed(f"--ca-bundle {ca_bundle}: no such file")
     log(f"cache: {CACHE}; CA bundle: {ca_bundle or 'none (uv trusts its own roots)'}")
+    if (size := storage_bytes()) > CACHE_MAX_BYTES:
+        log(f"the cache holds {human(size)}, over {human(CACHE_MAX_BYTES)}: emptying it first")
+        clean(everything=False)
     bases_by_file: dict[Path, dict[str, str]] = {}
     times: list[tuple[Image, float]] = []
     for image in selected(names):
@@ -465,6 +471,17 @@ def rebuild_code_only(names: Sequence[str] | None, ca_bundle: Path | None) -> No
 
 
 # ---- housekeeping ---------------------------------------------------------------------------------
+
+
+def storage_bytes() -> int:
+    """What buildah's storage under CACHE takes on disk (du: vfs folders hold many files)."""
+    storage = CACHE / "storage"
+    if not storage.exists():
+        return 0
+    result = subprocess.run(
+        ["du", "-sxk", str(storage)], capture_output=True, text=True, check=False
+    )
+    return int(result.stdout.split()[0]) * 1024 if result.returncode == 0 else 0
 
 
 def clean(everything: bool) -> None:
