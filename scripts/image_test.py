@@ -16,14 +16,15 @@ as a platform moves the port), since `buildah run` shares this machine's network
   - no dev tools in the environment (pytest, mypy, ruff, hypothesis, tritonclient).
 The CPU image is driven by the stock tritonclient.http (every operator) and the SDK (every family,
 a /v1 batch): tests/deploy/image/, run by pytest against the container. The GPU images, here
-without a device: CuPy imports and loads NVRTC from the virtual environment, NVRTC compiles a
-kernel, TENSORBITS_BACKEND=auto falls back to NumPy with the reason in the log (and then serves
+without a device (scripts/gpu_probe.py): CuPy imports and loads NVRTC from the virtual
+environment, NVRTC compiles the service's kernels, TENSORBITS_BACKEND=auto falls back to NumPy with the reason in the log (and then serves
 and is driven like the CPU image), TENSORBITS_BACKEND=cupy exits non-zero with a message naming
 the setting, and the kernel cache (CUPY_CACHE_DIR) is writable by the image's user.
 
 --sabotage shows that the checks can fail: `root` runs the server as root, `no-serve` replaces
 the CMD with one that never listens, `healthcheck` points the health check at a port nobody
-serves, `write` writes a file under /opt while the server runs. Each must end in FAILED.
+serves, `write` writes a file under /opt while the server runs. Each must end in FAILED;
+--self-check (in `make image-test`) runs them all on the CPU image after the real checks.
 """
 
 from __future__ import annotations
@@ -57,7 +58,14 @@ DEV_TOOLS = ("pytest", "mypy", "ruff", "hypothesis", "tritonclient", "schemathes
 # Folders whose own entry `buildah run` itself touches on every run (it makes and removes its
 # /run/.containerenv mount point there): their time may move; what is inside is still checked.
 RUNTIME_TOUCHED = ("/run",)
-SABOTAGES = ("root", "no-serve", "healthcheck", "write")
+# Each sabotage and the words its failure must carry (--self-check runs them all).
+SABOTAGE_FAILURES = {
+    "root": "the server runs as root",
+    "no-serve": "/v2/health/ready not 200 within",
+    "healthcheck": "HEALTHCHECK failed while serving",
+    "write": "wrote outside",
+}
+SABOTAGES = tuple(SABOTAGE_FAILURES)
 
 
 class Failed(Exception):
@@ -485,15 +493,6 @@ def test_image(image: images.Image, workdir: Path, sabotage: str | None) -> None
 def images_yaml(path: Path) -> dict[str, Any]:
     (document,) = [d for d in yaml.safe_load_all(path.read_text()) if d]
     return dict(document)
-
-
-# Each sabotage and the words its failure must carry: --self-check runs them all on the CPU image.
-SABOTAGE_FAILURES = {
-    "root": "the server runs as root",
-    "no-serve": "/v2/health/ready not 200 within",
-    "healthcheck": "HEALTHCHECK failed while serving",
-    "write": "wrote outside",
-}
 
 
 def self_check(workdir: Path) -> int:

@@ -149,8 +149,13 @@ def test_the_stop_check(code: int, log: str, clean: bool) -> None:
     assert (image_test.stop_problem(code, log) is None) is clean
 
 
-def test_every_sabotage_has_its_expected_failure() -> None:
-    assert tuple(image_test.SABOTAGE_FAILURES) == image_test.SABOTAGES
+def test_every_sabotage_names_a_failure_the_checks_raise() -> None:
+    """--self-check matches each sabotage's failure by these words: each must be words a check
+    above really says (user_problem, wait_ready, the health check, writes_outside)."""
+    source = (REPO / "scripts" / "image_test.py").read_text()
+    assert set(image_test.SABOTAGES) == {"root", "no-serve", "healthcheck", "write"}
+    for words in image_test.SABOTAGE_FAILURES.values():
+        assert source.count(words) >= 2, f"{words!r}: no check says it"
 
 
 def test_the_image_table_matches_the_dockerfiles() -> None:
