@@ -47,10 +47,13 @@ OTHER_VARIABLES = frozenset(
         "PUBLISH_ADDRESS",
         "PUBLISH_PORT",
         "CPU_PUBLISH_PORT",
+        "GRPC_PUBLISH_PORT",
+        "CPU_GRPC_PUBLISH_PORT",
         "API_KEYS_SECRET_FILE",
     )
 )
-OTHER_PREFIXES = (ENV_PREFIX + "PROBE_", ENV_PREFIX + "FUZZ_")
+# Variables of the tests, the fuzzers and the image scripts (scripts/images.py, image_test.py).
+OTHER_PREFIXES = (ENV_PREFIX + "PROBE_", ENV_PREFIX + "FUZZ_", ENV_PREFIX + "IMAGE_")
 
 
 class Settings(BaseSettings):
