@@ -6,8 +6,10 @@ asked for. They are what the server plans from and what the client reads; a fron
 wire form into them. This module holds the REST form (the JSON of ``tensorbits_protocol.v2``
 with Triton's binary tensor data extension, framed by ``codec``): ``InferRequest.from_rest`` /
 ``to_rest`` and ``InferResponse.from_rest`` / ``to_rest``, the one encoder and decoder of each
-message, used by the client and the server alike. A gRPC front end adds ``from_grpc`` beside them
-(KServe's ``InferRequest`` is the pattern) and calls the same checks (``check_inputs``).
+message, used by the client and the server alike. The gRPC form lives with the server's gRPC
+front end (``tensorbits.grpc.messages``: only the server speaks gRPC, and this package needs no
+protobuf); it builds the same ``InferRequest`` through the same checks (``check_unique``,
+``check_sizes``, ``codec.check_content``).
 
 The documents are written as plain dicts, not built through the pydantic models: building and
 dumping the models costs more than the rest of a small inference. The tests validate what these

@@ -4,7 +4,7 @@
 ``inference.plan`` checks, as ``InferRequest.from_rest`` does for the REST form, through the same
 checks and in the same words: the request's fields are validated by the REST request's own
 pydantic model (``v2.InferenceRequest``: names, data types, shapes, parameter values), then
-``check_unique``, ``codec.check_content`` (the shared-memory refusal), ``check_sizes``. What is
+``check_unique``, ``codec.check_content`` (one way of giving each input), ``check_sizes``. What is
 the gRPC form's own is checked here: inputs given as ``raw_input_contents`` (one per input, each
 exactly ``prod(shape) * element size`` bytes) or as typed ``contents`` (in the field of their
 data type, as many values as the shape has elements), never both; outputs always go back as
