@@ -5,10 +5,11 @@
 checks and in the same words: the request's fields are validated by the REST request's own
 pydantic model (``v2.InferenceRequest``: names, data types, shapes, parameter values), then
 ``check_unique``, ``codec.check_content`` (one way of giving each input), ``check_sizes``. What is
-the gRPC form's own is checked here: inputs given as ``raw_input_contents`` (one per input, each
-exactly ``prod(shape) * element size`` bytes) or as typed ``contents`` (in the field of their
-data type, as many values as the shape has elements), never both; outputs always go back as
-``raw_output_contents``, as Triton sends them.
+the gRPC form's own is checked here: inputs given as ``raw_input_contents`` (one per input not in
+shared memory, each exactly ``prod(shape) * element size`` bytes), as typed ``contents`` (in the
+field of their data type, as many values as the shape has elements; never beside raw contents)
+or in shared memory; outputs go back as ``raw_output_contents``, as Triton sends them, or into
+their shared-memory region.
 
 ``execute`` runs a plan into the response's own bytes: the protobuf-built part (names, types,
 shapes), then the output as one entry of ``raw_output_contents`` written by the kernel in place
