@@ -26,7 +26,7 @@ from tensorbits.backends.base import Backend
 from tensorbits.config import Settings
 from tensorbits.engine import run_into_host
 from tensorbits.header_cache import HeaderCache
-from tensorbits.shared_memory import Location, SystemSharedMemory
+from tensorbits.shared_memory import Location, SystemSharedMemory, switched_on
 from tensorbits_protocol import codec
 from tensorbits_protocol.dtypes import itemsize, wire_dtype
 from tensorbits_protocol.errors import InvalidRequest, OperatorNotFound, PayloadTooLarge
@@ -225,7 +225,7 @@ def plan(
         if tensor.shared_memory is None:
             arrays[tensor.name] = tensor.array()
             continue
-        ref = _shared_memory_on(regions, tensor.name, "input")
+        ref = switched_on(regions, tensor.name, "input")
         places[tensor.name] = ref.locate(tensor.shared_memory, tensor.nbytes, tensor.name, "input")
         arrays[tensor.name] = _NOT_READ
         shared.append(
@@ -235,7 +235,7 @@ def plan(
             )
         )  # fmt: skip
     if shared_output is not None:
-        out = _shared_memory_on(regions, op.output, "output").locate(
+        out = switched_on(regions, op.output, "output").locate(
             shared_output, output_nbytes, op.output, "output"
         )
         _check_aliasing(op, out, places)
@@ -249,20 +249,6 @@ def plan(
         shared_inputs=tuple(shared),
         shared_output=shared_output,
     )
-
-
-def _shared_memory_on(
-    regions: SystemSharedMemory | None, tensor: str, direction: str
-) -> SystemSharedMemory:
-    if regions is None:
-        raise InvalidRequest(
-            f"{direction} '{tensor[:100]}': Client shared memory is disabled on this server (the "
-            "shared-memory extension is off; TENSORBITS_SHARED_MEMORY=true turns it on); send "
-            "the tensor as binary data or JSON data",
-            field=tensor[:100],
-            rule="shared_memory",
-        )
-    return regions
 
 
 def _check_aliasing(op: OperatorSpec, output: Location, inputs: dict[str, Location]) -> None:

@@ -393,14 +393,22 @@ class ObservabilityMiddleware:
             scope["method"],
             scope["path"],
             counts["status"],
-            extra={
-                "status": counts["status"],
-                "route": route,
-                "duration_ms": round(elapsed * 1000, 3),
-                "bytes_in": counts["in"],
-                "bytes_out": counts["out"],
-            },
+            extra=access_fields(route, counts["status"], elapsed, counts["in"], counts["out"]),
         )
+
+
+def access_fields(
+    route: str, status: int, seconds: float, bytes_in: int, bytes_out: int
+) -> dict[str, object]:
+    """The fields of one access-log record, whatever the protocol (HTTP here, gRPC in
+    grpc/service.py)."""
+    return {
+        "status": status,
+        "route": route,
+        "duration_ms": round(seconds * 1000, 3),
+        "bytes_in": bytes_in,
+        "bytes_out": bytes_out,
+    }
 
 
 class _RequestIds:

@@ -179,6 +179,15 @@ class Runtime:
     def ready(self) -> bool:
         return self.started and not self.drain.begun
 
+    def unavailable_because(self, model: str) -> str | None:
+        """Why ``model`` is not READY (the repository index's reason, both protocols); None
+        when it is."""
+        if not self.ready:
+            return "server is not ready"
+        if not self.models.is_loaded(model):
+            return "unloaded"  # Triton's reason for a model unloaded through the extension
+        return None
+
     @classmethod
     def start(cls, settings: Settings, drain: Drain | None = None) -> Runtime:
         selection = select_backend(

@@ -385,13 +385,22 @@ class SystemSharedMemory:
         )
 
 
-def switched_on(regions: SystemSharedMemory | None) -> SystemSharedMemory:
-    """The server's regions, or the 400 that every use of the switched-off extension gets."""
+def switched_on(
+    regions: SystemSharedMemory | None, tensor: str | None = None, direction: str = "input"
+) -> SystemSharedMemory:
+    """The server's regions, or the 400 that every use of the switched-off extension gets: a
+    route or RPC of it, or (``tensor``, an input's or an output's name) a tensor's shared-memory
+    parameters."""
     if regions is None:
-        raise _refused(
+        words = (
             "Client shared memory is disabled on this server (the system shared-memory "
-            "extension is off; TENSORBITS_SHARED_MEMORY=true turns it on)",
-            "shared_memory",
+            "extension is off; TENSORBITS_SHARED_MEMORY=true turns it on)"
+        )
+        if tensor is None:
+            raise _refused(words, "shared_memory", "shared_memory")
+        raise _refused(
+            f"{direction} '{tensor[:100]}': {words}; send the tensor as binary data or JSON data",
+            tensor[:100],
             "shared_memory",
         )
     return regions

@@ -171,11 +171,7 @@ async def repository_index(request: Request) -> list[RepositoryIndexEntry]:
 
 def _unavailable_because(runtime: Runtime | None, model: str) -> str | None:
     """Why ``model`` is not READY in the repository index; None when it is."""
-    if runtime is None or not runtime.ready:
-        return "server is not ready"
-    if not runtime.models.is_loaded(model):
-        return "unloaded"  # Triton's reason for a model unloaded through this extension
-    return None
+    return "server is not ready" if runtime is None else runtime.unavailable_because(model)
 
 
 _DONE: dict[int | str, dict[str, Any]] = {200: {"description": "Done (empty body)"}}

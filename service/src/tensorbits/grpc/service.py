@@ -32,7 +32,7 @@ from tensorbits.grpc import inference_pb2 as pb
 from tensorbits.grpc import messages, wire
 from tensorbits.header_cache import HeaderCache
 from tensorbits.inference import CACHED_HEADER_MAX_BYTES
-from tensorbits.observability import Metrics
+from tensorbits.observability import Metrics, access_fields
 from tensorbits.runtime import Runtime
 from tensorbits.shared_memory import SystemSharedMemory, cuda_refusal, switched_on
 from tensorbits_protocol.errors import (
@@ -177,13 +177,7 @@ class InferenceService:
                 "gRPC %s %d",
                 route,
                 status,
-                extra={
-                    "status": status,
-                    "route": route,
-                    "duration_ms": round(seconds * 1000, 3),
-                    "bytes_in": size_in,
-                    "bytes_out": size_out,
-                },
+                extra=access_fields(route, status, seconds, size_in, size_out),
             )
 
     def _authenticate(self, context: Context) -> None:
@@ -216,7 +210,7 @@ class InferenceService:
     async def model_ready(self, data: bytes) -> bytes:
         request = _parse(pb.ModelReadyRequest, data)
         op = inference.resolve_model(request.name, _version(request.version))
-        ready = self.runtime.ready and self.runtime.models.is_loaded(op.name)
+        ready = self.runtime.unavailable_because(op.name) is None
         return pb.ModelReadyResponse(ready=ready).SerializeToString()
 
     async def server_metadata(self, data: bytes) -> bytes:
@@ -261,20 +255,17 @@ class InferenceService:
     async def repository_index(self, data: bytes) -> bytes:
         request = _parse(pb.RepositoryIndexRequest, data)
         _check_repository(request.repository_name)
-        runtime = self.runtime
         models = []
         for op in OPERATORS:
-            if not runtime.ready:
-                state, reason = "UNAVAILABLE", "server is not ready"
-            elif not runtime.models.is_loaded(op.name):
-                state, reason = "UNAVAILABLE", "unloaded"
-            else:
-                state, reason = "READY", ""
-            if request.ready and state != "READY":
+            reason = self.runtime.unavailable_because(op.name)
+            if reason is not None and request.ready:
                 continue
             models.append(
                 pb.RepositoryIndexResponse.ModelIndex(
-                    name=op.name, version=inference.MODEL_VERSION, state=state, reason=reason
+                    name=op.name,
+                    version=inference.MODEL_VERSION,
+                    state="READY" if reason is None else "UNAVAILABLE",
+                    reason=reason or "",
                 )
             )
         return pb.RepositoryIndexResponse(models=models).SerializeToString()
