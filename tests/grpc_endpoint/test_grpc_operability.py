@@ -174,3 +174,22 @@ def test_a_message_that_never_arrives_is_cut_off() -> None:
             "the ServerLive request message did not arrive within 1.0 s "
             "(TENSORBITS_TIMEOUT_BODY_READ)"
         )
+
+
+@pytest.mark.parametrize(
+    ("settings", "words"),
+    [
+        ({"grpc_port": 70000}, "less than or equal to 65535"),
+        ({"grpc_port": -1}, "greater than or equal to 0"),
+        ({"grpc_port": "eight"}, "valid integer"),
+        ({"grpc_port": 9000, "port": 9000}, "need ports of their own"),
+    ],
+)
+def test_bad_grpc_ports_are_settings_errors(settings: dict[str, Any], words: str) -> None:
+    from pydantic import ValidationError
+
+    from tensorbits.config import Settings
+
+    with pytest.raises(ValidationError) as caught:
+        Settings(**settings)
+    assert words in str(caught.value)

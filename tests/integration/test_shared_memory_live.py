@@ -373,3 +373,22 @@ def test_cuda_shared_memory_is_refused_without_cupy(server: GrpcServer) -> None:
     assert not client.get_cuda_shared_memory_status().regions
     http = triton.InferenceServerClient(server.http.url)
     assert http.get_cuda_shared_memory_status() == []
+
+
+def test_oversized_region_names(server: GrpcServer, client: triton.InferenceServerClient) -> None:
+    name = "r" * 10_000
+    status, body = post(
+        server, f"/v2/systemsharedmemory/region/{name}/register",
+        {"key": "/tensorbits_x", "byte_size": 8},
+    )  # fmt: skip
+    assert (status, body["rule"]) == (400, "region_name")
+    assert len(body["error"]) < 400
+    with pytest.raises(InferenceServerException) as caught:
+        client.get_system_shared_memory_status(name)
+    assert caught.value.status() == "400"
+    assert len(str(caught.value.message())) < 400
+    grpc_client = triton_grpc.InferenceServerClient(server.grpc_url)
+    with pytest.raises(InferenceServerException) as caught:
+        grpc_client.register_system_shared_memory(name, "/tensorbits_x", 8)
+    assert caught.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert server.http.get("/v2/health/live") == 200
