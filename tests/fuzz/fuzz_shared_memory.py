@@ -35,7 +35,7 @@ from pathlib import Path
 from fuzz_support import Reader, fuzz, instrumented
 
 with instrumented(__name__, "tensorbits", "tensorbits_protocol"):
-    from tensorbits.shared_memory import SHM_DIR, SystemSharedMemory
+    from tensorbits.shared_memory import SHM_DIR, SharedMemoryRegions
     from tensorbits_protocol.errors import InvalidRequest
     from tensorbits_protocol.infer import SharedMemoryRef
 
@@ -75,7 +75,7 @@ def _in_range(value: int) -> bool:
 
 def TestOneInput(data: bytes) -> None:  # noqa: N802 (the name atheris and libFuzzer use)
     path = _object()
-    regions = SystemSharedMemory(PREFIX, max_regions=3, max_bytes=2 * OBJECT_BYTES)
+    regions = SharedMemoryRegions(PREFIX, max_regions=3, max_bytes=2 * OBJECT_BYTES)
     reader = Reader(data)
     try:
         for _ in range(16):
@@ -91,14 +91,14 @@ def TestOneInput(data: bytes) -> None:  # noqa: N802 (the name atheris and libFu
         path.unlink(missing_ok=True)
 
 
-def _step(regions: SystemSharedMemory, reader: Reader, step: int, name: str, path: Path) -> None:
+def _step(regions: SharedMemoryRegions, reader: Reader, step: int, name: str, path: Path) -> None:
     kind = step & 7
     if kind == 0:
         offset, byte_size = _integer(reader), _integer(reader)
         if not (_in_range(offset) and _in_range(byte_size)):
             return
         key = OTHER_KEYS[(step >> 3) % len(OTHER_KEYS)] if step & 0x80 else KEY
-        regions.register(name, key, offset, byte_size)
+        regions.register_system(name, key, offset, byte_size)
         assert key == KEY
         assert offset + byte_size <= OBJECT_BYTES
     elif kind == 1:

@@ -17,6 +17,8 @@ documents it.
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -30,6 +32,7 @@ from pydantic import (
 )
 
 from tensorbits_protocol.dtypes import DataType
+from tensorbits_protocol.errors import InvalidRequest
 from tensorbits_protocol.integers import INT64_MAX, JsonFloat, UInt64, Wide64
 
 Datatype = Literal[
@@ -494,8 +497,71 @@ class SystemSharedMemoryRegion(BaseModel):
     byte_size: int
 
 
+CUDA_IPC_HANDLE_BYTES = 64
+"""A ``cudaIpcMemHandle_t``: CUDA_IPC_HANDLE_SIZE opaque bytes."""
+MAX_RAW_HANDLE_CHARS = 128
+"""The longest base64 text of a handle read (its 64 bytes are 88 characters)."""
+
+
+class CudaRawHandle(BaseModel):
+    """``{"b64": str}``: a ``cudaIpcMemHandle_t`` in base64, as ``tritonclient`` sends it."""
+
+    model_config = _STRICT
+
+    b64: Annotated[StrictStr, Field(max_length=MAX_RAW_HANDLE_CHARS)]
+
+    def handle(self) -> bytes:
+        """The handle's bytes: base64 of exactly ``CUDA_IPC_HANDLE_BYTES`` bytes, else a 400."""
+        try:
+            handle = base64.b64decode(self.b64, validate=True)
+        except binascii.Error:
+            raise InvalidRequest(
+                "raw_handle.b64 is not base64 text", field="raw_handle", rule="cuda_ipc_handle"
+            ) from None
+        if len(handle) != CUDA_IPC_HANDLE_BYTES:
+            raise InvalidRequest(
+                f"raw_handle has {len(handle)} bytes; a cudaIpcMemHandle_t has "
+                f"{CUDA_IPC_HANDLE_BYTES}",
+                field="raw_handle",
+                rule="cuda_ipc_handle",
+            )
+        return handle
+
+
+class CudaSharedMemoryRegisterRequest(BaseModel):
+    """``POST /v2/cudasharedmemory/region/{name}/register``:
+    ``{"raw_handle": {"b64": str}, "device_id": int, "byte_size": int}``: the first
+    ``byte_size`` bytes of the device memory the CUDA IPC handle names, on device ``device_id``,
+    become region ``name`` (the CuPy backend only)."""
+
+    model_config = ConfigDict(
+        **_STRICT,
+        json_schema_extra={
+            "examples": [
+                {"raw_handle": {"b64": "<88 characters>"}, "device_id": 0, "byte_size": 64}
+            ]
+        },
+    )
+
+    raw_handle: CudaRawHandle
+    device_id: Annotated[StrictInt, Field(ge=0, le=INT64_MAX)]
+    byte_size: ByteCount
+
+
+class CudaSharedMemoryRegion(BaseModel):
+    """One registered region in ``GET /v2/cudasharedmemory[/region/{name}]/status``."""
+
+    name: str
+    device_id: int
+    byte_size: int
+
+
 __all__ = [
+    "CUDA_IPC_HANDLE_BYTES",
     "MAX_WIRE_RANK",
+    "CudaRawHandle",
+    "CudaSharedMemoryRegion",
+    "CudaSharedMemoryRegisterRequest",
     "Datatype",
     "Dimension",
     "ErrorResponse",

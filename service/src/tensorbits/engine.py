@@ -1,4 +1,4 @@
-"""Running checked work on a backend: one call on host arrays (``run_into_host``, what v2
+"""Running checked work on a backend: one call on host or device arrays (``run_into``, what v2
 inference runs), a whole batch over its buffers (``run_batch``, what /v1 runs), and
 ``compute``, validation and run in one step on host arrays (for tests, benchmarks and programs
 that use the operators in process).
@@ -47,19 +47,28 @@ def run_call(
     return out
 
 
-def run_into_host(
+def run_into(
     backend: Backend,
     call: ResolvedCall,
-    inputs: Sequence[np.ndarray[Any, Any]],
-    out: np.ndarray[Any, Any],
+    inputs: Sequence[np.ndarray[Any, Any] | DeviceArray],
+    out: np.ndarray[Any, Any] | DeviceArray,
 ) -> None:
-    """Run ``call`` on host arrays with the result landing in the host array ``out``: written
-    there directly by a host backend, copied back from the device otherwise."""
+    """Run ``call`` with the result landing in ``out``. Inputs and ``out`` are host arrays, or
+    (on a device backend) arrays already on its device, such as a CUDA shared-memory region:
+    host inputs are copied to the device, a host ``out`` is written from it, a device ``out``
+    directly, and finished (synchronized) before this returns. A host backend writes straight
+    into ``out``."""
     if backend.host_memory:
         run_call(backend, call, inputs, out)
         return
-    device_inputs = [backend.asarray(np.ascontiguousarray(x)) for x in inputs]
-    backend.to_host(run_call(backend, call, device_inputs), out)
+    on_device = [
+        backend.asarray(np.ascontiguousarray(x)) if isinstance(x, np.ndarray) else x for x in inputs
+    ]
+    if isinstance(out, np.ndarray):
+        backend.to_host(run_call(backend, call, on_device), out)
+        return
+    run_call(backend, call, on_device, out)
+    backend.synchronize()
 
 
 def compute(
@@ -73,7 +82,7 @@ def compute(
     call = validate_arrays(model, arrays, parameters)
     if out is None:
         out = np.empty(call.output_shape, numpy_dtype(call.output_datatype))
-    run_into_host(backend, call, [np.ascontiguousarray(arrays[n]) for n in call.op.inputs], out)
+    run_into(backend, call, [np.ascontiguousarray(arrays[n]) for n in call.op.inputs], out)
     return out
 
 

@@ -17,16 +17,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from tensorbits.backends.base import Backend
 from tensorbits.config import Settings
-from tensorbits.engine import run_into_host
+from tensorbits.engine import run_into
 from tensorbits.header_cache import HeaderCache
-from tensorbits.shared_memory import Location, SystemSharedMemory, switched_on
+from tensorbits.shared_memory import Location, SharedMemoryRegions, switched_on
 from tensorbits_protocol import codec
 from tensorbits_protocol.dtypes import itemsize, wire_dtype
 from tensorbits_protocol.errors import InvalidRequest, OperatorNotFound, PayloadTooLarge
@@ -90,13 +90,17 @@ class Plan(NamedTuple):
     # on nothing that running the plan decides.
     response_header: bytes | None = None
     # Inputs in shared memory (their place in ``inputs`` holds an empty array until
-    # ``shared_loaded`` reads them) and the region the output goes to (shared_memory.py).
+    # ``shared_loaded`` reads them) and the region the output goes to (shared_memory.py), a CUDA
+    # region when ``output_on_device``.
     shared_inputs: tuple[SharedInput, ...] = ()
     shared_output: SharedMemoryRef | None = None
+    output_on_device: bool = False
 
     @property
     def shared_input_bytes(self) -> int:
-        return sum(shared.nbytes for shared in self.shared_inputs)
+        """Bytes of host memory the inputs read from system regions take (one in a CUDA region
+        is computed on where it is)."""
+        return sum(shared.nbytes for shared in self.shared_inputs if not shared.on_device)
 
     @property
     def work_bytes(self) -> int:
@@ -107,9 +111,10 @@ class Plan(NamedTuple):
         return sum(x.nbytes for x in self.inputs) + self.shared_input_bytes + out
 
     def memory_needed(self, body_bytes: int) -> int:
-        """Bytes this inference holds while it runs: the request's body, the inputs read from
-        shared memory, and the response's."""
-        return body_bytes + self.shared_input_bytes + self.output_nbytes
+        """Bytes of host memory this inference holds while it runs: the request's body, the
+        inputs read from system shared memory, and the output (none when a CUDA region gets it)."""
+        output = 0 if self.output_on_device else self.output_nbytes
+        return body_bytes + self.shared_input_bytes + output
 
     def response(self, data: list[Any] | None = None) -> InferResponse:
         """The response to this plan: the output as binary data, with its JSON ``data``, or as
@@ -123,13 +128,15 @@ class Plan(NamedTuple):
 
 
 class SharedInput(NamedTuple):
-    """An input whose bytes are in shared memory: its place in the operator's inputs, where."""
+    """An input whose bytes are in shared memory: its place in the operator's inputs, where
+    (``on_device``: in a CUDA region)."""
 
     position: int
     name: str
     ref: SharedMemoryRef
     dtype: np.dtype[Any]
     shape: tuple[int, ...]
+    on_device: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -199,7 +206,7 @@ def plan(
     op: OperatorSpec,
     request: InferRequest,
     limits: RequestLimits,
-    regions: SystemSharedMemory | None = None,
+    regions: SharedMemoryRegions | None = None,
 ) -> Plan:
     """Check a decoded request against ``op``'s rules and the limits; raise on anything wrong.
 
@@ -226,19 +233,22 @@ def plan(
             arrays[tensor.name] = tensor.array()
             continue
         ref = switched_on(regions, tensor.name, "input")
-        places[tensor.name] = ref.locate(tensor.shared_memory, tensor.nbytes, tensor.name, "input")
+        place = ref.locate(tensor.shared_memory, tensor.nbytes, tensor.name, "input")
+        places[tensor.name] = place
         arrays[tensor.name] = _NOT_READ
         shared.append(
             SharedInput(
                 op.inputs.index(tensor.name), tensor.name, tensor.shared_memory,
-                wire_dtype(tensor.datatype), tensor.shape,
+                wire_dtype(tensor.datatype), tensor.shape, place.on_device,
             )
         )  # fmt: skip
+    output_on_device = False
     if shared_output is not None:
         out = switched_on(regions, op.output, "output").locate(
             shared_output, output_nbytes, op.output, "output"
         )
         _check_aliasing(op, out, places)
+        output_on_device = out.on_device
     return Plan(
         op=op,
         call=call,
@@ -248,6 +258,7 @@ def plan(
         output_nbytes=output_nbytes,
         shared_inputs=tuple(shared),
         shared_output=shared_output,
+        output_on_device=output_on_device,
     )
 
 
@@ -269,10 +280,12 @@ def _check_aliasing(op: OperatorSpec, output: Location, inputs: dict[str, Locati
 
 
 @contextmanager
-def shared_loaded(plan: Plan, regions: SystemSharedMemory | None) -> Iterator[Plan]:
-    """``plan`` with its shared-memory inputs read, for the block (a copy each, never a
-    mapping: see shared_memory.py; into buffers the regions recycle once the block ends, so
-    nothing may keep the inputs past it); the plan itself when it has none."""
+def shared_loaded(plan: Plan, regions: SharedMemoryRegions | None) -> Iterator[Plan]:
+    """``plan`` with its shared-memory inputs in place, for the block: one in a system region
+    read (a copy, never a mapping: see shared_memory.py; into a buffer the regions recycle once
+    the block ends, so nothing may keep the inputs past it), one in a CUDA region as a device
+    array over the client's memory (the region held until the block ends); the plan itself when
+    it has none."""
     if not plan.shared_inputs:
         yield plan
         return
@@ -280,28 +293,44 @@ def shared_loaded(plan: Plan, regions: SystemSharedMemory | None) -> Iterator[Pl
     inputs = list(plan.inputs)
     buffers: list[bytearray] = []
     try:
-        for shared in plan.shared_inputs:
-            data = regions.read(shared.ref, shared.nbytes, shared.name)
-            buffers.append(data)
-            array = np.frombuffer(data, shared.dtype, math.prod(shared.shape))
-            inputs[shared.position] = array.reshape(shared.shape)
-        yield plan._replace(inputs=inputs)
+        with ExitStack() as held:
+            for shared in plan.shared_inputs:
+                if shared.on_device:
+                    raw = held.enter_context(
+                        regions.device_bytes(shared.ref, shared.nbytes, shared.name, "input")
+                    )
+                    inputs[shared.position] = raw.view(shared.dtype).reshape(shared.shape)
+                    continue
+                data = regions.read(shared.ref, shared.nbytes, shared.name)
+                buffers.append(data)
+                array = np.frombuffer(data, shared.dtype, math.prod(shared.shape))
+                inputs[shared.position] = array.reshape(shared.shape)
+            yield plan._replace(inputs=inputs)
     finally:
         regions.recycle(buffers)
 
 
-def run_to_region(plan: Plan, backend: Backend, regions: SystemSharedMemory) -> None:
-    """Run a plan whose output goes into shared memory (its inputs loaded): into the buffer of
-    an input read from shared memory when the operator may write its output over that input
+def run_to_region(plan: Plan, backend: Backend, regions: SharedMemoryRegions) -> None:
+    """Run a plan whose output goes into shared memory (its inputs loaded). A CUDA region: the
+    kernel writes the client's device memory directly. A system region: into the buffer of an
+    input read from a system region when the operator may write its output over that input
     (``op.in_place``, same type and shape: that buffer is the server's own copy), else into a
-    new array; then write it into the output's region."""
+    new array; then written into the region."""
     call, op = plan.call, plan.op
     dtype = wire_dtype(call.output_datatype)
+    assert plan.shared_output is not None
+    if plan.output_on_device:
+        with regions.device_bytes(
+            plan.shared_output, plan.output_nbytes, op.output, "output"
+        ) as raw:
+            run_into(backend, call, plan.inputs, raw.view(dtype).reshape(call.output_shape))
+        return
     out = next(
         (
             plan.inputs[shared.position]
             for shared in plan.shared_inputs
             if shared.name in op.in_place
+            and not shared.on_device
             and shared.dtype == dtype
             and shared.shape == call.output_shape
         ),
@@ -309,8 +338,7 @@ def run_to_region(plan: Plan, backend: Backend, regions: SystemSharedMemory) -> 
     )
     if out is None:
         out = np.empty(call.output_shape, dtype)
-    run_into_host(backend, call, plan.inputs, out)
-    assert plan.shared_output is not None
+    run_into(backend, call, plan.inputs, out)
     regions.write(plan.shared_output, out.reshape(-1).view(np.uint8).data, op.output)
 
 
@@ -369,7 +397,7 @@ def plan_rest(
     header_length: int | None,
     limits: RequestLimits,
     cache: HeaderCache[PlanTemplate] | None = None,
-    regions: SystemSharedMemory | None = None,
+    regions: SharedMemoryRegions | None = None,
 ) -> Plan:
     """Decode and plan one REST inference request for ``op``; raise on anything wrong with it.
 
@@ -401,7 +429,7 @@ def plan_rest(
 
 
 def execute(
-    plan: Plan, backend: Backend, regions: SystemSharedMemory | None = None
+    plan: Plan, backend: Backend, regions: SharedMemoryRegions | None = None
 ) -> codec.Framed:
     """Run a plan and encode the response (binary: one buffer, written in place; shared
     memory: the inputs read first, the output written into its region, the response its JSON
@@ -424,10 +452,10 @@ def _run_to_body(plan: Plan, backend: Backend) -> codec.Framed:
             layout = plan.response().to_rest()
         body, (tail,) = layout.allocate()
         out = np.frombuffer(tail, dtype).reshape(call.output_shape)
-        run_into_host(backend, call, plan.inputs, out)
+        run_into(backend, call, plan.inputs, out)
         return codec.Framed((body,), layout.header_length)
     out = np.empty(call.output_shape, dtype)
-    run_into_host(backend, call, plan.inputs, out)
+    run_into(backend, call, plan.inputs, out)
     return codec.Framed.json(plan.response(encode_data(plan.op.output, out)).to_rest().header)
 
 

@@ -19,7 +19,7 @@ configuration's ``parameters`` (a map of strings) carries the same words, flatte
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from tensorbits import __version__
@@ -41,15 +41,14 @@ PLATFORM = "tensorbits"
 # The extensions this server serves (GET /v2 lists them), and the one served only when switched
 # on (TENSORBITS_SHARED_MEMORY). Not gRPC, which is a protocol, not an extension.
 EXTENSIONS = ("binary_tensor_data", "model_repository", "model_configuration", "statistics")
-SHARED_MEMORY_EXTENSION = "system_shared_memory"
 # Triton's data_type names are the protocol's, prefixed (model_config.proto, DataType).
 CONFIG_TYPE_PREFIX = "TYPE_"
 
 
-def server_metadata(shared_memory: bool = False) -> ServerMetadataResponse:
-    """``GET /v2``: the server's name, version and extensions (``shared_memory``: whether the
-    shared-memory extension is on)."""
-    extensions = [*EXTENSIONS, SHARED_MEMORY_EXTENSION] if shared_memory else list(EXTENSIONS)
+def server_metadata(shared_memory: Sequence[str] = ()) -> ServerMetadataResponse:
+    """``GET /v2``: the server's name, version and extensions (``shared_memory``: the
+    shared-memory extensions served, ``SharedMemoryRegions.extensions``, when they are on)."""
+    extensions = [*EXTENSIONS, *shared_memory]
     return ServerMetadataResponse(name=SERVER_NAME, version=__version__, extensions=extensions)
 
 

@@ -10,7 +10,7 @@ from tensorbits.batch import BatchLimits, BatchPlan
 from tensorbits.config import Settings
 from tensorbits.header_cache import HeaderCache, PlanT
 from tensorbits.inference import CACHED_HEADER_MAX_BYTES, PlanTemplate, request_limits
-from tensorbits.shared_memory import SystemSharedMemory
+from tensorbits.shared_memory import SharedMemoryRegions
 from tensorbits.statistics import Statistics
 from tensorbits_protocol.errors import InvalidRequest, Overloaded, PayloadTooLarge
 from tensorbits_protocol.infer import RequestLimits
@@ -173,7 +173,7 @@ class Runtime:
     # Per-model inference counts and durations (statistics.py), fed by every front end.
     statistics: Statistics = field(default_factory=Statistics)
     # The system shared-memory extension's regions; None when it is off (the default).
-    shared_memory: SystemSharedMemory | None = None
+    shared_memory: SharedMemoryRegions | None = None
 
     @property
     def ready(self) -> bool:
@@ -209,10 +209,12 @@ class Runtime:
             batch_plans=_cache(settings, settings.header_cache_bytes // 16),
             drain=drain or Drain(),
             shared_memory=(
-                SystemSharedMemory(
+                SharedMemoryRegions(
                     settings.shared_memory_prefix,
                     settings.max_shared_memory_regions,
                     settings.max_shared_memory_bytes,
+                    selection.backend.device_memory,
+                    f"{selection.backend.name} on {selection.backend.device}",
                 )
                 if settings.shared_memory
                 else None

@@ -8,6 +8,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from tensorbits.kernels import DeviceArray
+from tensorbits.shared_memory import DeviceMemory
 from tensorbits_protocol.validation import ResolvedCall
 
 
@@ -20,6 +21,12 @@ class Backend(Protocol):
     host_memory: bool
     device: str  # e.g. "cpu (2 threads)" or "cuda:0 NVIDIA H100"
     xp: Any
+
+    @property
+    def device_memory(self) -> DeviceMemory | None:
+        """How device memory another process exported is opened (CUDA shared memory); None on
+        a backend without a device."""
+        ...
 
     def asarray(self, host: np.ndarray[Any, Any]) -> DeviceArray:
         """The host array on this backend's device (NumPy: the same array, no copy)."""
@@ -34,6 +41,11 @@ class Backend(Protocol):
     def empty(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> DeviceArray: ...
 
     def run(self, call: ResolvedCall, inputs: Sequence[DeviceArray], out: DeviceArray) -> None: ...
+
+    def synchronize(self) -> None:
+        """Wait until every kernel this thread launched has finished (a no-op on the host):
+        before memory a kernel wrote that is not the backend's own is handed back."""
+        ...
 
     def memory_in_use(self) -> int | None:
         """Device bytes held by the backend's pool, or None where that means nothing (CPU)."""

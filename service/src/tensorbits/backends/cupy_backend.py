@@ -7,14 +7,19 @@ device works by running the shift and popcount kernels on a few values before it
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from tensorbits.backends.base import BackendUnavailable
+from tensorbits.cuda_ipc import CupyDeviceMemory
 from tensorbits.kernels import BitOps, DeviceArray, as_kernel_operands, run_kernel
+from tensorbits.shared_memory import DeviceMemory
 from tensorbits_protocol.validation import ResolvedCall
+
+logger = logging.getLogger("tensorbits.backend")
 
 # CUDA's native << and >> are undefined past the width; these enforce docs/semantics.md rule 3.
 # The count is compared as unsigned 64-bit: a negative signed count becomes huge, so one test
@@ -33,6 +38,16 @@ if ((unsigned long long)y >= width) {
 _POPCOUNT_BODY = """
 z = (O)(sizeof(T) == 8 ? __popcll((unsigned long long)x) : __popc((unsigned int)x));
 """
+
+
+def _device_memory(cupy: Any, device_id: int) -> CupyDeviceMemory | None:
+    """CUDA IPC for CUDA shared memory, or None (refused then) where the driver library cannot
+    be loaded by name; CuPy itself found it, so that is a broken install, said in the log."""
+    try:
+        return CupyDeviceMemory(cupy, device_id)
+    except OSError as exc:
+        logger.warning("CUDA shared memory is off: %s", exc)
+        return None
 
 
 class CupyBackend:
@@ -64,6 +79,8 @@ class CupyBackend:
             self.device = f"cuda:{device_id} {name}"
             self.ops = BitOps(popcount=self._run_popcount, shift=self._run_shift)
             self._probe()
+            self.device_id = device_id
+            self.device_memory: DeviceMemory | None = _device_memory(cupy, device_id)
         except BackendUnavailable:
             raise
         except Exception as exc:  # no driver, no device, NVRTC missing, kernel failure
@@ -110,6 +127,9 @@ class CupyBackend:
     def run(self, call: ResolvedCall, inputs: Sequence[DeviceArray], out: DeviceArray) -> None:
         operands, target = as_kernel_operands(call, inputs, out)
         run_kernel(self._cupy, self.ops, call, operands, target)
+
+    def synchronize(self) -> None:
+        self._cupy.cuda.get_current_stream().synchronize()
 
     def memory_in_use(self) -> int | None:
         used: int = self._cupy.get_default_memory_pool().used_bytes()

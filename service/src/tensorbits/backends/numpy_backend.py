@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from tensorbits.kernels import BitOps, DeviceArray, as_kernel_operands, run_kernel
+from tensorbits.shared_memory import DeviceMemory
 from tensorbits_protocol.operators import Function
 from tensorbits_protocol.validation import ResolvedCall
 
@@ -165,6 +166,7 @@ class _Pieces:
 class NumpyBackend:
     name = "numpy"
     host_memory = True
+    device_memory: DeviceMemory | None = None  # no device: CUDA shared memory is refused
     xp: Any = np
 
     def __init__(self, threads: int | None = None) -> None:
@@ -212,6 +214,9 @@ class NumpyBackend:
             for future in futures:
                 if not future.cancel():
                     future.result()
+
+    def synchronize(self) -> None:
+        """Nothing to wait for: every kernel ran to its end on the calling thread."""
 
     def memory_in_use(self) -> int | None:
         return None

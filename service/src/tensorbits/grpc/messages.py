@@ -26,11 +26,11 @@ import numpy as np
 
 from tensorbits import inference
 from tensorbits.backends.base import Backend
-from tensorbits.engine import run_into_host
+from tensorbits.engine import run_into
 from tensorbits.grpc import inference_pb2 as pb
 from tensorbits.grpc import wire
 from tensorbits.inference import MODEL_VERSION, Plan
-from tensorbits.shared_memory import SystemSharedMemory
+from tensorbits.shared_memory import SharedMemoryRegions
 from tensorbits_protocol import codec
 from tensorbits_protocol.dtypes import BY_NAME, DataType, wire_dtype
 from tensorbits_protocol.errors import InvalidRequest
@@ -238,7 +238,7 @@ def plan(
     message: pb.ModelInferRequest,
     raw: list[memoryview],
     limits: RequestLimits,
-    regions: SystemSharedMemory | None = None,
+    regions: SharedMemoryRegions | None = None,
 ) -> Plan:
     """``message`` checked and planned for ``op``: ``infer_request``, then ``inference.plan``."""
     return inference.plan(op, infer_request(message, raw, limits), limits, regions)
@@ -268,7 +268,7 @@ def response_head(plan: Plan) -> bytes:
 def execute(
     plan: Plan,
     backend: Backend,
-    regions: SystemSharedMemory | None = None,
+    regions: SharedMemoryRegions | None = None,
     head: bytes | None = None,
 ) -> bytes:
     """Run ``plan`` into a serialized ``ModelInferResponse``: its one output's bytes, written by
@@ -292,7 +292,7 @@ def execute(
         body = bytearray(len(head) + loaded.output_nbytes)
         body[: len(head)] = head
         out = np.frombuffer(body, wire_dtype(call.output_datatype), offset=len(head))
-        run_into_host(backend, call, loaded.inputs, out.reshape(call.output_shape))
+        run_into(backend, call, loaded.inputs, out.reshape(call.output_shape))
         return bytes(body)
 
 

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
+from starlette.concurrency import run_in_threadpool
 
 from tensorbits import auth, inference, model_info
 from tensorbits.api.offload import offload
@@ -34,7 +35,7 @@ from tensorbits.header_cache import HeaderCache
 from tensorbits.inference import CACHED_HEADER_MAX_BYTES
 from tensorbits.observability import Metrics, access_fields
 from tensorbits.runtime import Runtime
-from tensorbits.shared_memory import SystemSharedMemory, cuda_refusal, switched_on
+from tensorbits.shared_memory import Kind, SharedMemoryRegions, switched_on
 from tensorbits_protocol.errors import (
     InvalidRequest,
     OperatorNotFound,
@@ -215,9 +216,9 @@ class InferenceService:
 
     async def server_metadata(self, data: bytes) -> bytes:
         _parse(pb.ServerMetadataRequest, data)
-        document = model_info.server_metadata(self.runtime.shared_memory is not None).model_dump(
-            exclude_none=True
-        )
+        regions = self.runtime.shared_memory
+        extensions = regions.extensions if regions is not None else ()
+        document = model_info.server_metadata(extensions).model_dump(exclude_none=True)
         return _message(pb.ServerMetadataResponse, document).SerializeToString()
 
     async def model_metadata(self, data: bytes) -> bytes:
@@ -287,7 +288,7 @@ class InferenceService:
 
     # --- system shared memory -----------------------------------------------------------------
 
-    def _regions(self) -> SystemSharedMemory:
+    def _regions(self) -> SharedMemoryRegions:
         return switched_on(self.runtime.shared_memory)
 
     async def system_shared_memory_status(self, data: bytes) -> bytes:
@@ -301,7 +302,9 @@ class InferenceService:
 
     async def system_shared_memory_register(self, data: bytes) -> bytes:
         request = _parse(pb.SystemSharedMemoryRegisterRequest, data)
-        self._regions().register(request.name, request.key, request.offset, request.byte_size)
+        self._regions().register_system(
+            request.name, request.key, request.offset, request.byte_size
+        )
         return pb.SystemSharedMemoryRegisterResponse().SerializeToString()
 
     async def system_shared_memory_unregister(self, data: bytes) -> bytes:
@@ -310,18 +313,27 @@ class InferenceService:
         return pb.SystemSharedMemoryUnregisterResponse().SerializeToString()
 
     async def cuda_shared_memory_status(self, data: bytes) -> bytes:
-        _parse(pb.CudaSharedMemoryStatusRequest, data)
-        self._regions()
-        return pb.CudaSharedMemoryStatusResponse().SerializeToString()  # none registered
+        request = _parse(pb.CudaSharedMemoryStatusRequest, data)
+        response = pb.CudaSharedMemoryStatusResponse()
+        for entry in self._regions().status(request.name or None, Kind.CUDA):
+            response.regions[entry["name"]].CopyFrom(
+                pb.CudaSharedMemoryStatusResponse.RegionStatus(**entry)
+            )
+        return response.SerializeToString()
 
     async def cuda_shared_memory_register(self, data: bytes) -> bytes:
-        _parse(pb.CudaSharedMemoryRegisterRequest, data)
-        raise cuda_refusal(self.runtime.shared_memory, self.runtime.selection.backend)
+        request = _parse(pb.CudaSharedMemoryRegisterRequest, data)
+        # On a worker thread: opening an IPC handle maps device memory, which takes a while.
+        await run_in_threadpool(
+            self._regions().register_cuda, request.name, request.raw_handle, request.device_id,
+            request.byte_size,
+        )  # fmt: skip
+        return pb.CudaSharedMemoryRegisterResponse().SerializeToString()
 
     async def cuda_shared_memory_unregister(self, data: bytes) -> bytes:
-        _parse(pb.CudaSharedMemoryUnregisterRequest, data)
-        self._regions()
-        return pb.CudaSharedMemoryUnregisterResponse().SerializeToString()  # nothing to do
+        request = _parse(pb.CudaSharedMemoryUnregisterRequest, data)
+        self._regions().unregister(request.name or None, Kind.CUDA)
+        return pb.CudaSharedMemoryUnregisterResponse().SerializeToString()
 
     # --- inference ----------------------------------------------------------------------------
 
