@@ -118,11 +118,12 @@ class Settings(BaseSettings):
         description="bytes of planned request headers remembered, plans included, per API (0: none)",
     )
 
-    # The system shared-memory extension (shared_memory.py): off unless switched on.
+    # The shared-memory extensions (shared_memory.py; CUDA on CuPy only): off unless switched on.
     shared_memory: bool = Field(
         False,
-        description="serve Triton's system shared-memory extension: clients on this host register "
-        "POSIX shared-memory regions and pass tensors by reference",
+        description="serve Triton's shared-memory extensions: clients on this host register "
+        "POSIX shared-memory regions (and, on the CuPy backend, CUDA IPC handles of device "
+        "memory) and pass tensors by reference",
     )
     shared_memory_prefix: str = Field(
         "/tensorbits",

@@ -172,7 +172,7 @@ class Runtime:
     models: ModelStates = field(default_factory=ModelStates)
     # Per-model inference counts and durations (statistics.py), fed by every front end.
     statistics: Statistics = field(default_factory=Statistics)
-    # The system shared-memory extension's regions; None when it is off (the default).
+    # The shared-memory extensions' regions, system and CUDA; None when they are off (the default).
     shared_memory: SharedMemoryRegions | None = None
 
     @property
