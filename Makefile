@@ -5,7 +5,7 @@ UV := .tools/bin/uv
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install install-serve serve test check lint typecheck unit bench openapi proto clean images image-test
+.PHONY: install install-serve serve test check lint typecheck unit bench openapi proto clean images image-test device-prep
 
 $(UV):
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check --target .tools uv==$(UV_VERSION)
@@ -58,6 +58,9 @@ test: check unit ## every check: lint, types, the whole test suite
 
 bench: install ## operator core on the CPU; bench/http_service.py, bench/in_process.py, bench/client.py and bench/load.py measure the rest
 	$(BIN)/python bench/ops.py
+
+device-prep: ## wheels for a GPU session into .whl/ (git-ignored): the runtime's and the GPU tests' (docs/gpu.md)
+	bash scripts/gpu_session.sh prep
 
 openapi: install ## regenerate openapi/openapi.json from the app
 	$(BIN)/python scripts/export_openapi.py

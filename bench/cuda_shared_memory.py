@@ -1,0 +1,256 @@
+"""CUDA shared memory through the server against a device-to-device copy, in one run (issue 13).
+
+Starts ``tensorbits serve`` (CuPy backend, ``TENSORBITS_SHARED_MEMORY=true``, HTTP and gRPC on
+free loopback ports) and times a ``--mib`` MiB UINT8 BIT_NOT (default 256 MiB in, 256 MiB out),
+best of ``--rounds`` rounds, every contestant once per round, interleaved so that drift in the
+machine hits all of them alike. The two regions are device memory made by stock
+``tritonclient.utils.cuda_shared_memory`` (cudaMalloc + cudaIpcGetMemHandle in this process):
+
+  cuda-shm-http  input and output in the CUDA regions, through tritonclient.http: no tensor byte
+                 on the socket; the server runs the kernel on this process's device memory
+  cuda-shm-grpc  the same request through tritonclient.grpc
+  http-binary    the same request with the tensors in host memory: v2 binary over HTTP
+                 (tritonclient.http), the bytes over the socket and host<->device in the server
+  d2d-copy       ``out[...] = in`` between the same two regions (CuPy, synchronized): read N
+                 bytes and write N, what the kernel itself has to move
+  d2d-in-out     two such copies, a staged tensor into the input region and the output region
+                 out to a buffer: 2x the bytes, what a client copying through regions would pay
+  cupy-not       ``cupy.invert(in, out=out)`` in this process (synchronized): the kernel alone
+
+GB/s is bytes read plus bytes written over time. Ratios printed: cuda-shm-{http,grpc} / d2d-copy
+and / d2d-in-out (the issue asks for the round trip against a device-to-device copy; it sets no
+target), http-binary / cuda-shm-http, and the server's time per request beyond the kernel
+(cuda-shm - cupy-not). Where there is no CuPy, no CUDA device or no
+``tritonclient.utils.cuda_shared_memory`` (it needs cuda-bindings), prints ``skipped: <reason>``
+and exits 0. Usage (docs/gpu.md: how a GPU session runs it):
+
+  python bench/cuda_shared_memory.py [--rounds N] [--mib N]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# Run as a script, bench/ is sys.path[0], where a bench module could shadow the standard library:
+# import from the repository root instead.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path.insert(0, str(_HERE.parent))
+
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+import subprocess  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
+from typing import Any  # noqa: E402
+
+from bench._harness import ROOT, free_port, interleaved_best, wait_until_up  # noqa: E402
+
+MiB = 1 << 20
+GiB = 1 << 30
+NOT = "DML_OPERATOR_ELEMENT_WISE_BIT_NOT"
+DEVICE = 0
+START_TIMEOUT_S = 180.0  # a fresh GPU machine compiles the backend's probe kernels first
+
+
+def unavailable() -> str | None:
+    """Why this benchmark cannot run here, or None."""
+    try:
+        import cupy
+    except Exception as exc:
+        return f"CuPy cannot be imported ({type(exc).__name__}: {exc})"
+    try:
+        count = int(cupy.cuda.runtime.getDeviceCount())
+    except Exception as exc:
+        return f"no CUDA device ({type(exc).__name__}: {exc})"
+    if count <= DEVICE:
+        return f"no CUDA device {DEVICE} ({count} found)"
+    try:
+        import tritonclient.utils.cuda_shared_memory  # noqa: F401
+    except Exception as exc:  # RuntimeError without cuda-bindings
+        return f"tritonclient.utils.cuda_shared_memory cannot be imported ({exc})"
+    return None
+
+
+@contextlib.contextmanager
+def cupy_server(n: int) -> Iterator[tuple[str, str]]:
+    """``tensorbits serve`` on the CuPy backend with CUDA shared memory; (HTTP, gRPC) as
+    ``host:port``. Started with this interpreter (``-m tensorbits.cli``): a GPU machine given
+    the source tree on PYTHONPATH has no ``tensorbits`` script."""
+    port, grpc_port = free_port(), free_port()
+    env = {
+        **os.environ,
+        "TENSORBITS_BACKEND": "cupy",
+        "TENSORBITS_DEVICE_ID": str(DEVICE),
+        "TENSORBITS_SHARED_MEMORY": "true",
+        "TENSORBITS_GRPC_PORT": str(grpc_port),
+        "TENSORBITS_LOG_LEVEL": "warning",
+        # http-binary sends the tensor in the body: room for it and its JSON header.
+        "TENSORBITS_MAX_BODY_BYTES": str(n + MiB),
+        "TENSORBITS_MAX_INFLIGHT_BYTES": str(max(2 * GiB, 4 * n)),
+    }
+    argv = [sys.executable, "-m", "tensorbits.cli", "serve", "--port", str(port)]
+    proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
+    try:
+        wait_until_up(f"http://127.0.0.1:{port}/v2/health/ready", timeout=START_TIMEOUT_S)
+        yield f"127.0.0.1:{port}", f"127.0.0.1:{grpc_port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+class Contestants:
+    """Two CUDA regions registered with the server, the clients, and one callable per row."""
+
+    def __init__(self, stack: contextlib.ExitStack, urls: tuple[str, str], n: int) -> None:
+        import cupy
+        import numpy as np
+        import tritonclient.grpc as triton_grpc
+        import tritonclient.http as triton
+        import tritonclient.utils.cuda_shared_memory as cudashm
+
+        self.cupy, self.n = cupy, n
+        self.http = triton.InferenceServerClient(
+            urls[0], connection_timeout=300, network_timeout=300
+        )
+        stack.callback(self.http.close)
+        self.grpc = triton_grpc.InferenceServerClient(urls[1])
+        stack.callback(self.grpc.close)
+        handles = []
+        for name in ("bench_in", "bench_out"):
+            handle = cudashm.create_shared_memory_region(name, n, DEVICE)
+            stack.callback(cudashm.destroy_shared_memory_region, handle)
+            handles.append(handle)
+        # Unregistered before the memory is freed (callbacks run last-in, first-out).
+        stack.callback(self.http.unregister_cuda_shared_memory)
+        for name, handle in zip(("bench_in", "bench_out"), handles, strict=True):
+            self.http.register_cuda_shared_memory(name, cudashm.get_raw_handle(handle), DEVICE, n)
+        self.x_host = np.random.default_rng(1).integers(0, 256, n, dtype=np.uint8)
+        self.x, self.y = (self.device_view(handle) for handle in handles)
+        self.x.set(self.x_host)
+        self.staged = self.x.copy()  # d2d-in-out copies it in: the input region keeps its bytes
+        self.copied_out = cupy.empty_like(self.y)
+        self.requests: dict[str, tuple[Any, list[Any], list[Any]]] = {}
+        for label, module, client in (
+            ("http", triton, self.http),
+            ("grpc", triton_grpc, self.grpc),
+        ):
+            tensor = module.InferInput("InputTensor", [n], "UINT8")
+            tensor.set_shared_memory("bench_in", n)
+            output = module.InferRequestedOutput("OutputTensor")
+            output.set_shared_memory("bench_out", n)
+            self.requests[label] = (client, [tensor], [output])
+        self.host_input = triton.InferInput("InputTensor", [n], "UINT8")
+        self.host_input.set_data_from_numpy(self.x_host, binary_data=True)
+        self.host_output = triton.InferRequestedOutput("OutputTensor", binary_data=True)
+
+    def device_view(self, handle: Any) -> Any:
+        """A CuPy array over a region's device memory (no copy). tritonclient keeps the address
+        as ``_base_addr``, which its own ``as_shared_memory_tensor`` reads."""
+        cuda = self.cupy.cuda
+        memory = cuda.UnownedMemory(int(handle._base_addr), self.n, handle, DEVICE)
+        return self.cupy.ndarray((self.n,), self.cupy.uint8, cuda.MemoryPointer(memory, 0))
+
+    def sync(self) -> None:
+        self.cupy.cuda.Device(DEVICE).synchronize()
+
+    def shm(self, label: str) -> Callable[[], None]:
+        client, inputs, outputs = self.requests[label]
+
+        def once() -> None:
+            client.infer(NOT, inputs, outputs=outputs)
+
+        return once
+
+    def http_binary(self) -> Any:
+        result = self.http.infer(NOT, [self.host_input], outputs=[self.host_output])
+        return result.as_numpy("OutputTensor")
+
+    def d2d_copy(self) -> None:
+        self.y[...] = self.x
+        self.sync()
+
+    def d2d_in_out(self) -> None:
+        self.x[...] = self.staged
+        self.copied_out[...] = self.y
+        self.sync()
+
+    def cupy_not(self) -> None:
+        self.cupy.invert(self.x, out=self.y)
+        self.sync()
+
+    def check(self) -> None:
+        """Each server contestant writes the right bytes (the output cleared before each)."""
+        import numpy as np
+
+        want = ~self.x
+        for label in self.requests:
+            self.y.fill(0)
+            self.sync()
+            self.shm(label)()
+            if not bool(self.cupy.array_equal(self.y, want)):
+                raise SystemExit(f"cuda-shm-{label}: wrong result")
+        if not np.array_equal(self.http_binary(), ~self.x_host):
+            raise SystemExit("http-binary: wrong result")
+
+    def rows(self) -> dict[str, Callable[[], object]]:
+        return {
+            "cuda-shm-http": self.shm("http"),
+            "cuda-shm-grpc": self.shm("grpc"),
+            "http-binary": self.http_binary,
+            "d2d-copy": self.d2d_copy,
+            "d2d-in-out": self.d2d_in_out,
+            "cupy-not": self.cupy_not,
+        }
+
+
+def header(args: argparse.Namespace) -> str:
+    import cupy
+    import numpy as np
+
+    runtime = cupy.cuda.runtime
+    name = runtime.getDeviceProperties(DEVICE)["name"]
+    name = name.decode() if isinstance(name, bytes) else str(name)
+    return (
+        f"# CUDA shared memory vs device-to-device copy vs HTTP: {args.mib} MiB UINT8 BIT_NOT, "
+        f"best of {args.rounds} interleaved rounds; {name} (device {DEVICE}), driver "
+        f"{runtime.driverGetVersion()}, CUDA runtime {runtime.runtimeGetVersion()}, cupy "
+        f"{cupy.__version__}, numpy {np.__version__}, python {platform.python_version()}, "
+        f"nproc {os.cpu_count()}"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7, help="rounds (best of)")
+    parser.add_argument("--mib", type=int, default=256, help="tensor size in MiB")
+    args = parser.parse_args()
+    if (reason := unavailable()) is not None:
+        print(f"skipped: {reason}")
+        return 0
+    n = args.mib * MiB
+    print(header(args), flush=True)
+    with contextlib.ExitStack() as stack:
+        urls = stack.enter_context(cupy_server(n))
+        contestants = Contestants(stack, urls, n)
+        contestants.check()
+        best = interleaved_best(contestants.rows(), args.rounds)
+    moved = {name: (4 if name == "d2d-in-out" else 2) * n for name in best}
+    width = max(map(len, best))
+    for name, seconds in best.items():
+        rate = moved[name] / seconds / 1e9
+        print(f"{name:<{width}}  {seconds * 1e3:9.2f} ms  {rate:8.1f} GB/s moved (in + out)")
+    for label in ("http", "grpc"):
+        shm_s = best[f"cuda-shm-{label}"]
+        print(f"cuda-shm-{label} / d2d-copy    {shm_s / best['d2d-copy']:7.2f}x")
+        print(f"cuda-shm-{label} / d2d-in-out  {shm_s / best['d2d-in-out']:7.2f}x")
+        overhead = (shm_s - best["cupy-not"]) * 1e3
+        print(f"cuda-shm-{label} - cupy-not    {overhead:7.2f} ms per request beyond the kernel")
+    print(f"http-binary / cuda-shm-http {best['http-binary'] / best['cuda-shm-http']:7.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,179 @@
+#!/usr/bin/env bash
+# Everything a GPU session runs, in one command (docs/gpu.md).
+#
+#   bash scripts/gpu_session.sh prep   # here, with network (`make device-prep`): wheels into .whl/
+#   bash scripts/gpu_session.sh        # on the offline GPU machine, .whl/ carried along: install,
+#                                      # test, benchmark; logs under $OUT, a summary at the end
+#
+# The GPU machine has Python 3.12, CuPy for CUDA 13, NumPy, pytest, hypothesis, pytest-timeout and
+# httpx, and no network: what the service needs beyond that (../shared/tools/device-prep) and what
+# the GPU tests need (stock tritonclient's HTTP and gRPC clients and its CUDA shared-memory helper)
+# travel as wheels. Every step runs whatever the one before did, under a time limit that keeps the
+# whole inside one device call (10 minutes); the exit status is 0 only when every step passed.
+set -uo pipefail
+SELF=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
+cd "$(dirname "$SELF")/.."
+
+# The GPU tests' wheels beyond the runtime's, at uv.lock's versions (tritonclient[http,grpc] and
+# what its HTTP client imports; the device has aiohttp, certifi, packaging and ml-dtypes).
+LOCKED_WHEELS="tritonclient python-rapidjson urllib3 geventhttpclient gevent greenlet zope-event
+zope-interface brotli cuda-pathfinder"
+# tritonclient.utils.cuda_shared_memory imports cuda.bindings, which the lock does not hold (its
+# 'cuda' extra): the CUDA 13.0 build, as the machine's driver (580) serves CUDA 13.0. Used only
+# where the machine has no cuda-bindings 13 of its own (its image's matches its CuPy).
+CUDA_BINDINGS="cuda-bindings==13.0.3"
+WHEELS=.whl
+SITE=/tmp/site
+BUDGET_S=530  # the whole run; one device call is at most 600 s
+
+prep() {
+    ../shared/tools/device-prep >/dev/null || return 1
+    local pins
+    pins=$(python3 - "$LOCKED_WHEELS" <<'PY'
+import sys, tomllib
+wanted = sys.argv[1].split()
+locked = {p["name"]: p["version"] for p in tomllib.load(open("uv.lock", "rb"))["package"]}
+missing = [name for name in wanted if name not in locked]
+if missing:
+    sys.exit(f"gpu_session.sh: not in uv.lock: {' '.join(missing)}")
+print(" ".join(f"{name}=={locked[name]}" for name in wanted))
+PY
+) || return 1
+    # shellcheck disable=SC2086  # one word per requirement
+    python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+        --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
+        -d "$WHEELS" $pins "$CUDA_BINDINGS" || return 1
+    # Two versions of one distribution stop the whole install on the machine.
+    python3 - "$WHEELS" <<'PY' || return 1
+import collections, pathlib, re, sys
+names = collections.Counter(
+    re.sub(r"[-_.]+", "-", wheel.name.split("-")[0]).lower()
+    for wheel in pathlib.Path(sys.argv[1]).glob("*.whl")
+)
+if twice := sorted(name for name, count in names.items() if count > 1):
+    sys.exit(f"gpu_session.sh: more than one wheel of: {' '.join(twice)}")
+PY
+    local bytes
+    bytes=$(du -cb "$WHEELS"/*.whl | tail -1 | cut -f1)
+    echo "device-prep: $(ls "$WHEELS"/*.whl | wc -l) wheels, $((bytes / 1024 / 1024)) MiB in $WHEELS/" \
+        "(the carry limit is 64 MiB for the whole working tree)"
+    git check-ignore -q "$WHEELS/" || { echo "gpu_session.sh: $WHEELS/ is not git-ignored" >&2; return 1; }
+    echo "device-prep: now call the device tool's run with carry [\"$WHEELS\"] and the command:"
+    echo "    bash scripts/gpu_session.sh"
+}
+
+# --- on the GPU machine -------------------------------------------------------------------------
+
+OUT=${OUT:-${TMPDIR:-/tmp}/tensorbits-gpu-session}
+PYTHON=${PYTHON:-python3}
+STARTED=$(date +%s)
+SUMMARY=()
+FAILED=0
+
+# step NAME LIMIT_S LOG COMMAND...: run COMMAND with its output in $OUT/LOG, stopped after
+# LIMIT_S seconds (or what is left of the budget); record how it ended; show the log's end.
+step() {
+    local name=$1 limit=$2 log=$3 left status started took verdict
+    shift 3
+    left=$((BUDGET_S - ($(date +%s) - STARTED)))
+    [ "$limit" -gt "$left" ] && limit=$left
+    if [ "$limit" -lt 10 ]; then
+        SUMMARY+=("SKIPPED  $name: no time left")
+        FAILED=1
+        return
+    fi
+    echo "=== $name (at most ${limit}s) -> $log"
+    started=$(date +%s)
+    timeout -k 10 "$limit" "$@" >"$OUT/$log" 2>&1
+    status=$?
+    took=$(($(date +%s) - started))
+    case $status in
+        0) verdict=PASSED ;;
+        124 | 137) verdict="TIMED OUT" ;;
+        5) verdict="NO TESTS RAN" ;;
+        *) verdict="FAILED (exit $status)" ;;
+    esac
+    [ "$status" -eq 0 ] || FAILED=1
+    SUMMARY+=("$(printf '%-16s %-26s %4ss  %s' "$verdict" "$name" "$took" "$OUT/$log")")
+    tail -n 25 "$OUT/$log"
+}
+
+install_wheels() {
+    local wheels=()
+    for wheel in "$WHEELS"/*.whl; do
+        case $(basename "$wheel") in
+            cuda_bindings-* | cuda_pathfinder-*)
+                # The machine's own cuda-bindings 13 goes with its CuPy: keep it when there is one.
+                if "$PYTHON" -c 'import sys, cuda.bindings as b, cuda.bindings.runtime
+sys.exit(b.__version__.split(".")[0] != "13")' 2>/dev/null; then
+                    echo "kept the machine's cuda-bindings; not installing $(basename "$wheel")"
+                    continue
+                fi ;;
+        esac
+        wheels+=("$wheel")
+    done
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$SITE" "${wheels[@]}"
+}
+
+environment() {
+    nvidia-smi -L
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    "$PYTHON" - <<'PY'
+import importlib.metadata as metadata, platform
+import cupy
+print("python", platform.python_version(), "cupy", cupy.__version__,
+      "CUDA runtime", cupy.cuda.runtime.runtimeGetVersion(),
+      "driver", cupy.cuda.runtime.driverGetVersion(),
+      "devices", cupy.cuda.runtime.getDeviceCount())
+for name in ("numpy", "cuda-bindings", "cuda-pathfinder", "tritonclient", "grpcio", "protobuf",
+             "fastapi", "pydantic", "uvicorn", "pytest", "hypothesis"):
+    try:
+        print(f"{name} {metadata.version(name)}")
+    except metadata.PackageNotFoundError:
+        print(f"{name} missing")
+import tritonclient.grpc, tritonclient.http, tritonclient.utils.cuda_shared_memory  # noqa
+import tensorbits.cli  # noqa
+print("imports: tritonclient.http, .grpc, .utils.cuda_shared_memory, tensorbits: ok")
+PY
+}
+
+run() {
+    mkdir -p "$OUT"
+    if ! ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+        echo "gpu_session.sh: no wheels in $WHEELS/: run 'make device-prep' first and carry $WHEELS" >&2
+        exit 2
+    fi
+    export PYTHONPATH="$SITE:$PWD/service/src:$PWD/client/src${PYTHONPATH:+:$PYTHONPATH}"
+    export PYTHONUNBUFFERED=1 TENSORBITS_BACKEND=cupy
+    step "install wheels" 120 install.log bash "$SELF" install
+    step "environment" 60 environment.log bash "$SELF" environment
+    # The issue's benchmark first: its figures are what the session is for, and its server warms
+    # the kernel cache (~/.cupy) for the tests. (bench/ops.py and the other benchmarks time the
+    # NumPy backend only; a CuPy benchmark added to bench/ gets its line here.)
+    step "bench cuda_shared_memory" 150 bench-cuda-shared-memory.log \
+        "$PYTHON" bench/cuda_shared_memory.py --rounds 7 --mib 256
+    # Every GPU test, test_cuda_shared_memory.py first (file order); -v: the log names each test
+    # as it ends, so a run stopped by the limit still says how far it got.
+    step "tests/gpu" 400 gpu-tests.log \
+        "$PYTHON" -m pytest -v -p no:cacheprovider --durations=15 tests/gpu
+    {
+        echo "=== summary ($(($(date +%s) - STARTED))s; logs in $OUT)"
+        printf '%s\n' "${SUMMARY[@]}"
+        grep -E '^(=+ .*(passed|failed|error|skipped).* =+)$' "$OUT/gpu-tests.log" 2>/dev/null
+    } | tee "$OUT/summary.txt"
+    exit "$FAILED"
+}
+
+case ${1:-run} in
+    prep) prep ;;
+    run) run ;;
+    install) install_wheels ;;  # steps of run, each in a process of its own (for timeout)
+    environment) environment ;;
+    *)
+        echo "usage: bash scripts/gpu_session.sh [prep|run|install|environment]" >&2
+        exit 2
+        ;;
+esac
