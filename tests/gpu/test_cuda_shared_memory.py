@@ -21,6 +21,7 @@ package, ``pip install 'tritonclient[cuda]'``). docs/gpu.md says how a GPU sessi
 from __future__ import annotations
 
 import base64
+import contextlib
 import itertools
 import json
 import os
@@ -68,21 +69,35 @@ PROTOCOLS = {"http": triton, "grpc": triton_grpc}
 # --- the server and the regions -----------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[GrpcServer]:
-    """One CuPy server for the module, HTTP and gRPC on free ports. Started as ``python -m
-    tensorbits.cli`` with this interpreter: a GPU machine given the source tree on PYTHONPATH
-    has no ``tensorbits`` script beside it."""
+@contextlib.contextmanager
+def cupy_server(shared_memory: bool = True) -> Iterator[GrpcServer]:
+    """A CuPy server, HTTP and gRPC on free ports. Started as ``python -m tensorbits.cli`` with
+    this interpreter: a GPU machine given the source tree on PYTHONPATH has no ``tensorbits``
+    script beside it."""
     grpc_port = free_port()
     env = {
         "TENSORBITS_BACKEND": "cupy",
         "TENSORBITS_DEVICE_ID": str(DEVICE),
-        "TENSORBITS_SHARED_MEMORY": "true",
+        "TENSORBITS_SHARED_MEMORY": str(shared_memory).lower(),
         "TENSORBITS_GRPC_PORT": str(grpc_port),
     }
-    argv = [sys.executable, "-m", "tensorbits.cli", "serve"]
-    with serve(env, argv=argv) as http:
+    with serve(env, argv=[sys.executable, "-m", "tensorbits.cli", "serve"]) as http:
         yield GrpcServer(http, grpc_port)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[GrpcServer]:
+    """The server of every test but the ones that may break theirs."""
+    with cupy_server() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def expendable_server() -> Iterator[GrpcServer]:
+    """A server of its own for requests that could fault its CUDA context: a fault there must
+    not fail every other test with it."""
+    with cupy_server() as running:
+        yield running
 
 
 class CudaRegion:
@@ -187,6 +202,13 @@ class Regions:
 @pytest.fixture
 def regions(server: GrpcServer) -> Iterator[Regions]:
     made = Regions(server)
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def expendable_regions(expendable_server: GrpcServer) -> Iterator[Regions]:
+    made = Regions(expendable_server)
     yield made
     made.close()
 
@@ -528,15 +550,21 @@ def test_bad_handles_through_the_stock_clients(regions: Regions, protocol: str) 
 
 
 @pytest.mark.parametrize(
-    "raw_handle",
-    ["AAAA", {"b64": 7}, {"b64": ["AAAA"]}, {"base64": "AAAA"}, {}, None],
-    ids=["string", "number", "list", "wrong-key", "empty-object", "null"],
+    ("raw_handle", "field"),
+    [
+        pytest.param("AAAA", "raw_handle", id="string"),
+        pytest.param({"b64": 7}, "raw_handle", id="number"),
+        pytest.param({"base64": "AAAA"}, "raw_handle", id="wrong-key"),
+        pytest.param({}, "raw_handle", id="empty-object"),
+        pytest.param(None, "raw_handle", id="null"),
+        pytest.param({"b64": ["AAAA"]}, "request body", id="list"),  # deeper than a registration
+    ],
 )
-def test_malformed_raw_handle_fields(regions: Regions, raw_handle: Any) -> None:
+def test_malformed_raw_handle_fields(regions: Regions, raw_handle: Any, field: str) -> None:
     registration = {"raw_handle": raw_handle, "device_id": DEVICE, "byte_size": 64}
     status, body = register_raw(regions.live, "bad", registration)
     assert status == 400, body
-    assert "raw_handle" in body["field"], body
+    assert body["field"].startswith(field), body
     assert_serves(regions)
 
 
@@ -664,13 +692,26 @@ def test_output_overlapping_an_input(regions: Regions, model: str, output_offset
     assert_serves(regions)
 
 
+def test_extension_off_refuses_cuda_shared_memory(regions: Regions) -> None:
+    """A second CuPy server with the extension off (the default): the CUDA routes and the
+    tensor parameters are 400, rule shared_memory."""
+    region = regions.cuda(64, register=None)
+    with cupy_server(shared_memory=False) as running:
+        off = running.http
+        assert_refused(*register_raw(off, "r", handle_of(region, 64)), "shared_memory")
+        assert_refused(*call(off, "GET", "/v2/cudasharedmemory/status"), "shared_memory")
+        document = {"inputs": [in_region("InputTensor", "r", [8], byte_size=8)]}
+        assert_refused(*infer_raw(off, NOT, document), "shared_memory")
+
+
 @pytest.mark.parametrize("offsets", [(1, 3), (2, 0), (0, 6)], ids=["in1-out3", "in2", "out6"])
 def test_unaligned_offsets_never_fault_the_device(
-    regions: Regions, offsets: tuple[int, int]
+    expendable_regions: Regions, offsets: tuple[int, int]
 ) -> None:
     """Triton lets an offset be any byte; a UINT64 kernel on an address that is not a multiple
     of 8 faults the CUDA context, and with it every later request. The server may refuse such
     an offset (400) or honour it; either way it keeps serving."""
+    regions = expendable_regions
     in_offset, out_offset = offsets
     a = RNG.integers(0, 2**63, size=16, dtype=np.uint64)
     b = RNG.integers(0, 2**63, size=16, dtype=np.uint64)
@@ -692,15 +733,3 @@ def test_unaligned_offsets_never_fault_the_device(
     else:
         assert refusal[0] == "400", refusal
     assert_serves(regions)
-
-
-def test_extension_off_refuses_cuda_shared_memory(regions: Regions) -> None:
-    """A second CuPy server with the extension off (the default): the CUDA routes and the
-    tensor parameters are 400, rule shared_memory."""
-    region = regions.cuda(64, register=None)
-    env = {"TENSORBITS_BACKEND": "cupy", "TENSORBITS_DEVICE_ID": str(DEVICE)}
-    with serve(env, argv=[sys.executable, "-m", "tensorbits.cli", "serve"]) as off:
-        assert_refused(*register_raw(off, "r", handle_of(region, 64)), "shared_memory")
-        assert_refused(*call(off, "GET", "/v2/cudasharedmemory/status"), "shared_memory")
-        document = {"inputs": [in_region("InputTensor", "r", [8], byte_size=8)]}
-        assert_refused(*infer_raw(off, NOT, document), "shared_memory")
