@@ -6,6 +6,7 @@ that use the operators in process).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -69,6 +70,24 @@ def run_into(
         return
     run_call(backend, call, on_device, out)
     backend.synchronize()
+
+
+def flat_call(call: ResolvedCall, count: int) -> ResolvedCall:
+    """``call`` on ``count`` elements of flat operands: a piece of an element-wise call whose
+    inputs all have the output's shape (``is_flat_elementwise``), run on the same positions of
+    every operand, by the same kernel."""
+    return dataclasses.replace(
+        call,
+        output_shape=(count,),
+        kernel_input_shapes=((count,),) * len(call.kernel_input_shapes),
+    )
+
+
+def is_flat_elementwise(call: ResolvedCall) -> bool:
+    """Whether each output element depends only on the input elements at its own position:
+    every input has the output's shape (no broadcasting, no pdpd reshape), so the call can run
+    in pieces of flat operands (``flat_call``). True of every operator here but broadcasts."""
+    return all(shape == call.output_shape for shape in call.kernel_input_shapes)
 
 
 def compute(

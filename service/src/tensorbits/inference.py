@@ -24,7 +24,7 @@ import numpy as np
 
 from tensorbits.backends.base import Backend
 from tensorbits.config import Settings
-from tensorbits.engine import run_into
+from tensorbits.engine import flat_call, is_flat_elementwise, run_into
 from tensorbits.header_cache import HeaderCache
 from tensorbits.shared_memory import Location, SharedMemoryRegions, switched_on
 from tensorbits_protocol import codec
@@ -51,6 +51,10 @@ ENVELOPE_VALUES = 64
 ENVELOPE_VALUES_PER_TENSOR = 64
 # JSON output costs far more per element than its binary bytes; this weighs it for offloading.
 JSON_BYTES_PER_ELEMENT = 8
+# A run from system regions to a system region streams pieces of this many bytes (of its widest
+# tensor) through buffers that stay in the cache: read, compute, write. 256 KiB to 4 MiB measured
+# alike, all twice as fast as whole tensors (docs/benchmarks.md).
+STREAM_PIECE_BYTES = 1 << 20
 
 
 def request_limits(settings: Settings) -> RequestLimits:
@@ -311,35 +315,100 @@ def shared_loaded(plan: Plan, regions: SharedMemoryRegions | None) -> Iterator[P
 
 
 def run_to_region(plan: Plan, backend: Backend, regions: SharedMemoryRegions) -> None:
-    """Run a plan whose output goes into shared memory (its inputs loaded). A CUDA region: the
-    kernel writes the client's device memory directly. A system region: into the buffer of an
-    input read from a system region when the operator may write its output over that input
-    (``op.in_place``, same type and shape: that buffer is the server's own copy), else into a
-    new array; then written into the region."""
+    """Run a plan whose output goes into shared memory, its shared inputs read here. A CUDA
+    region: the kernel writes the client's device memory directly. A system region: streamed
+    in pieces where the call allows it (``_run_streamed``); otherwise the inputs are read whole
+    and the output is computed into the buffer of an input read from a system region when the
+    operator may write its output over that input (``op.in_place``, same type and shape: that
+    buffer is the server's own copy), else into a new array, then written into the region."""
     call, op = plan.call, plan.op
     dtype = wire_dtype(call.output_datatype)
     assert plan.shared_output is not None
-    if plan.output_on_device:
-        with regions.device_bytes(
-            plan.shared_output, plan.output_nbytes, op.output, "output"
-        ) as raw:
-            run_into(backend, call, plan.inputs, raw.view(dtype).reshape(call.output_shape))
+    if _streams(plan, backend):
+        _run_streamed(plan, backend, regions)
         return
-    out = next(
-        (
-            plan.inputs[shared.position]
-            for shared in plan.shared_inputs
-            if shared.name in op.in_place
-            and not shared.on_device
-            and shared.dtype == dtype
-            and shared.shape == call.output_shape
-        ),
+    with shared_loaded(plan, regions) as loaded:
+        if plan.output_on_device:
+            with regions.device_bytes(
+                plan.shared_output, plan.output_nbytes, op.output, "output"
+            ) as raw:
+                run_into(backend, call, loaded.inputs, raw.view(dtype).reshape(call.output_shape))
+            return
+        out = next(
+            (
+                loaded.inputs[shared.position]
+                for shared in plan.shared_inputs
+                if shared.name in op.in_place
+                and not shared.on_device
+                and shared.dtype == dtype
+                and shared.shape == call.output_shape
+            ),
+            None,
+        )
+        if out is None:
+            out = np.empty(call.output_shape, dtype)
+        run_into(backend, call, loaded.inputs, out)
+        regions.write(plan.shared_output, out.reshape(-1).view(np.uint8).data, op.output)
+
+
+def _streams(plan: Plan, backend: Backend) -> bool:
+    """Whether ``_run_streamed`` runs ``plan``: host memory throughout (a host backend, no CUDA
+    region) and an element-wise call without broadcasting."""
+    return (
+        backend.host_memory
+        and not plan.output_on_device
+        and not any(shared.on_device for shared in plan.shared_inputs)
+        and is_flat_elementwise(plan.call)
+    )
+
+
+def _run_streamed(plan: Plan, backend: Backend, regions: SharedMemoryRegions) -> None:
+    """Run ``plan`` into its system region in pieces of ``STREAM_PIECE_BYTES``: for each, read
+    the inputs' piece from their regions (body inputs: a slice of their view), run the kernel on
+    the flat piece (``engine.flat_call``), write the output's piece. The pieces' buffers stay in
+    the cache, so each byte crosses memory once in and once out instead of three times
+    (``preadv`` into a whole buffer, the kernel, ``pwritev`` out of it). An output in exactly an
+    input's bytes (``op.in_place``) is safe: each piece is read before it is written, and no
+    later piece reads it."""
+    call, op = plan.call, plan.op
+    assert plan.shared_output is not None
+    out_dtype = wire_dtype(call.output_datatype)
+    shared = {each.position: each for each in plan.shared_inputs}
+    dtypes = [shared[i].dtype if i in shared else x.dtype for i, x in enumerate(plan.inputs)]
+    total = math.prod(call.output_shape)
+    step = max(1, STREAM_PIECE_BYTES // max(out_dtype.itemsize, *(d.itemsize for d in dtypes)))
+    step = min(step, total)
+    buffers = {i: regions.pool.take(step * shared[i].dtype.itemsize) for i in shared}
+    # The output's piece goes into an input's buffer where the operator may replace that input.
+    over = next(
+        (i for i, each in shared.items() if each.name in op.in_place and each.dtype == out_dtype),
         None,
     )
-    if out is None:
-        out = np.empty(call.output_shape, dtype)
-    run_into(backend, call, plan.inputs, out)
-    regions.write(plan.shared_output, out.reshape(-1).view(np.uint8).data, op.output)
+    out_buffer = regions.pool.take(step * out_dtype.itemsize) if over is None else None
+    flat = [x.reshape(-1) if i not in shared else None for i, x in enumerate(plan.inputs)]
+    try:
+        for start in range(0, total, step):
+            count = min(step, total - start)
+            pieces: list[np.ndarray[Any, Any]] = []
+            for i, dtype in enumerate(dtypes):
+                whole = flat[i]
+                if whole is not None:
+                    pieces.append(whole[start : start + count])
+                    continue
+                into = memoryview(buffers[i])[: count * dtype.itemsize]
+                regions.read_into(shared[i].ref, start * dtype.itemsize, into, shared[i].name)
+                pieces.append(np.frombuffer(into, dtype))
+            if over is None:
+                assert out_buffer is not None
+                out = np.frombuffer(memoryview(out_buffer)[: count * out_dtype.itemsize], out_dtype)
+            else:
+                out = pieces[over]
+            run_into(backend, flat_call(call, count), pieces, out)
+            regions.write(
+                plan.shared_output, out.view(np.uint8).data, op.output, start * out_dtype.itemsize
+            )
+    finally:
+        regions.recycle([*buffers.values(), *([out_buffer] if out_buffer is not None else [])])
 
 
 class PlanTemplate(NamedTuple):
@@ -434,11 +503,11 @@ def execute(
     """Run a plan and encode the response (binary: one buffer, written in place; shared
     memory: the inputs read first, the output written into its region, the response its JSON
     header alone). Called once the request is admitted for ``plan.memory_needed``."""
+    if plan.shared_output is not None:
+        assert regions is not None  # plan() refused shared memory without regions
+        run_to_region(plan, backend, regions)
+        return codec.Framed.json(plan.response().to_rest().header)
     with shared_loaded(plan, regions) as loaded:
-        if loaded.shared_output is not None:
-            assert regions is not None  # plan() refused shared memory without regions
-            run_to_region(loaded, backend, regions)
-            return codec.Framed.json(loaded.response().to_rest().header)
         return _run_to_body(loaded, backend)
 
 

@@ -532,42 +532,45 @@ class SharedMemoryRegions:
         checked again), in a buffer of the pool: give it back with ``recycle`` when done."""
         buffer = self.pool.take(nbytes)
         try:
-            with self._use(ref.region, SystemRegion) as region:
-                self._check_bounds(region, ref, nbytes, tensor, "input")
-                view = memoryview(buffer)
-                done = 0
-                while done < nbytes:
-                    count = os.preadv(
-                        region.fd, [view[done : done + _CHUNK]], region.offset + ref.offset + done
-                    )
-                    if count == 0:
-                        raise self._shrunk(region, tensor)
-                    done += count
+            self.read_into(ref, 0, memoryview(buffer), tensor)
         except BaseException:
             self.pool.give(buffer)
             raise
         return buffer
+
+    def read_into(self, ref: SharedMemoryRef, start: int, into: memoryview, tensor: str) -> None:
+        """Fill ``into`` with the input's bytes from its ``start``th byte on (a piece of it, for
+        ``inference``'s streamed runs), checked against the region again."""
+        nbytes = into.nbytes
+        with self._use(ref.region, SystemRegion) as region:
+            self._check_bounds(region, ref, start, nbytes, tensor, "input")
+            first = region.offset + ref.offset + start
+            done = 0
+            while done < nbytes:
+                count = os.preadv(region.fd, [into[done : done + _CHUNK]], first + done)
+                if count == 0:
+                    raise self._shrunk(region, tensor)
+                done += count
 
     def recycle(self, buffers: list[bytearray]) -> None:
         """Give back buffers ``read`` returned, once nothing uses them any more."""
         for buffer in buffers:
             self.pool.give(buffer)
 
-    def write(self, ref: SharedMemoryRef, data: memoryview, tensor: str) -> None:
-        """Write an output's bytes into its system region."""
+    def write(self, ref: SharedMemoryRef, data: memoryview, tensor: str, start: int = 0) -> None:
+        """Write an output's bytes into its system region (from its ``start``th byte on: a
+        piece of it, for ``inference``'s streamed runs)."""
         nbytes = data.nbytes
         with self._use(ref.region, SystemRegion) as region:
-            self._check_bounds(region, ref, nbytes, tensor, "output")
-            end = region.offset + ref.offset + nbytes
+            self._check_bounds(region, ref, start, nbytes, tensor, "output")
+            first = region.offset + ref.offset + start
             # A write past the end would grow the object back: refuse it as a read would fail.
-            if os.fstat(region.fd).st_size < end:
+            if os.fstat(region.fd).st_size < first + nbytes:
                 raise self._shrunk(region, tensor)
             source = data.cast("B")
             done = 0
             while done < nbytes:
-                done += os.pwritev(
-                    region.fd, [source[done : done + _CHUNK]], region.offset + ref.offset + done
-                )
+                done += os.pwritev(region.fd, [source[done : done + _CHUNK]], first + done)
 
     @contextmanager
     def device_bytes(
@@ -577,17 +580,20 @@ class SharedMemoryRegions:
         client's memory itself, no copy), checked again; the region is held for the block, so
         the block must finish every kernel that touches the array (synchronize) before it ends."""
         with self._use(ref.region, CudaRegion) as region:
-            self._check_bounds(region, ref, nbytes, tensor, direction)
+            self._check_bounds(region, ref, 0, nbytes, tensor, direction)
             yield region.device.view(region.allocation.pointer + ref.offset, nbytes)
 
     @staticmethod
     def _check_bounds(
-        region: Region, ref: SharedMemoryRef, nbytes: int, tensor: str, direction: str
+        region: Region, ref: SharedMemoryRef, start: int, nbytes: int, tensor: str, direction: str
     ) -> None:
-        if ref.offset + nbytes > region.byte_size or nbytes > ref.byte_size:
+        """Bytes [start, start + nbytes) of the tensor lie inside ``ref`` and the region."""
+        end = start + nbytes
+        if start < 0 or ref.offset + end > region.byte_size or end > ref.byte_size:
             raise _refused(
-                f"{direction} '{tensor}': {nbytes} bytes from shared_memory_offset {ref.offset} "
-                f"do not fit region '{region.name}' ({region.byte_size} bytes)",
+                f"{direction} '{tensor}': {nbytes} bytes from byte {start} past "
+                f"shared_memory_offset {ref.offset} do not fit region '{region.name}' "
+                f"({region.byte_size} bytes)",
                 tensor,
                 "region_bounds",
             )

@@ -276,17 +276,17 @@ def execute(
     ``raw_output_contents[0]`` (grpcio sends only ``bytes``: the one copy of the output is that
     conversion; protobuf would have made two); or, for an output in shared memory, written into
     its region and named by the output's parameters."""
+    if plan.shared_output is not None:
+        assert regions is not None  # inference.plan refused shared memory without regions
+        inference.run_to_region(plan, backend, regions)
+        response = _response(plan)
+        for key, value in plan.shared_output.parameters().items():
+            if isinstance(value, str):
+                response.outputs[0].parameters[key].string_param = value
+            else:
+                response.outputs[0].parameters[key].int64_param = value
+        return response.SerializeToString()
     with inference.shared_loaded(plan, regions) as loaded:
-        if loaded.shared_output is not None:
-            assert regions is not None  # inference.plan refused shared memory without regions
-            inference.run_to_region(loaded, backend, regions)
-            response = _response(loaded)
-            for key, value in loaded.shared_output.parameters().items():
-                if isinstance(value, str):
-                    response.outputs[0].parameters[key].string_param = value
-                else:
-                    response.outputs[0].parameters[key].int64_param = value
-            return response.SerializeToString()
         call = loaded.call
         head = response_head(loaded) if head is None else head
         body = bytearray(len(head) + loaded.output_nbytes)

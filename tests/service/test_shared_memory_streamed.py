@@ -1,0 +1,196 @@
+"""A run from system regions to a system region is streamed in pieces (``inference._run_streamed``);
+it must write exactly what the whole-tensor path (``shared_loaded`` + the kernel on whole arrays)
+writes, and what the reference says, for every operator and every data type it takes, with
+pieces that end mid-tensor, inputs from the body beside inputs from regions, the output over an
+input's own bytes (in place), and a region that shrinks between two pieces. Pieces are made tiny
+here (64 bytes) so every tensor spans many of them."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from core.bitref import OP_TYPES, assert_bits_equal, np_dtype, reference
+
+from tensorbits import inference
+from tensorbits.backends.numpy_backend import NumpyBackend
+from tensorbits.config import Settings
+from tensorbits.shared_memory import SHM_DIR, SharedMemoryRegions
+from tensorbits_protocol.dtypes import DataType
+from tensorbits_protocol.errors import InvalidRequest
+from tensorbits_protocol.infer import InferRequest, RequestedOutput, SharedMemoryRef, Tensor
+from tensorbits_protocol.operators import Function, get_operator
+
+RNG = np.random.default_rng(29)
+PREFIX = f"/tensorbits_stream_{os.getpid()}"
+KEY = f"{PREFIX}_object"
+OBJECT_BYTES = 1 << 16
+SHAPE = (5, 37)  # 185 elements: no piece size divides it
+LIMITS = inference.request_limits(Settings())
+Arr = np.ndarray[Any, Any]
+
+
+@pytest.fixture
+def backend() -> Iterator[NumpyBackend]:
+    made = NumpyBackend(2)
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def regions(monkeypatch: pytest.MonkeyPatch) -> Iterator[SharedMemoryRegions]:
+    monkeypatch.setattr(inference, "STREAM_PIECE_BYTES", 64)
+    path = SHM_DIR / KEY[1:]
+    path.write_bytes(bytes(OBJECT_BYTES))
+    made = SharedMemoryRegions(PREFIX, 8, 1 << 30)
+    made.register_system("r", KEY, 0, OBJECT_BYTES)
+    yield made
+    made.close()
+    path.unlink()
+
+
+def _object() -> Path:
+    return SHM_DIR / KEY[1:]
+
+
+def _put(array: Arr, offset: int) -> None:
+    with _object().open("r+b") as f:
+        f.seek(offset)
+        f.write(array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes())
+
+
+def _get(like: Arr, offset: int) -> Arr:
+    raw = _object().read_bytes()[offset : offset + like.nbytes]
+    little = np.frombuffer(raw, like.dtype.newbyteorder("<"))
+    return little.astype(like.dtype).reshape(like.shape)
+
+
+def _request(
+    model: str,
+    arrays: dict[str, Arr],
+    places: dict[str, int | None],
+    out_offset: int,
+    dt: DataType,
+    out_bytes: int | None = None,
+) -> InferRequest:
+    """Inputs at ``places`` (None: in the body), the output at ``out_offset`` of region r, in
+    ``out_bytes`` (default: the rest of the region)."""
+    op = get_operator(model)
+    inputs = []
+    for name, array in arrays.items():
+        offset = places[name]
+        if offset is None:
+            little = np.ascontiguousarray(array.astype(array.dtype.newbyteorder("<")))
+            inputs.append(Tensor(name, dt, array.shape, raw=memoryview(little).cast("B")))
+        else:
+            _put(array, offset)
+            ref = SharedMemoryRef("r", array.nbytes, offset)
+            inputs.append(Tensor(name, dt, array.shape, shared_memory=ref))
+    params = {"direction": "LEFT"} if op.function is Function.SHIFT else {}
+    want_bytes = OBJECT_BYTES - out_offset if out_bytes is None else out_bytes
+    output = RequestedOutput(op.output, shared_memory=SharedMemoryRef("r", want_bytes, out_offset))
+    return InferRequest(tuple(inputs), params, (output,))
+
+
+def _random(dt: DataType, shape: tuple[int, ...]) -> Arr:
+    dtype = np_dtype(dt)
+    if dtype == np.bool_:
+        return RNG.integers(0, 2, size=shape).astype(np.bool_)
+    raw = RNG.integers(0, 256, size=int(np.prod(shape)) * dtype.itemsize, dtype=np.uint8)
+    return raw.view(dtype.newbyteorder("<")).astype(dtype).reshape(shape)
+
+
+def _run(
+    regions: SharedMemoryRegions, backend: NumpyBackend, request: InferRequest, model: str
+) -> inference.Plan:
+    planned = inference.plan(get_operator(model), request, LIMITS, regions)
+    inference.execute(planned, backend, regions)
+    return planned
+
+
+@pytest.mark.parametrize(("model", "dt"), OP_TYPES, ids=[f"{m}-{d.value}" for m, d in OP_TYPES])
+def test_streamed_equals_whole_and_reference(
+    regions: SharedMemoryRegions,
+    backend: NumpyBackend,
+    monkeypatch: pytest.MonkeyPatch,
+    model: str,
+    dt: DataType,
+) -> None:
+    op = get_operator(model)
+    arrays = {name: _random(dt, SHAPE) for name in op.inputs}
+    params = {"direction": "LEFT"} if op.function is Function.SHIFT else {}
+    want = reference(model, arrays, params)
+    # The first input from the body when there are two (mixed), the rest from the region.
+    places: dict[str, int | None] = {
+        name: (None if index == 0 and len(arrays) > 1 else 4096 * (index + 1))
+        for index, name in enumerate(arrays)
+    }
+    request = _request(model, arrays, places, 32768 + 8, dt)
+    planned = _run(regions, backend, request, model)
+    assert inference._streams(planned, backend)
+    streamed = _get(want, 32768 + 8)
+    assert_bits_equal(streamed, want)
+    # The whole-tensor path writes the very same bytes.
+    _put(np.zeros(want.nbytes, np.uint8), 32768 + 8)
+    monkeypatch.setattr(inference, "_streams", lambda plan, backend: False)
+    _run(regions, backend, request, model)
+    assert_bits_equal(_get(want, 32768 + 8), streamed)
+
+
+def test_in_place_over_many_pieces(regions: SharedMemoryRegions, backend: NumpyBackend) -> None:
+    """The output over exactly an input's bytes (DML's in-place rule), the other input beside."""
+    model = "DML_OPERATOR_ELEMENT_WISE_BIT_XOR"
+    a, b = _random(DataType.UINT32, (1000,)), _random(DataType.UINT32, (1000,))
+    request = _request(model, {"ATensor": a, "BTensor": b}, {"ATensor": 0, "BTensor": 8192}, 0,
+                       DataType.UINT32, out_bytes=a.nbytes)  # fmt: skip
+    _run(regions, backend, request, model)
+    assert_bits_equal(_get(a, 0), a ^ b)
+    assert_bits_equal(_get(b, 8192), b)  # the other input is untouched
+
+
+def test_broadcasts_take_the_whole_path(
+    regions: SharedMemoryRegions, backend: NumpyBackend
+) -> None:
+    model = "onnx.BitwiseAnd-18"
+    a, b = _random(DataType.UINT8, (4, 6)), _random(DataType.UINT8, (6,))
+    request = _request(model, {"A": a, "B": b}, {"A": 0, "B": 256}, 1024, DataType.UINT8)
+    planned = _run(regions, backend, request, model)
+    assert not inference._streams(planned, backend)
+    assert_bits_equal(_get(a, 1024), a & b)
+
+
+def test_a_region_shrunk_between_pieces_is_a_400(
+    regions: SharedMemoryRegions, backend: NumpyBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The object truncated after the first piece: the next read comes back short, a 400 naming
+    the region, never a fault; restored, the same request runs."""
+    model = "DML_OPERATOR_ELEMENT_WISE_BIT_NOT"
+    x = _random(DataType.UINT8, (4096,))
+    request = _request(
+        model, {"InputTensor": x}, {"InputTensor": 8192}, 0, DataType.UINT8, out_bytes=x.nbytes
+    )
+    planned = inference.plan(get_operator(model), request, LIMITS, regions)
+    real_write = regions.write
+    writes = 0
+
+    def shrink_after_first(*args: Any, **kwargs: Any) -> None:
+        nonlocal writes
+        real_write(*args, **kwargs)
+        writes += 1
+        if writes == 1:
+            os.truncate(_object(), 8192 + 100)
+
+    monkeypatch.setattr(regions, "write", shrink_after_first)
+    with pytest.raises(InvalidRequest) as caught:
+        inference.execute(planned, backend, regions)
+    assert caught.value.rule == "region_shrunk"
+    assert writes == 1
+    os.truncate(_object(), OBJECT_BYTES)
+    _put(x, 8192)
+    monkeypatch.setattr(regions, "write", real_write)
+    inference.execute(planned, backend, regions)
+    assert_bits_equal(_get(x, 0), ~x)
