@@ -398,3 +398,27 @@ def test_grpc_register_infer_status_unregister(
     assert_bits_equal(get(buffer, x, 32), ~x)
     call("cuda_shared_memory_unregister", pb.CudaSharedMemoryUnregisterRequest(name="g"))
     assert device.open_now == 0
+
+
+def test_a_device_tensor_starts_on_a_multiple_of_its_element_size(
+    client: TestClient, device: HostDeviceMemory
+) -> None:
+    """A misaligned element faults a CUDA kernel (and the device context with it): refused
+    before anything runs, for inputs and outputs; aligned offsets are served."""
+    x = RNG.integers(0, 2**63, size=4, dtype=np.uint64)
+    handle, buffer = device.export(256)
+    assert register(client, "gpu", handle, 256).status_code == 200
+
+    def infer(in_offset: int, out_offset: int) -> Any:
+        tensor = {"name": "X", "shape": [4], "datatype": "UINT64",
+                  "parameters": shared("gpu", 32, in_offset)}  # fmt: skip
+        body = {"inputs": [tensor],
+                "outputs": [{"name": "Y", "parameters": shared("gpu", 32, out_offset)}]}  # fmt: skip
+        return client.post("/v2/models/onnx.BitwiseNot-18/infer", json=body)
+
+    for in_offset, out_offset, field in ((1, 128, "X"), (4, 128, "X"), (0, 129, "Y")):
+        body = refused(infer(in_offset, out_offset), "shared_memory_alignment", field)
+        assert "8 bytes" in body["error"]
+    put(buffer, x, 8)
+    assert infer(8, 136).status_code == 200
+    assert_bits_equal(get(buffer, x, 136), ~x)

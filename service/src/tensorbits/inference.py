@@ -238,6 +238,7 @@ def plan(
             continue
         ref = switched_on(regions, tensor.name, "input")
         place = ref.locate(tensor.shared_memory, tensor.nbytes, tensor.name, "input")
+        _check_device_alignment(place, itemsize(tensor.datatype), tensor.name, "input")
         places[tensor.name] = place
         arrays[tensor.name] = _NOT_READ
         shared.append(
@@ -251,6 +252,7 @@ def plan(
         out = switched_on(regions, op.output, "output").locate(
             shared_output, output_nbytes, op.output, "output"
         )
+        _check_device_alignment(out, itemsize(call.output_datatype), op.output, "output")
         _check_aliasing(op, out, places)
         output_on_device = out.on_device
     return Plan(
@@ -264,6 +266,19 @@ def plan(
         shared_output=shared_output,
         output_on_device=output_on_device,
     )
+
+
+def _check_device_alignment(place: Location, item_bytes: int, tensor: str, direction: str) -> None:
+    """A tensor in a CUDA region starts on a multiple of its element size: a kernel that reads
+    a misaligned element faults the device context, and with it every later request (a host
+    copy would not care; the device does)."""
+    if place.on_device and place.start % item_bytes:
+        raise InvalidRequest(
+            f"{direction} '{tensor}': in a CUDA shared-memory region it must start on a multiple "
+            f"of its element size ({item_bytes} bytes); its shared_memory_offset does not",
+            field=tensor,
+            rule="shared_memory_alignment",
+        )
 
 
 def _check_aliasing(op: OperatorSpec, output: Location, inputs: dict[str, Location]) -> None:
