@@ -194,3 +194,27 @@ def test_a_region_shrunk_between_pieces_is_a_400(
     monkeypatch.setattr(regions, "write", real_write)
     inference.execute(planned, backend, regions)
     assert_bits_equal(_get(x, 0), ~x)
+
+
+def test_a_streamed_run_is_admitted_for_its_pieces(
+    regions: SharedMemoryRegions, backend: NumpyBackend
+) -> None:
+    """Admission counts what a run holds: a piece per shared input and one of the output when
+    streamed, the whole tensors when not (broadcasts)."""
+    model = "onnx.BitwiseAnd-18"
+    a, b = _random(DataType.UINT8, (4, 256)), _random(DataType.UINT8, (4, 256))
+    streamed = inference.plan(
+        get_operator(model),
+        _request(model, {"A": a, "B": b}, {"A": 0, "B": 4096}, 8192, DataType.UINT8, a.nbytes),
+        LIMITS,
+        regions,
+    )
+    assert streamed.memory_needed(100, backend) == 100 + 3 * inference.STREAM_PIECE_BYTES
+    assert streamed.memory_needed(100) == 100 + 3 * a.nbytes  # not knowing the backend
+    whole = inference.plan(
+        get_operator(model),
+        _request(model, {"A": a, "B": b[0]}, {"A": 0, "B": 4096}, 8192, DataType.UINT8, a.nbytes),
+        LIMITS,
+        regions,
+    )
+    assert whole.memory_needed(100, backend) == 100 + 2 * a.nbytes + b[0].nbytes

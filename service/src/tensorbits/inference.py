@@ -114,11 +114,15 @@ class Plan(NamedTuple):
             out += math.prod(self.call.output_shape) * JSON_BYTES_PER_ELEMENT
         return sum(x.nbytes for x in self.inputs) + self.shared_input_bytes + out
 
-    def memory_needed(self, body_bytes: int) -> int:
-        """Bytes of host memory this inference holds while it runs: the request's body, the
-        inputs read from system shared memory, and the output (none when a CUDA region gets it)."""
+    def memory_needed(self, body_bytes: int, backend: Backend | None = None) -> int:
+        """Bytes of host memory this inference holds while it runs on ``backend``: the
+        request's body, the inputs read from system shared memory, and the output (none when a
+        CUDA region gets it; a run streamed into a system region holds one piece of each)."""
         output = 0 if self.output_on_device else self.output_nbytes
-        return body_bytes + self.shared_input_bytes + output
+        held = self.shared_input_bytes + output
+        if backend is not None and _streams(self, backend):
+            held = min(held, (len(self.shared_inputs) + 1) * STREAM_PIECE_BYTES)
+        return body_bytes + held
 
     def response(self, data: list[Any] | None = None) -> InferResponse:
         """The response to this plan: the output as binary data, with its JSON ``data``, or as
@@ -370,7 +374,8 @@ def _streams(plan: Plan, backend: Backend) -> bool:
     """Whether ``_run_streamed`` runs ``plan``: host memory throughout (a host backend, no CUDA
     region) and an element-wise call without broadcasting."""
     return (
-        backend.host_memory
+        plan.shared_output is not None
+        and backend.host_memory
         and not plan.output_on_device
         and not any(shared.on_device for shared in plan.shared_inputs)
         and is_flat_elementwise(plan.call)

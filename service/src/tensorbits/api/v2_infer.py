@@ -50,7 +50,12 @@ async def run_inference(
                 json_bytes, JSON_INLINE_MAX_BYTES, inference.plan_rest, op, body, header_length,
                 runtime.limits, runtime.v2_plans, runtime.shared_memory,
             )  # fmt: skip
-            exchange.grow(plan.memory_needed(len(body)), "inference", "body, output", "body")
+            exchange.grow(
+                plan.memory_needed(len(body), runtime.selection.backend),
+                "inference",
+                "body, output",
+                "body",
+            )
             planned = perf_counter_ns()
             framed = await offload(
                 plan.work_bytes, COMPUTE_INLINE_MAX_BYTES, inference.execute, plan,

@@ -373,7 +373,12 @@ class InferenceService:
                         if made is not None:
                             self.plans.put(key, made, len(split.message))
                             head = made.head
-                grant.hold(plan.memory_needed(len(data)), "inference", "message, output", "inputs")
+                grant.hold(
+                    plan.memory_needed(len(data), runtime.selection.backend),
+                    "inference",
+                    "message, output",
+                    "inputs",
+                )
                 planned = time.perf_counter_ns()
                 response = await offload(
                     plan.work_bytes, COMPUTE_INLINE_MAX_BYTES, messages.execute, plan,
