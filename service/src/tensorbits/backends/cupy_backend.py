@@ -63,7 +63,10 @@ class CupyBackend:
             count = cupy.cuda.runtime.getDeviceCount()
             if count <= device_id:
                 raise BackendUnavailable(f"CUDA device {device_id} not found ({count} present)")
-            cupy.cuda.Device(device_id).use()
+            # CUDA's current device is per thread, and work runs on the server's worker threads
+            # too (device 0 unless told): every call that allocates or launches enters this.
+            self._device = cupy.cuda.Device(device_id)
+            self._device.use()
             props = cupy.cuda.runtime.getDeviceProperties(device_id)
             name = props["name"]
             name = name.decode() if isinstance(name, bytes) else str(name)
@@ -79,7 +82,6 @@ class CupyBackend:
             self.device = f"cuda:{device_id} {name}"
             self.ops = BitOps(popcount=self._run_popcount, shift=self._run_shift)
             self._probe()
-            self.device_id = device_id
             self.device_memory: DeviceMemory | None = _device_memory(cupy, device_id)
         except BackendUnavailable:
             raise
@@ -109,7 +111,8 @@ class CupyBackend:
 
     def asarray(self, host: np.ndarray[Any, Any]) -> DeviceArray:
         # CuPy arrays are native-endian only; a big-endian host array is converted (values kept).
-        return self._cupy.asarray(host.astype(host.dtype.newbyteorder("="), copy=False))
+        with self._device:
+            return self._cupy.asarray(host.astype(host.dtype.newbyteorder("="), copy=False))
 
     def to_host(
         self, array: DeviceArray, out: np.ndarray[Any, Any] | None = None
@@ -122,14 +125,17 @@ class CupyBackend:
         return result
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> DeviceArray:
-        return self._cupy.empty(shape, dtype)
+        with self._device:
+            return self._cupy.empty(shape, dtype)
 
     def run(self, call: ResolvedCall, inputs: Sequence[DeviceArray], out: DeviceArray) -> None:
         operands, target = as_kernel_operands(call, inputs, out)
-        run_kernel(self._cupy, self.ops, call, operands, target)
+        with self._device:
+            run_kernel(self._cupy, self.ops, call, operands, target)
 
     def synchronize(self) -> None:
-        self._cupy.cuda.get_current_stream().synchronize()
+        with self._device:
+            self._cupy.cuda.get_current_stream().synchronize()
 
     def memory_in_use(self) -> int | None:
         used: int = self._cupy.get_default_memory_pool().used_bytes()
