@@ -40,6 +40,7 @@ import contextlib
 import os
 import struct
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from fuzz_support import Reader, fuzz, instrumented
@@ -82,6 +83,15 @@ def _integer(reader: Reader) -> int:
     if family == 12:
         return -value
     return value
+
+
+def _refusal(action: Callable[[], object]) -> str:
+    """The rule of the ``InvalidRequest`` that ``action`` raises; it must raise one."""
+    try:
+        action()
+    except InvalidRequest as refusal:
+        return refusal.rule
+    raise AssertionError("served where a refusal was due")
 
 
 def _in_range(value: int) -> bool:
@@ -139,11 +149,12 @@ def _device_step(
     direction = "input" if step & 0x40 else "output"
     place = regions.locate(ref, nbytes, "t", direction)
     if not place.on_device:  # a system region of that name: never used as device memory
-        try:
+
+        def as_device_memory() -> None:
             with regions.device_bytes(ref, nbytes, "t", direction):
-                raise AssertionError("a system region was used as device memory")
-        except InvalidRequest as refusal:
-            assert refusal.rule == "region_changed"
+                pass
+
+        assert _refusal(as_device_memory) == "region_changed"
         return
     with regions.device_bytes(ref, nbytes, "t", direction) as view:
         assert view.nbytes == nbytes  # inside the allocation, or the stand-in raised
@@ -173,11 +184,7 @@ def _step(regions: SharedMemoryRegions, reader: Reader, step: int, name: str, pa
         place = regions.locate(ref, nbytes, "t", direction)
         assert place.end - place.start == byte_size
         if place.on_device:  # a CUDA region of that name: never read or written as a file
-            try:
-                regions.read(ref, nbytes, "t")
-                raise AssertionError("a CUDA region was read as a file")
-            except InvalidRequest as refusal:
-                assert refusal.rule == "region_changed"
+            assert _refusal(lambda: regions.read(ref, nbytes, "t")) == "region_changed"
             return
         assert place.end <= OBJECT_BYTES
         if kind == 2:
