@@ -3,6 +3,7 @@ is missing or installed without a working device; ``cupy`` refuses loudly in bot
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import types
@@ -163,6 +164,7 @@ def _bare_cupy_backend() -> Any:
 
     backend = object.__new__(CupyBackend)  # no device: only the host-transfer methods are used
     backend._cupy = types.SimpleNamespace(asarray=lambda host: _DeviceArray(np.array(host)))
+    backend._device = contextlib.nullcontext()  # cupy.cuda.Device, entered around transfers
     return backend
 
 
