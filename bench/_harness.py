@@ -34,9 +34,15 @@ def free_port() -> int:
         return port
 
 
-def wait_until_up(url: str, timeout: float = 30.0) -> None:
+def wait_until_up(
+    url: str, timeout: float = 30.0, proc: subprocess.Popen[bytes] | None = None
+) -> None:
+    """Until ``url`` answers; with ``proc`` (the server's process), an error at once when it
+    exits first (its stderr, inherited, says why: e.g. a CuPy backend that cannot start)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise SystemExit(f"{proc.args!r} exited with {proc.returncode} before it was ready")
         try:
             with urllib.request.urlopen(url, timeout=1):
                 return
@@ -46,12 +52,14 @@ def wait_until_up(url: str, timeout: float = 30.0) -> None:
 
 
 @contextlib.contextmanager
-def server(argv: list[str], health_url: str, env: dict[str, str] | None = None) -> Iterator[None]:
+def server(
+    argv: list[str], health_url: str, env: dict[str, str] | None = None, timeout: float = 30.0
+) -> Iterator[None]:
     proc = subprocess.Popen(
         argv, env={**os.environ, **(env or {})}, cwd=ROOT, stdout=subprocess.DEVNULL
     )
     try:
-        wait_until_up(health_url)
+        wait_until_up(health_url, timeout, proc)
         yield
     finally:
         proc.terminate()

@@ -42,13 +42,10 @@ import argparse  # noqa: E402
 import contextlib  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
-import subprocess  # noqa: E402
-import time  # noqa: E402
-import urllib.request  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402
 from typing import Any  # noqa: E402
 
-from bench._harness import ROOT, free_port, interleaved_best  # noqa: E402
+from bench._harness import free_port, interleaved_best, server  # noqa: E402
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -76,21 +73,6 @@ def unavailable() -> str | None:
     return None
 
 
-def wait_ready(proc: subprocess.Popen[bytes], url: str) -> None:
-    """Until ``url`` answers; an error at once if the server exits first (its stderr, inherited,
-    says why: e.g. a CuPy backend that cannot start)."""
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"tensorbits serve exited with {proc.returncode} before it was ready")
-        try:
-            with urllib.request.urlopen(url, timeout=2):
-                return
-        except OSError:
-            time.sleep(0.2)
-    raise SystemExit(f"tensorbits serve was not ready in {START_TIMEOUT_S} s")
-
-
 @contextlib.contextmanager
 def cupy_server(n: int) -> Iterator[tuple[str, str]]:
     """``tensorbits serve`` on the CuPy backend with CUDA shared memory; (HTTP, gRPC) as
@@ -98,7 +80,6 @@ def cupy_server(n: int) -> Iterator[tuple[str, str]]:
     the source tree on PYTHONPATH has no ``tensorbits`` script."""
     port, grpc_port = free_port(), free_port()
     env = {
-        **os.environ,
         "TENSORBITS_BACKEND": "cupy",
         "TENSORBITS_DEVICE_ID": str(DEVICE),
         "TENSORBITS_SHARED_MEMORY": "true",
@@ -109,13 +90,8 @@ def cupy_server(n: int) -> Iterator[tuple[str, str]]:
         "TENSORBITS_MAX_INFLIGHT_BYTES": str(max(2 * GiB, 4 * n)),
     }
     argv = [sys.executable, "-m", "tensorbits.cli", "serve", "--port", str(port)]
-    proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
-    try:
-        wait_ready(proc, f"http://127.0.0.1:{port}/v2/health/ready")
+    with server(argv, f"http://127.0.0.1:{port}/v2/health/ready", env, START_TIMEOUT_S):
         yield f"127.0.0.1:{port}", f"127.0.0.1:{grpc_port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 class Contestants:
