@@ -9,7 +9,8 @@ route answers 400 saying how to turn them on, as every shared-memory tensor para
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, NamedTuple, TypeVar
 
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel
@@ -38,13 +39,32 @@ _DONE: dict[int | str, dict[str, Any]] = {200: {"description": "Done (empty body
 _Registration = TypeVar("_Registration", bound=BaseModel)
 
 
+class _Extension(NamedTuple):
+    """One of the two extensions: its kind of region, routes, status entry, and names (the
+    routes' names are their OpenAPI operation ids' start)."""
+
+    kind: Kind
+    router: APIRouter
+    entry: type[BaseModel]
+    name: str  # "system", "cuda"
+    words: str  # "system", "CUDA"
+    served: Callable[[SharedMemoryRegions], object]  # raises the 400 when this server cannot
+
+
+def _always(regions: SharedMemoryRegions) -> None:
+    """System shared memory is served wherever the extensions are on."""
+
+
+SYSTEM = _Extension(Kind.SYSTEM, router, SystemSharedMemoryRegion, "system", "system", _always)
+CUDA = _Extension(
+    Kind.CUDA, cuda_router, CudaSharedMemoryRegion, "cuda", "CUDA",
+    SharedMemoryRegions.cuda_device,
+)  # fmt: skip
+
+
 def regions_of(runtime: Runtime) -> SharedMemoryRegions:
     """The server's regions, or the 400 every use of a switched-off extension gets."""
     return switched_on(runtime.shared_memory)
-
-
-def _status(regions: SharedMemoryRegions, name: str | None) -> list[SystemSharedMemoryRegion]:
-    return [SystemSharedMemoryRegion.model_validate(entry) for entry in regions.status(name)]
 
 
 async def _registration(request: Request, schema: type[_Registration]) -> _Registration:
@@ -54,147 +74,117 @@ async def _registration(request: Request, schema: type[_Registration]) -> _Regis
     return validate_document(schema, document, "request body")
 
 
-def _register_body(schema: type[BaseModel]) -> dict[str, Any]:
-    """A register route's OpenAPI request body (the route reads the body itself)."""
-    return {
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": v2_openapi.request_schema(schema)}},
-        }
-    }
+def _add_status_routes(extension: _Extension) -> None:
+    """``GET /status`` and ``GET /region/{name}/status``: the extension's regions (Triton's
+    fields, ``extension.entry``); 400 for a name no region of this kind has."""
+    kind, entry = extension.kind, extension.entry
+
+    async def status(runtime: RuntimeDep) -> list[Any]:
+        return [entry.model_validate(e) for e in regions_of(runtime).status(None, kind)]
+
+    async def region_status(region_name: str, runtime: RuntimeDep) -> list[Any]:
+        return [entry.model_validate(e) for e in regions_of(runtime).status(region_name, kind)]
+
+    for path, endpoint, which in (
+        ("/status", status, "Every registered"),
+        ("/region/{region_name}/status", region_status, "One registered"),
+    ):
+        extension.router.add_api_route(
+            path,
+            endpoint,
+            methods=["GET"],
+            response_model=list[entry],  # type: ignore[valid-type]
+            responses=v2_openapi.errors(400),
+            summary=f"{which} {extension.words} shared-memory region",
+            name=f"{extension.name}_shared_memory_{endpoint.__name__}",
+        )
 
 
-@router.get(
-    "/status",
-    response_model=list[SystemSharedMemoryRegion],
-    responses=v2_openapi.errors(400),
-    summary="Every registered system shared-memory region",
-)
-async def system_shared_memory_status(runtime: RuntimeDep) -> list[SystemSharedMemoryRegion]:
-    return _status(regions_of(runtime), None)
+def _add_register_route(
+    extension: _Extension,
+    schema: type[_Registration],
+    register: Callable[[SharedMemoryRegions, str, _Registration], Awaitable[None]],
+    summary: str,
+) -> None:
+    """``POST /region/{name}/register``: the body read within small bounds only once the
+    extension is known to be served (``extension.served``: a switched-off server, or a CUDA
+    registration on a server without a device, reads nothing), then ``register``."""
 
+    async def endpoint(region_name: str, request: Request, runtime: RuntimeDep) -> Response:
+        regions = regions_of(runtime)
+        extension.served(regions)
+        await register(regions, region_name, await _registration(request, schema))
+        return Response(status_code=200)
 
-@router.get(
-    "/region/{region_name}/status",
-    response_model=list[SystemSharedMemoryRegion],
-    responses=v2_openapi.errors(400),
-    summary="One registered system shared-memory region",
-)
-async def system_shared_memory_region_status(
-    region_name: str, runtime: RuntimeDep
-) -> list[SystemSharedMemoryRegion]:
-    return _status(regions_of(runtime), region_name)
-
-
-@router.post(
-    "/region/{region_name}/register",
-    response_class=Response,
-    responses={**_DONE, **v2_openapi.errors(400, 413)},
-    openapi_extra=_register_body(SystemSharedMemoryRegisterRequest),
-    summary="Register bytes of a POSIX shared-memory object as a region",
-)
-async def system_shared_memory_register(
-    region_name: str, request: Request, runtime: RuntimeDep
-) -> Response:
-    regions = regions_of(runtime)  # before the body: a switched-off server reads nothing
-    registration = await _registration(request, SystemSharedMemoryRegisterRequest)
-    regions.register_system(
-        region_name, registration.key, registration.offset, registration.byte_size
+    extension.router.add_api_route(
+        "/region/{region_name}/register",
+        endpoint,
+        methods=["POST"],
+        response_class=Response,
+        responses={**_DONE, **v2_openapi.errors(400, 413)},
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": v2_openapi.request_schema(schema)}},
+            }
+        },
+        summary=summary,
+        name=f"{extension.name}_shared_memory_register",
     )
-    return Response(status_code=200)
 
 
-@router.post(
-    "/region/{region_name}/unregister",
-    response_class=Response,
-    responses={**_DONE, **v2_openapi.errors(400)},
-    summary="Unregister one region (nothing when it is not registered)",
-)
-async def system_shared_memory_unregister(region_name: str, runtime: RuntimeDep) -> Response:
-    regions_of(runtime).unregister(region_name)
-    return Response(status_code=200)
+def _add_unregister_routes(extension: _Extension) -> None:
+    """``POST /region/{name}/unregister`` (nothing when no region of this kind has the name,
+    as in Triton) and ``POST /unregister`` (every region of this kind)."""
+    kind = extension.kind
+
+    async def unregister(region_name: str, runtime: RuntimeDep) -> Response:
+        regions_of(runtime).unregister(region_name, kind)
+        return Response(status_code=200)
+
+    async def unregister_all(runtime: RuntimeDep) -> Response:
+        regions_of(runtime).unregister(None, kind)
+        return Response(status_code=200)
+
+    for path, endpoint, summary in (
+        ("/region/{region_name}/unregister", unregister,
+         f"Unregister one {extension.words} region (nothing when it is not registered)"),
+        ("/unregister", unregister_all, f"Unregister every {extension.words} region"),
+    ):  # fmt: skip
+        extension.router.add_api_route(
+            path,
+            endpoint,
+            methods=["POST"],
+            response_class=Response,
+            responses={**_DONE, **v2_openapi.errors(400)},
+            summary=summary,
+            name=f"{extension.name}_shared_memory_{endpoint.__name__}",
+        )
 
 
-@router.post(
-    "/unregister",
-    response_class=Response,
-    responses={**_DONE, **v2_openapi.errors(400)},
-    summary="Unregister every region",
-)
-async def system_shared_memory_unregister_all(runtime: RuntimeDep) -> Response:
-    regions_of(runtime).unregister()
-    return Response(status_code=200)
+async def _register_system(
+    regions: SharedMemoryRegions, name: str, registration: SystemSharedMemoryRegisterRequest
+) -> None:
+    regions.register_system(name, registration.key, registration.offset, registration.byte_size)
 
 
-# --- CUDA shared memory: device memory on the CuPy backend ---------------------------------------
-
-
-def _cuda_status(regions: SharedMemoryRegions, name: str | None) -> list[CudaSharedMemoryRegion]:
-    return [
-        CudaSharedMemoryRegion.model_validate(entry) for entry in regions.status(name, Kind.CUDA)
-    ]
-
-
-@cuda_router.get(
-    "/status",
-    response_model=list[CudaSharedMemoryRegion],
-    responses=v2_openapi.errors(400),
-    summary="Every registered CUDA shared-memory region",
-)
-async def cuda_shared_memory_status(runtime: RuntimeDep) -> list[CudaSharedMemoryRegion]:
-    return _cuda_status(regions_of(runtime), None)
-
-
-@cuda_router.get(
-    "/region/{region_name}/status",
-    response_model=list[CudaSharedMemoryRegion],
-    responses=v2_openapi.errors(400),
-    summary="One registered CUDA shared-memory region",
-)
-async def cuda_shared_memory_region_status(
-    region_name: str, runtime: RuntimeDep
-) -> list[CudaSharedMemoryRegion]:
-    return _cuda_status(regions_of(runtime), region_name)
-
-
-@cuda_router.post(
-    "/region/{region_name}/register",
-    response_class=Response,
-    responses={**_DONE, **v2_openapi.errors(400, 413)},
-    openapi_extra=_register_body(CudaSharedMemoryRegisterRequest),
-    summary="Register device memory another process exported (a CUDA IPC handle) as a region",
-)
-async def cuda_shared_memory_register(
-    region_name: str, request: Request, runtime: RuntimeDep
-) -> Response:
-    regions = regions_of(runtime)  # before the body: a switched-off server reads nothing,
-    regions.cuda_device()  # nor one without a device
-    registration = await _registration(request, CudaSharedMemoryRegisterRequest)
+async def _register_cuda(
+    regions: SharedMemoryRegions, name: str, registration: CudaSharedMemoryRegisterRequest
+) -> None:
     handle = registration.raw_handle.handle()
     # On a worker thread: opening an IPC handle maps device memory, which takes a while.
     await run_in_threadpool(
-        regions.register_cuda, region_name, handle, registration.device_id, registration.byte_size
+        regions.register_cuda, name, handle, registration.device_id, registration.byte_size
     )
-    return Response(status_code=200)
 
 
-@cuda_router.post(
-    "/region/{region_name}/unregister",
-    response_class=Response,
-    responses={**_DONE, **v2_openapi.errors(400)},
-    summary="Unregister one CUDA region (nothing when it is not registered)",
-)
-async def cuda_shared_memory_unregister(region_name: str, runtime: RuntimeDep) -> Response:
-    regions_of(runtime).unregister(region_name, Kind.CUDA)
-    return Response(status_code=200)
-
-
-@cuda_router.post(
-    "/unregister",
-    response_class=Response,
-    responses={**_DONE, **v2_openapi.errors(400)},
-    summary="Unregister every CUDA region",
-)
-async def cuda_shared_memory_unregister_all(runtime: RuntimeDep) -> Response:
-    regions_of(runtime).unregister(None, Kind.CUDA)
-    return Response(status_code=200)
+# The routes of both extensions, in the order the protocol lists them.
+for _extension, _schema, _register, _summary in (
+    (SYSTEM, SystemSharedMemoryRegisterRequest, _register_system,
+     "Register bytes of a POSIX shared-memory object as a region"),
+    (CUDA, CudaSharedMemoryRegisterRequest, _register_cuda,
+     "Register device memory another process exported (a CUDA IPC handle) as a region"),
+):  # fmt: skip
+    _add_status_routes(_extension)
+    _add_register_route(_extension, _schema, _register, _summary)  # type: ignore[arg-type]
+    _add_unregister_routes(_extension)
