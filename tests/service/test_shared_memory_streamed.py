@@ -218,3 +218,17 @@ def test_a_streamed_run_is_admitted_for_its_pieces(
         regions,
     )
     assert whole.memory_needed(100, backend) == 100 + 2 * a.nbytes + b[0].nbytes
+
+
+@pytest.mark.parametrize("shape", [(0,), (3, 0), (0, 5)])
+def test_empty_tensors(
+    regions: SharedMemoryRegions, backend: NumpyBackend, shape: tuple[int, ...]
+) -> None:
+    """No element, no piece: the run answers and writes nothing."""
+    model = "onnx.BitwiseXor-18"
+    a, b = _random(DataType.UINT16, shape), _random(DataType.UINT16, shape)
+    before = _object().read_bytes()
+    request = _request(model, {"A": a, "B": b}, {"A": 0, "B": 64}, 128, DataType.UINT16, 0)
+    planned = _run(regions, backend, request, model)
+    assert inference._streams(planned, backend)
+    assert _object().read_bytes() == before

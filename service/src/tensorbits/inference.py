@@ -396,6 +396,8 @@ def _run_streamed(plan: Plan, backend: Backend, regions: SharedMemoryRegions) ->
     shared = {each.position: each for each in plan.shared_inputs}
     dtypes = [shared[i].dtype if i in shared else x.dtype for i, x in enumerate(plan.inputs)]
     total = math.prod(call.output_shape)
+    if total == 0:
+        return  # an empty output: nothing to read or write
     step = max(1, STREAM_PIECE_BYTES // max(out_dtype.itemsize, *(d.itemsize for d in dtypes)))
     step = min(step, total)
     buffers = {i: regions.pool.take(step * shared[i].dtype.itemsize) for i in shared}
