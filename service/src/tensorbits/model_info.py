@@ -19,11 +19,12 @@ configuration's ``parameters`` (a map of strings) carries the same words, flatte
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 from tensorbits import __version__
 from tensorbits.inference import MODEL_VERSIONS
+from tensorbits.shared_memory import SharedMemoryRegions
 from tensorbits_protocol.dtypes import DataType
 from tensorbits_protocol.operators import FEATURE_LEVEL, OperatorSpec, SupportRow
 from tensorbits_protocol.v2 import (
@@ -45,10 +46,10 @@ EXTENSIONS = ("binary_tensor_data", "model_repository", "model_configuration", "
 CONFIG_TYPE_PREFIX = "TYPE_"
 
 
-def server_metadata(shared_memory: Sequence[str] = ()) -> ServerMetadataResponse:
-    """``GET /v2``: the server's name, version and extensions (``shared_memory``: the
-    shared-memory extensions served, ``SharedMemoryRegions.extensions``, when they are on)."""
-    extensions = [*EXTENSIONS, *shared_memory]
+def server_metadata(shared_memory: SharedMemoryRegions | None = None) -> ServerMetadataResponse:
+    """``GET /v2``: the server's name, version and extensions (the shared-memory extensions
+    that ``shared_memory``, the server's regions when they are on, serves)."""
+    extensions = [*EXTENSIONS, *(shared_memory.extensions if shared_memory is not None else ())]
     return ServerMetadataResponse(name=SERVER_NAME, version=__version__, extensions=extensions)
 
 

@@ -103,8 +103,7 @@ async def _model_version_ready(request: Request, op: ModelAtVersion) -> Response
 
 @router.get("", response_model=ServerMetadataResponse, summary="Server metadata")
 async def server_metadata(runtime: RuntimeDep) -> ServerMetadataResponse:
-    regions = runtime.shared_memory
-    return model_info.server_metadata(regions.extensions if regions is not None else ())
+    return model_info.server_metadata(runtime.shared_memory)
 
 
 @router.get(

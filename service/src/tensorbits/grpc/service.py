@@ -216,9 +216,8 @@ class InferenceService:
 
     async def server_metadata(self, data: bytes) -> bytes:
         _parse(pb.ServerMetadataRequest, data)
-        regions = self.runtime.shared_memory
-        extensions = regions.extensions if regions is not None else ()
-        document = model_info.server_metadata(extensions).model_dump(exclude_none=True)
+        metadata = model_info.server_metadata(self.runtime.shared_memory)
+        document = metadata.model_dump(exclude_none=True)
         return _message(pb.ServerMetadataResponse, document).SerializeToString()
 
     async def model_metadata(self, data: bytes) -> bytes:
