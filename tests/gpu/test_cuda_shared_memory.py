@@ -25,10 +25,12 @@ import contextlib
 import itertools
 import json
 import os
+import re
 import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -728,3 +730,19 @@ def test_unaligned_offsets_are_refused_and_never_fault_the_device(
     assert caught.value.status() == "400"
     assert "multiple of its element size" in str(caught.value.message())
     assert_serves(regions)
+
+
+def test_the_readme_example_runs(server: GrpcServer) -> None:
+    """The README's CUDA shared-memory example (fenced ``text``: make test has no GPU), verbatim
+    but for the server's address, run in this process against the CuPy server."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    (example,) = [
+        block
+        for block in re.findall(r"^```text\n(.*?)^```", readme, re.MULTILINE | re.DOTALL)
+        if "tritonclient.utils.cuda_shared_memory" in block
+    ]
+    namespace: dict[str, Any] = {}
+    exec(example.replace("localhost:8000", server.http.url), namespace)
+    assert_bits_equal(namespace["y"], ~namespace["x"])
+    status, regions = call(server.http, "GET", "/v2/cudasharedmemory/status")
+    assert (status, regions) == (200, [])  # the example unregistered what it registered
