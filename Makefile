@@ -39,8 +39,11 @@ uv.lock: pyproject.toml service/pyproject.toml client/pyproject.toml
 # HOST to the machine's name) must not decide where the server listens.
 serve_flag = $(if $(and $(filter command line,$(origin $(1))),$($(1))),$(2) $($(1)))
 
+# GLIBC_TUNABLES: transparent huge pages for malloc's mappings, as the images set it (large request
+# buffers fault in fewer pages; memory.py); a value of the caller's own wins.
 serve: install-serve ## run the server (TENSORBITS_* settings; PORT=/HOST= override), NumPy backend unless TENSORBITS_BACKEND says otherwise
-	TENSORBITS_BACKEND=$${TENSORBITS_BACKEND:-numpy} $(BIN)/tensorbits serve $(call serve_flag,HOST,--host) $(call serve_flag,PORT,--port)
+	TENSORBITS_BACKEND=$${TENSORBITS_BACKEND:-numpy} GLIBC_TUNABLES=$${GLIBC_TUNABLES:-glibc.malloc.hugetlb=1} \
+		$(BIN)/tensorbits serve $(call serve_flag,HOST,--host) $(call serve_flag,PORT,--port)
 
 lint: install
 	$(BIN)/ruff check .

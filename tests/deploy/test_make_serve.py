@@ -79,6 +79,22 @@ def _listening() -> Iterator[int]:
         yield taken.getsockname()[1]
 
 
+def _server_environment(group: int) -> dict[str, str]:
+    """The environment of the ``tensorbits serve`` process in process group ``group``."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes().split(b"\0")
+            if (
+                int(fields[2]) == group
+                and b"serve" in cmdline
+                and any(part.endswith(b"tensorbits") for part in cmdline)
+            ):
+                raw = (stat.parent / "environ").read_bytes().split(b"\0")
+                return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+    raise AssertionError(f"no tensorbits serve process in group {group}")
+
+
 def _get(url: str) -> tuple[int, str]:
     with urllib.request.urlopen(url, timeout=2) as response:
         return response.status, response.read().decode()
@@ -110,6 +126,8 @@ def test_make_serve_listens_on_tensorbits_port() -> None:
         status, metrics = _get(f"http://127.0.0.1:{port}/metrics")
         assert status == 200
         assert re.search(r'^tensorbits_backend_info\{backend="numpy"', metrics, re.M), metrics
+        # and malloc's mappings get huge pages, as in the images (docker/README.md).
+        assert _server_environment(proc.pid).get("GLIBC_TUNABLES") == "glibc.malloc.hugetlb=1"
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)

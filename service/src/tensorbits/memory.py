@@ -17,8 +17,8 @@ returned to the kernel the moment it is freed, so resident memory follows the by
 and fragmentation is bounded by their size. The cost is a fresh mapping, and its page faults,
 per large buffer (``bench/alloc.py``, on a 2-core VM: a 2 x 8 MiB round trip 1.39x the time of
 heap reuse; 1.14x with transparent huge pages for malloc's mappings,
-``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``, which the images set and which only an environment
-variable read at start can; buffers over 32 MiB were mappings anyway).
+``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``, which the images and ``make serve`` set and which only
+an environment variable read at start can; buffers over 32 MiB were mappings anyway).
 
 Where the C library is not glibc (musl, macOS) nothing is done. An operator's own choice wins:
 with ``MALLOC_MMAP_THRESHOLD_`` or ``GLIBC_TUNABLES=glibc.malloc.mmap_threshold=...`` in the
