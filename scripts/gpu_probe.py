@@ -16,7 +16,7 @@ import cupy
 from cuda import pathfinder  # type: ignore[import-not-found]
 from cupy.cuda import nvrtc
 
-from tensorbits.backends.cupy_backend import _POPCOUNT_BODY, _SHIFT_BODY
+from tensorbits.backends.cupy_backend import POPCOUNT_BODY, SHIFT_BODY
 
 TYPES = (
     "signed char",
@@ -37,12 +37,12 @@ def kernels() -> list[str]:
             found.append(
                 f'extern "C" __global__ void shift_{left}_{n}(const {t}* xs, const {t}* ys, {t}* zs)'
                 f" {{ typedef {t} T; const int i = threadIdx.x; T x = xs[i]; T y = ys[i]; T z;"
-                f" {_SHIFT_BODY.replace('LEFT', left)} zs[i] = z; }}"
+                f" {SHIFT_BODY.replace('LEFT', left)} zs[i] = z; }}"
             )
         found.append(
             f'extern "C" __global__ void popcount_{n}(const {t}* xs, unsigned char* zs)'
             f" {{ typedef {t} T; typedef unsigned char O; const int i = threadIdx.x;"
-            f" T x = xs[i]; O z; {_POPCOUNT_BODY} zs[i] = z; }}"
+            f" T x = xs[i]; O z; {POPCOUNT_BODY} zs[i] = z; }}"
         )
     return found
 

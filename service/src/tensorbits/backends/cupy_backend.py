@@ -21,10 +21,11 @@ from tensorbits_protocol.validation import ResolvedCall
 
 logger = logging.getLogger("tensorbits.backend")
 
+# The kernel bodies (public: scripts/gpu_probe.py compiles them in the GPU images, no device).
 # CUDA's native << and >> are undefined past the width; these enforce docs/semantics.md rule 3.
 # The count is compared as unsigned 64-bit: a negative signed count becomes huge, so one test
 # covers "negative or at least the width".
-_SHIFT_BODY = """
+SHIFT_BODY = """
 const unsigned long long width = sizeof(T) * 8;
 const bool is_signed = ((T)-1) < ((T)0);
 if ((unsigned long long)y >= width) {
@@ -35,7 +36,7 @@ if ((unsigned long long)y >= width) {
     z = (T)(x >> y);
 }
 """
-_POPCOUNT_BODY = """
+POPCOUNT_BODY = """
 z = (O)(sizeof(T) == 8 ? __popcll((unsigned long long)x) : __popc((unsigned int)x));
 """
 
@@ -71,12 +72,12 @@ class CupyBackend:
             name = props["name"]
             name = name.decode() if isinstance(name, bytes) else str(name)
             self._shift_left = cupy.ElementwiseKernel(
-                "T x, T y", "T z", _SHIFT_BODY.replace("LEFT", "true"), "tensorbits_shl"
+                "T x, T y", "T z", SHIFT_BODY.replace("LEFT", "true"), "tensorbits_shl"
             )
             self._shift_right = cupy.ElementwiseKernel(
-                "T x, T y", "T z", _SHIFT_BODY.replace("LEFT", "false"), "tensorbits_shr"
+                "T x, T y", "T z", SHIFT_BODY.replace("LEFT", "false"), "tensorbits_shr"
             )
-            self._popcount = cupy.ElementwiseKernel("T x", "O z", _POPCOUNT_BODY, "tensorbits_popc")
+            self._popcount = cupy.ElementwiseKernel("T x", "O z", POPCOUNT_BODY, "tensorbits_popc")
             self.xp: Any = cupy
             self._cupy = cupy
             self.device = f"cuda:{device_id} {name}"
