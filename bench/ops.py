@@ -91,13 +91,14 @@ def cases(ops: list[str] | None, dtypes: list[str] | None, quick: bool) -> Itera
 
 
 class Inputs:
-    """Input arrays per (size, data type), made once and reused by every operator."""
+    """Input arrays per (size, data type), made once and reused by every operator. ``xp`` is the
+    array namespace they live in (bench/gpu_ops.py passes CuPy: the views are made on the device)."""
 
-    def __init__(self, nbytes: int, seed: int = 1) -> None:
+    def __init__(self, nbytes: int, seed: int = 1, xp: Any = np) -> None:
         rng = np.random.default_rng(seed)
         self.nbytes = nbytes
-        self.pool_a = rng.integers(0, 256, nbytes, dtype=np.uint8)
-        self.pool_b = rng.integers(0, 256, nbytes, dtype=np.uint8)
+        self.pool_a = xp.asarray(rng.integers(0, 256, nbytes, dtype=np.uint8))
+        self.pool_b = xp.asarray(rng.integers(0, 256, nbytes, dtype=np.uint8))
         self.cache: dict[tuple[DataType, bool], tuple[Arr, Arr]] = {}
 
     def get(self, datatype: DataType, shift: bool) -> tuple[Arr, Arr]:
@@ -117,35 +118,53 @@ class Inputs:
         return self.cache[key]
 
 
-def plain_call(case: Case, operands: list[Arr], out: Arr) -> Callable[[], object]:
-    """The single NumPy call that computes the same result (on the kernel's operand views)."""
+# The plain call per operator function: the ufunc of this name in the array namespace (NumPy's,
+# or CuPy's in bench/gpu_ops.py), called on the kernel's operand views into the same output.
+PLAIN_UFUNCS = {
+    Function.AND: "bitwise_and",
+    Function.OR: "bitwise_or",
+    Function.XOR: "bitwise_xor",
+    Function.NOT: "invert",
+    Function.COUNT: "bitwise_count",
+    Function.SHIFT_LEFT: "left_shift",
+    Function.SHIFT_RIGHT: "right_shift",
+}
+
+
+def plain_ufunc_name(case: Case) -> str:
     f = case.op.function
-    if f in (Function.AND, Function.OR, Function.XOR):
-        ufunc = {Function.AND: np.bitwise_and, Function.OR: np.bitwise_or}.get(f, np.bitwise_xor)
-        a, b = operands
-        return lambda: ufunc(a, b, out=out)
-    if f is Function.NOT:
-        (x,) = operands
-        return lambda: np.invert(x, out=out)
-    if f is Function.COUNT:
-        (x,) = operands
-        return lambda: np.bitwise_count(x, out=out)
-    left = f is Function.SHIFT_LEFT or case.parameters.get("direction") == "LEFT"
-    shift = np.left_shift if left else np.right_shift
-    a, b = operands
-    return lambda: shift(a, b, out=out)
+    if f is Function.SHIFT:
+        left = case.parameters.get("direction") == "LEFT"
+        f = Function.SHIFT_LEFT if left else Function.SHIFT_RIGHT
+    return PLAIN_UFUNCS[f]
 
 
-def best_times(fns: list[Callable[[], object]], rounds: int, best: list[float]) -> None:
-    """Lower ``best`` to each function's minimum wall time over ``rounds`` interleaved rounds
-    (the order rotates each round, so a burst of noise lands on all of them alike)."""
-    clock = time.perf_counter
+def plain_call(case: Case, operands: list[Arr], out: Arr, xp: Any = np) -> Callable[[], object]:
+    """The single call that computes the same result (on the kernel's operand views):
+    ``np.bitwise_and(a, b, out=o)``, ``np.invert(x, out=o)``, ``np.bitwise_count(x, out=o)``, ..."""
+    ufunc = getattr(xp, plain_ufunc_name(case))
+    return lambda: ufunc(*operands, out=out)
+
+
+def wall_time(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def best_times(
+    fns: list[Callable[[], object]],
+    rounds: int,
+    best: list[float],
+    timed: Callable[[Callable[[], object]], float] = wall_time,
+) -> None:
+    """Lower ``best`` to each function's minimum time over ``rounds`` interleaved rounds (the
+    order rotates each round, so a burst of noise lands on all of them alike). ``timed`` runs
+    one and says how long it took (bench/gpu_ops.py: CUDA events)."""
     for r in range(rounds):
         for k in range(len(fns)):
             i = (k + r) % len(fns)
-            start = clock()
-            fns[i]()
-            best[i] = min(best[i], clock() - start)
+            best[i] = min(best[i], timed(fns[i]))
 
 
 @dataclass
