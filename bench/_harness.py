@@ -16,6 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = ROOT / ".venv" / "bin"
+START_TIMEOUT_S = 180.0  # at most; a server that exits first is reported at once
 UVICORN_FLAGS = [
     "--loop",
     "uvloop",
@@ -68,10 +69,14 @@ def server(
 
 @contextlib.contextmanager
 def tensorbits_server(**env: str) -> Iterator[int]:
+    """``tensorbits serve`` on a free port, NumPy backend unless ``env`` says otherwise. Started
+    with this interpreter (``-m tensorbits.cli``): a GPU machine given the source tree on
+    PYTHONPATH has no .venv and no ``tensorbits`` script; a CuPy server there may compile its
+    probe kernels first (START_TIMEOUT_S)."""
     port = free_port()
     settings = {"TENSORBITS_BACKEND": "numpy", "TENSORBITS_LOG_LEVEL": "warning", **env}
-    argv = [str(BIN / "tensorbits"), "serve", "--port", str(port)]
-    with server(argv, f"http://127.0.0.1:{port}/v2/health/live", settings):
+    argv = [sys.executable, "-m", "tensorbits.cli", "serve", "--port", str(port)]
+    with server(argv, f"http://127.0.0.1:{port}/v2/health/live", settings, START_TIMEOUT_S):
         yield port
 
 

@@ -16,7 +16,9 @@ contestant once per round, interleaved so that machine drift hits all of them al
   triton-shm    the sdk-shm request against Triton with system shared memory (tritonclient)
 
 Ratios printed: sdk-shm / memcpy (target <= 3), http / sdk-shm (target >= 5), triton-shm / sdk-shm
-(target > 1: ours faster). Usage:
+(target > 1: ours faster). With ``--server-env TENSORBITS_BACKEND=cupy --no-triton`` the same
+requests go to a CuPy server (a GPU session runs that: docs/gpu.md): the server then copies each
+tensor host -> device and the result back, which the NumPy targets above do not count. Usage:
 
   .venv/bin/python bench/shared_memory.py [--repeat N] [--mib N] [--no-triton] [--server-env K=V]
 """

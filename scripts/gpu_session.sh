@@ -10,6 +10,9 @@
 # the GPU tests need (stock tritonclient's HTTP and gRPC clients and its CUDA shared-memory helper)
 # travel as wheels. Every step runs whatever the one before did, under a time limit that keeps the
 # whole inside one device call (10 minutes); the exit status is 0 only when every step passed.
+# Steps, at most (s): install 60, environment 30, bench/cuda_shared_memory.py 120, bench/gpu_ops.py
+# 120, tests/gpu 330, bench/shared_memory.py on a CuPy server 90; each is cut to what is left of
+# BUDGET_S, so a slow early step takes time from the later ones, never past the budget.
 set -uo pipefail
 SELF=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 cd "$(dirname "$SELF")/.."
@@ -121,6 +124,7 @@ sys.exit(b.__version__.split(".")[0] != "13")' 2>/dev/null; then
 environment() {
     nvidia-smi -L
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    df -h /dev/shm  # system shared memory: bench/shared_memory.py's regions live there
     "$PYTHON" - <<'PY'
 import importlib.metadata as metadata, platform
 import cupy
@@ -140,6 +144,19 @@ print("imports: tritonclient.http, .grpc, .utils.cuda_shared_memory, tensorbits:
 PY
 }
 
+# bench/shared_memory.py against a CuPy server, or one 'skipped:' line where no CuPy backend
+# starts here (as the other benchmarks say it), instead of a server that exits at start-up.
+shared_memory_on_cupy() {
+    local reason
+    if ! reason=$("$PYTHON" -c 'from tensorbits.backends import select_backend
+select_backend("cupy").backend.close()' 2>&1); then
+        echo "skipped: no CuPy backend: ${reason##*$'\n'}"
+        return 0
+    fi
+    "$PYTHON" bench/shared_memory.py --mib 64 --repeat 7 --no-triton \
+        --server-env TENSORBITS_BACKEND=cupy
+}
+
 run() {
     mkdir -p "$OUT"
     if ! ls "$WHEELS"/*.whl >/dev/null 2>&1; then
@@ -148,21 +165,28 @@ run() {
     fi
     export PYTHONPATH="$SITE:$PWD/service/src:$PWD/client/src${PYTHONPATH:+:$PYTHONPATH}"
     export PYTHONUNBUFFERED=1 TENSORBITS_BACKEND=cupy
-    step "install wheels" 120 install.log bash "$SELF" install
-    step "environment" 60 environment.log bash "$SELF" environment
-    # The issue's benchmark first: its figures are what the session is for, and its server warms
-    # the kernel cache (~/.cupy) for the tests. (bench/ops.py and the other benchmarks time the
-    # NumPy backend only; a CuPy benchmark added to bench/ gets its line here.)
-    step "bench cuda_shared_memory" 150 bench-cuda-shared-memory.log \
+    step "install wheels" 60 install.log bash "$SELF" install
+    step "environment" 30 environment.log bash "$SELF" environment
+    # The benchmarks before the tests: their figures are what the session is for, and they warm
+    # the kernel cache (~/.cupy) for the tests: the issue's CUDA shared memory first, then the
+    # operator core on CuPy (every operator x data type, 16/64/256 MiB; each row is printed as it
+    # ends, so one stopped by its limit still leaves its rows).
+    step "bench cuda_shared_memory" 120 bench-cuda-shared-memory.log \
         "$PYTHON" bench/cuda_shared_memory.py --rounds 7 --mib 256
+    step "bench gpu_ops" 120 bench-gpu-ops.log "$PYTHON" bench/gpu_ops.py
     # Every GPU test, test_cuda_shared_memory.py first (file order); -v: the log names each test
     # as it ends, so a run stopped by the limit still says how far it got.
-    step "tests/gpu" 400 gpu-tests.log \
+    step "tests/gpu" 330 gpu-tests.log \
         "$PYTHON" -m pytest -v -p no:cacheprovider --durations=15 tests/gpu
+    # The HTTP paths on CuPy last, with what is left: SDK and tritonclient system shared memory
+    # and v2 binary HTTP against a CuPy server, 64 MiB BIT_NOT.
+    step "bench shm on cupy" 90 bench-shared-memory-cupy.log bash "$SELF" shared-memory-on-cupy
     {
         echo "=== summary ($(($(date +%s) - STARTED))s; logs in $OUT)"
         printf '%s\n' "${SUMMARY[@]}"
         grep -E '^(=+ .*(passed|failed|error|skipped).* =+)$' "$OUT/gpu-tests.log" 2>/dev/null
+        grep -E '^(targets at|DIFFERENT RESULT|skipped:)' "$OUT/bench-gpu-ops.log" 2>/dev/null \
+            | sed 's/^/bench gpu_ops: /'
     } | tee "$OUT/summary.txt"
     exit "$FAILED"
 }
@@ -172,8 +196,9 @@ case ${1:-run} in
     run) run ;;
     install) install_wheels ;;  # steps of run, each in a process of its own (for timeout)
     environment) environment ;;
+    shared-memory-on-cupy) shared_memory_on_cupy ;;
     *)
-        echo "usage: bash scripts/gpu_session.sh [prep|run|install|environment]" >&2
+        echo "usage: bash scripts/gpu_session.sh [prep|run|install|environment|shared-memory-on-cupy]" >&2
         exit 2
         ;;
 esac
