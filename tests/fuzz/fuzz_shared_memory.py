@@ -122,6 +122,7 @@ def TestOneInput(data: bytes) -> None:  # noqa: N802 (the name atheris and libFu
             assert all(entry["byte_size"] <= allocation.nbytes for entry in registered)
     finally:
         regions.close()
+        device.close_exports()
         path.unlink(missing_ok=True)
     assert device.open_now == 0
 

@@ -38,8 +38,10 @@ Arr = np.ndarray[Any, Any]
 
 
 @pytest.fixture
-def device() -> HostDeviceMemory:
-    return HostDeviceMemory()
+def device() -> Iterator[HostDeviceMemory]:
+    made = HostDeviceMemory()
+    yield made
+    made.close_exports()
 
 
 @pytest.fixture
