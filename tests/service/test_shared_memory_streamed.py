@@ -19,7 +19,7 @@ from core.bitref import OP_TYPES, assert_bits_equal, np_dtype, reference
 from tensorbits import inference
 from tensorbits.backends.numpy_backend import NumpyBackend
 from tensorbits.config import Settings
-from tensorbits.shared_memory import SHM_DIR, SharedMemoryRegions
+from tensorbits.shared_memory import SHM_DIR, SharedMemoryRegions, SystemBytes
 from tensorbits_protocol.dtypes import DataType
 from tensorbits_protocol.errors import InvalidRequest
 from tensorbits_protocol.infer import InferRequest, RequestedOutput, SharedMemoryRef, Tensor
@@ -174,26 +174,53 @@ def test_a_region_shrunk_between_pieces_is_a_400(
         model, {"InputTensor": x}, {"InputTensor": 8192}, 0, DataType.UINT8, out_bytes=x.nbytes
     )
     planned = inference.plan(get_operator(model), request, LIMITS, regions)
-    real_write = regions.write
+    real_write = SystemBytes.write
     writes = 0
 
-    def shrink_after_first(*args: Any, **kwargs: Any) -> None:
+    def shrink_after_first(self: SystemBytes, start: int, data: memoryview) -> None:
         nonlocal writes
-        real_write(*args, **kwargs)
+        real_write(self, start, data)
         writes += 1
         if writes == 1:
             os.truncate(_object(), 8192 + 100)
 
-    monkeypatch.setattr(regions, "write", shrink_after_first)
+    monkeypatch.setattr(SystemBytes, "write", shrink_after_first)
     with pytest.raises(InvalidRequest) as caught:
         inference.execute(planned, backend, regions)
     assert caught.value.rule == "region_shrunk"
     assert writes == 1
     os.truncate(_object(), OBJECT_BYTES)
     _put(x, 8192)
-    monkeypatch.setattr(regions, "write", real_write)
+    monkeypatch.setattr(SystemBytes, "write", real_write)
     inference.execute(planned, backend, regions)
     assert_bits_equal(_get(x, 0), ~x)
+
+
+def test_a_run_keeps_the_regions_it_started_with(
+    regions: SharedMemoryRegions, backend: NumpyBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The region unregistered between two pieces: the run finishes on the object it started
+    with (held for the run), and the region is let go once it is done."""
+    model = "DML_OPERATOR_ELEMENT_WISE_BIT_NOT"
+    x = _random(DataType.UINT8, (4096,))
+    _put(x, 8192)
+    request = _request(
+        model, {"InputTensor": x}, {"InputTensor": 8192}, 0, DataType.UINT8, x.nbytes
+    )
+    planned = inference.plan(get_operator(model), request, LIMITS, regions)
+    real_write = SystemBytes.write
+
+    def unregister_after_first(self: SystemBytes, start: int, data: memoryview) -> None:
+        real_write(self, start, data)
+        regions.unregister("r")
+
+    monkeypatch.setattr(SystemBytes, "write", unregister_after_first)
+    inference.execute(planned, backend, regions)
+    assert_bits_equal(_get(x, 0), ~x)
+    assert regions.status() == []
+    with pytest.raises(InvalidRequest) as caught:
+        inference.execute(planned, backend, regions)
+    assert caught.value.rule == "unknown_region"
 
 
 def test_a_streamed_run_is_admitted_for_its_pieces(

@@ -387,9 +387,9 @@ def _run_streamed(plan: Plan, backend: Backend, regions: SharedMemoryRegions) ->
     the inputs' piece from their regions (body inputs: a slice of their view), run the kernel on
     the flat piece (``engine.flat_call``), write the output's piece. The pieces' buffers stay in
     the cache, so each byte crosses memory once in and once out instead of three times
-    (``preadv`` into a whole buffer, the kernel, ``pwritev`` out of it). An output in exactly an
-    input's bytes (``op.in_place``) is safe: each piece is read before it is written, and no
-    later piece reads it."""
+    (``preadv`` into a whole buffer, the kernel, ``pwritev`` out of it). Every region is held
+    for the whole run (``system_bytes``). An output in exactly an input's bytes (``op.in_place``)
+    is safe: each piece is read before it is written, and no later piece reads it."""
     call, op = plan.call, plan.op
     assert plan.shared_output is not None
     out_dtype = wire_dtype(call.output_datatype)
@@ -409,26 +409,35 @@ def _run_streamed(plan: Plan, backend: Backend, regions: SharedMemoryRegions) ->
     out_buffer = regions.pool.take(step * out_dtype.itemsize) if over is None else None
     flat = [x.reshape(-1) if i not in shared else None for i, x in enumerate(plan.inputs)]
     try:
-        for start in range(0, total, step):
-            count = min(step, total - start)
-            pieces: list[np.ndarray[Any, Any]] = []
-            for i, dtype in enumerate(dtypes):
-                whole = flat[i]
-                if whole is not None:
-                    pieces.append(whole[start : start + count])
-                    continue
-                into = memoryview(buffers[i])[: count * dtype.itemsize]
-                regions.read_into(shared[i].ref, start * dtype.itemsize, into, shared[i].name)
-                pieces.append(np.frombuffer(into, dtype))
-            if over is None:
-                assert out_buffer is not None
-                out = np.frombuffer(memoryview(out_buffer)[: count * out_dtype.itemsize], out_dtype)
-            else:
-                out = pieces[over]
-            run_into(backend, flat_call(call, count), pieces, out)
-            regions.write(
-                plan.shared_output, out.view(np.uint8).data, op.output, start * out_dtype.itemsize
+        with ExitStack() as held:
+            sources = {
+                i: held.enter_context(
+                    regions.system_bytes(each.ref, each.nbytes, each.name, "input")
+                )
+                for i, each in shared.items()
+            }
+            sink = held.enter_context(
+                regions.system_bytes(plan.shared_output, plan.output_nbytes, op.output, "output")
             )
+            for start in range(0, total, step):
+                count = min(step, total - start)
+                pieces: list[np.ndarray[Any, Any]] = []
+                for i, dtype in enumerate(dtypes):
+                    whole = flat[i]
+                    if whole is not None:
+                        pieces.append(whole[start : start + count])
+                        continue
+                    into = memoryview(buffers[i])[: count * dtype.itemsize]
+                    sources[i].read_into(start * dtype.itemsize, into)
+                    pieces.append(np.frombuffer(into, dtype))
+                if over is None:
+                    assert out_buffer is not None
+                    raw = memoryview(out_buffer)[: count * out_dtype.itemsize]
+                    out = np.frombuffer(raw, out_dtype)
+                else:
+                    out = pieces[over]
+                run_into(backend, flat_call(call, count), pieces, out)
+                sink.write(start * out_dtype.itemsize, out.view(np.uint8).data)
     finally:
         regions.recycle([*buffers.values(), *([out_buffer] if out_buffer is not None else [])])
 

@@ -234,6 +234,54 @@ class BufferPool:
                 self.held += nbytes
 
 
+class SystemBytes(NamedTuple):
+    """A tensor's ``nbytes`` bytes at ``first`` of a system region's object, checked against the
+    region (``SharedMemoryRegions.system_bytes``): read and written with ``preadv``/``pwritev``
+    on the descriptor, never mapped, so an object truncated meanwhile is a short read (400)."""
+
+    region: SystemRegion
+    first: int
+    nbytes: int
+    tensor: str
+
+    def _check(self, start: int, nbytes: int) -> int:
+        if start < 0 or start + nbytes > self.nbytes:
+            raise AssertionError(f"bytes [{start}, {start + nbytes}) of {self.nbytes}")
+        return self.first + start
+
+    def read_into(self, start: int, into: memoryview) -> None:
+        """Fill ``into`` with the tensor's bytes from its ``start``th byte on."""
+        nbytes = into.nbytes
+        first = self._check(start, nbytes)
+        done = 0
+        while done < nbytes:
+            count = os.preadv(self.region.fd, [into[done : done + _CHUNK]], first + done)
+            if count == 0:
+                raise self._shrunk()
+            done += count
+
+    def write(self, start: int, data: memoryview) -> None:
+        """Write ``data`` as the tensor's bytes from its ``start``th byte on."""
+        nbytes = data.nbytes
+        first = self._check(start, nbytes)
+        # A write past the end would grow the object back: refuse it as a read would fail.
+        if os.fstat(self.region.fd).st_size < first + nbytes:
+            raise self._shrunk()
+        source = data.cast("B")
+        done = 0
+        while done < nbytes:
+            done += os.pwritev(self.region.fd, [source[done : done + _CHUNK]], first + done)
+
+    def _shrunk(self) -> InvalidRequest:
+        region = self.region
+        return _refused(
+            f"'{self.tensor}': shared-memory object '{region.key}' of region '{region.name}' is "
+            "smaller than when it was registered (it was truncated); re-create and re-register it",
+            self.tensor,
+            "region_shrunk",
+        )
+
+
 class SharedMemoryRegions:
     """The registered regions of one server, both kinds, and every use of their bytes.
 
@@ -532,45 +580,33 @@ class SharedMemoryRegions:
         checked again), in a buffer of the pool: give it back with ``recycle`` when done."""
         buffer = self.pool.take(nbytes)
         try:
-            self.read_into(ref, 0, memoryview(buffer), tensor)
+            with self.system_bytes(ref, nbytes, tensor, "input") as held:
+                held.read_into(0, memoryview(buffer))
         except BaseException:
             self.pool.give(buffer)
             raise
         return buffer
-
-    def read_into(self, ref: SharedMemoryRef, start: int, into: memoryview, tensor: str) -> None:
-        """Fill ``into`` with the input's bytes from its ``start``th byte on (a piece of it, for
-        ``inference``'s streamed runs), checked against the region again."""
-        nbytes = into.nbytes
-        with self._use(ref.region, SystemRegion) as region:
-            self._check_bounds(region, ref, start, nbytes, tensor, "input")
-            first = region.offset + ref.offset + start
-            done = 0
-            while done < nbytes:
-                count = os.preadv(region.fd, [into[done : done + _CHUNK]], first + done)
-                if count == 0:
-                    raise self._shrunk(region, tensor)
-                done += count
 
     def recycle(self, buffers: list[bytearray]) -> None:
         """Give back buffers ``read`` returned, once nothing uses them any more."""
         for buffer in buffers:
             self.pool.give(buffer)
 
-    def write(self, ref: SharedMemoryRef, data: memoryview, tensor: str, start: int = 0) -> None:
-        """Write an output's bytes into its system region (from its ``start``th byte on: a
-        piece of it, for ``inference``'s streamed runs)."""
-        nbytes = data.nbytes
+    def write(self, ref: SharedMemoryRef, data: memoryview, tensor: str) -> None:
+        """Write an output's bytes into its system region."""
+        with self.system_bytes(ref, data.nbytes, tensor, "output") as held:
+            held.write(0, data)
+
+    @contextmanager
+    def system_bytes(
+        self, ref: SharedMemoryRef, nbytes: int, tensor: str, direction: str
+    ) -> Iterator[SystemBytes]:
+        """The ``nbytes`` bytes of a tensor in a system region, checked again, to read or write
+        in pieces (``inference``'s streamed runs); the region is held for the block, so a
+        request uses the object it started with even if the name is unregistered meanwhile."""
         with self._use(ref.region, SystemRegion) as region:
-            self._check_bounds(region, ref, start, nbytes, tensor, "output")
-            first = region.offset + ref.offset + start
-            # A write past the end would grow the object back: refuse it as a read would fail.
-            if os.fstat(region.fd).st_size < first + nbytes:
-                raise self._shrunk(region, tensor)
-            source = data.cast("B")
-            done = 0
-            while done < nbytes:
-                done += os.pwritev(region.fd, [source[done : done + _CHUNK]], first + done)
+            self._check_bounds(region, ref, nbytes, tensor, direction)
+            yield SystemBytes(region, region.offset + ref.offset, nbytes, tensor)
 
     @contextmanager
     def device_bytes(
@@ -580,32 +616,20 @@ class SharedMemoryRegions:
         client's memory itself, no copy), checked again; the region is held for the block, so
         the block must finish every kernel that touches the array (synchronize) before it ends."""
         with self._use(ref.region, CudaRegion) as region:
-            self._check_bounds(region, ref, 0, nbytes, tensor, direction)
+            self._check_bounds(region, ref, nbytes, tensor, direction)
             yield region.device.view(region.allocation.pointer + ref.offset, nbytes)
 
     @staticmethod
     def _check_bounds(
-        region: Region, ref: SharedMemoryRef, start: int, nbytes: int, tensor: str, direction: str
+        region: Region, ref: SharedMemoryRef, nbytes: int, tensor: str, direction: str
     ) -> None:
-        """Bytes [start, start + nbytes) of the tensor lie inside ``ref`` and the region."""
-        end = start + nbytes
-        if start < 0 or ref.offset + end > region.byte_size or end > ref.byte_size:
+        if ref.offset + nbytes > region.byte_size or nbytes > ref.byte_size:
             raise _refused(
-                f"{direction} '{tensor}': {nbytes} bytes from byte {start} past "
-                f"shared_memory_offset {ref.offset} do not fit region '{region.name}' "
-                f"({region.byte_size} bytes)",
+                f"{direction} '{tensor}': {nbytes} bytes from shared_memory_offset {ref.offset} "
+                f"do not fit region '{region.name}' ({region.byte_size} bytes)",
                 tensor,
                 "region_bounds",
             )
-
-    @staticmethod
-    def _shrunk(region: SystemRegion, tensor: str) -> InvalidRequest:
-        return _refused(
-            f"'{tensor}': shared-memory object '{region.key}' of region '{region.name}' is "
-            "smaller than when it was registered (it was truncated); re-create and re-register it",
-            tensor,
-            "region_shrunk",
-        )
 
 
 def switched_on(
@@ -638,6 +662,7 @@ __all__ = [
     "Location",
     "Region",
     "SharedMemoryRegions",
+    "SystemBytes",
     "SystemRegion",
     "switched_on",
 ]
