@@ -32,7 +32,9 @@ open another program's memory. The threat model (docs/reliability.md) is a clien
   ``TENSORBITS_MAX_SHARED_MEMORY_BYTES`` bytes registered at once, both kinds together.
 * **Unregister during a request**: each use holds the region (a use count); an unregistered
   region is released (descriptor closed, device mapping closed) once its last use ends, never
-  under one. A request whose region went away between its reads and its write gets a 400.
+  under one. A streamed run (``inference``) holds its regions from its first piece to its last;
+  a run that reads whole inputs and then writes, and whose region went away in between, gets a
+  400.
 
 Regions are released at shutdown (``close``).
 """
