@@ -73,12 +73,13 @@ def _request(
     model: str,
     arrays: dict[str, Arr],
     places: dict[str, int | None],
-    out_offset: int,
+    out_offset: int | None,
     dt: DataType,
     out_bytes: int | None = None,
 ) -> InferRequest:
     """Inputs at ``places`` (None: in the body), the output at ``out_offset`` of region r, in
-    ``out_bytes`` (default: the rest of the region)."""
+    ``out_bytes`` (default: the rest of the region); ``out_offset`` None: in the response's body,
+    as binary data."""
     op = get_operator(model)
     inputs = []
     for name, array in arrays.items():
@@ -91,6 +92,8 @@ def _request(
             ref = SharedMemoryRef("r", array.nbytes, offset)
             inputs.append(Tensor(name, dt, array.shape, shared_memory=ref))
     params = {"direction": "LEFT"} if op.function is Function.SHIFT else {}
+    if out_offset is None:
+        return InferRequest(tuple(inputs), params, (RequestedOutput(op.output, binary=True),))
     want_bytes = OBJECT_BYTES - out_offset if out_bytes is None else out_bytes
     output = RequestedOutput(op.output, shared_memory=SharedMemoryRef("r", want_bytes, out_offset))
     return InferRequest(tuple(inputs), params, (output,))
@@ -110,6 +113,16 @@ def _run(
     planned = inference.plan(get_operator(model), request, LIMITS, regions)
     inference.execute(planned, backend, regions)
     return planned
+
+
+def _body_output(
+    regions: SharedMemoryRegions, backend: NumpyBackend, request: InferRequest, model: str
+) -> bytes:
+    """The output's bytes of the response ``execute`` makes (binary data after the header)."""
+    planned = inference.plan(get_operator(model), request, LIMITS, regions)
+    framed = inference.execute(planned, backend, regions)
+    assert framed.header_length is not None
+    return b"".join(bytes(part) for part in framed.parts)[framed.header_length :]
 
 
 @pytest.mark.parametrize(("model", "dt"), OP_TYPES, ids=[f"{m}-{d.value}" for m, d in OP_TYPES])
@@ -139,6 +152,34 @@ def test_streamed_equals_whole_and_reference(
     monkeypatch.setattr(inference, "_streams", lambda plan, backend: False)
     _run(regions, backend, request, model)
     assert_bits_equal(_get(want, 32768 + 8), streamed)
+
+
+@pytest.mark.parametrize(("model", "dt"), OP_TYPES, ids=[f"{m}-{d.value}" for m, d in OP_TYPES])
+def test_streamed_into_the_body_equals_whole_and_reference(
+    regions: SharedMemoryRegions,
+    backend: NumpyBackend,
+    monkeypatch: pytest.MonkeyPatch,
+    model: str,
+    dt: DataType,
+) -> None:
+    """Inputs in the region (one from the body when there are two), the output in the response:
+    streamed straight into the response's buffer, the same bytes as the whole-tensor path."""
+    op = get_operator(model)
+    arrays = {name: _random(dt, SHAPE) for name in op.inputs}
+    params = {"direction": "LEFT"} if op.function is Function.SHIFT else {}
+    want = reference(model, arrays, params)
+    places: dict[str, int | None] = {
+        name: (None if index == 0 and len(arrays) > 1 else 4096 * (index + 1))
+        for index, name in enumerate(arrays)
+    }
+    request = _request(model, arrays, places, None, dt)
+    planned = inference.plan(get_operator(model), request, LIMITS, regions)
+    assert inference._streams(planned, backend)
+    streamed = _body_output(regions, backend, request, model)
+    little = want.astype(want.dtype.newbyteorder("<"), copy=False)
+    assert streamed == np.ascontiguousarray(little).tobytes()
+    monkeypatch.setattr(inference, "_streams", lambda plan, backend: False)
+    assert _body_output(regions, backend, request, model) == streamed
 
 
 def test_in_place_over_many_pieces(regions: SharedMemoryRegions, backend: NumpyBackend) -> None:
@@ -245,6 +286,16 @@ def test_a_streamed_run_is_admitted_for_its_pieces(
         regions,
     )
     assert whole.memory_needed(100, backend) == 100 + 2 * a.nbytes + b[0].nbytes
+    into_body = inference.plan(
+        get_operator(model),
+        _request(model, {"A": a, "B": b}, {"A": 0, "B": 4096}, None, DataType.UINT8),
+        LIMITS,
+        regions,
+    )
+    # a piece per shared input; the output is the response's, whole
+    assert (
+        into_body.memory_needed(100, backend) == 100 + 2 * inference.STREAM_PIECE_BYTES + a.nbytes
+    )
 
 
 @pytest.mark.parametrize("shape", [(0,), (3, 0), (0, 5)])

@@ -117,12 +117,14 @@ class Plan(NamedTuple):
     def memory_needed(self, body_bytes: int, backend: Backend | None = None) -> int:
         """Bytes of host memory this inference holds while it runs on ``backend``: the
         request's body, the inputs read from system shared memory, and the output (none when a
-        CUDA region gets it; a run streamed into a system region holds one piece of each)."""
+        CUDA region gets it; a streamed run holds one piece of each shared tensor)."""
+        inputs = self.shared_input_bytes
         output = 0 if self.output_on_device else self.output_nbytes
-        held = self.shared_input_bytes + output
-        if backend is not None and _streams(self, backend):
-            held = min(held, (len(self.shared_inputs) + 1) * STREAM_PIECE_BYTES)
-        return body_bytes + held
+        if backend is not None and self.shared_inputs and _streams(self, backend):
+            inputs = min(inputs, len(self.shared_inputs) * STREAM_PIECE_BYTES)
+        if backend is not None and self.shared_output is not None and _streams(self, backend):
+            output = min(output, STREAM_PIECE_BYTES)
+        return body_bytes + inputs + output
 
     def response(self, data: list[Any] | None = None) -> InferResponse:
         """The response to this plan: the output as binary data, with its JSON ``data``, or as
@@ -374,24 +376,28 @@ def _streams(plan: Plan, backend: Backend) -> bool:
     """Whether ``_run_streamed`` runs ``plan``: host memory throughout (a host backend, no CUDA
     region) and an element-wise call without broadcasting."""
     return (
-        plan.shared_output is not None
-        and backend.host_memory
+        backend.host_memory
         and not plan.output_on_device
         and not any(shared.on_device for shared in plan.shared_inputs)
         and is_flat_elementwise(plan.call)
     )
 
 
-def _run_streamed(plan: Plan, backend: Backend, regions: SharedMemoryRegions) -> None:
-    """Run ``plan`` into its system region in pieces of ``STREAM_PIECE_BYTES``: for each, read
-    the inputs' piece from their regions (body inputs: a slice of their view), run the kernel on
-    the flat piece (``engine.flat_call``), write the output's piece. The pieces' buffers stay in
-    the cache, so each byte crosses memory once in and once out instead of three times
-    (``preadv`` into a whole buffer, the kernel, ``pwritev`` out of it). Every region is held
-    for the whole run (``system_bytes``). An output in exactly an input's bytes (``op.in_place``)
-    is safe: each piece is read before it is written, and no later piece reads it."""
+def _run_streamed(
+    plan: Plan,
+    backend: Backend,
+    regions: SharedMemoryRegions,
+    host_out: np.ndarray[Any, Any] | None = None,
+) -> None:
+    """Run ``plan`` in pieces of ``STREAM_PIECE_BYTES``: for each, read the inputs' piece from
+    their regions (body inputs: a slice of their view), run the kernel on the flat piece
+    (``engine.flat_call``), and write the output's piece into its system region, or straight
+    into ``host_out`` (flat: a response's body) when given. The pieces' buffers stay in the
+    cache, so each byte crosses memory once in and once out instead of three times (``preadv``
+    into a whole buffer, the kernel, ``pwritev`` out of it). Every region is held for the whole
+    run (``system_bytes``). An output in exactly an input's bytes (``op.in_place``) is safe:
+    each piece is read before it is written, and no later piece reads it."""
     call, op = plan.call, plan.op
-    assert plan.shared_output is not None
     out_dtype = wire_dtype(call.output_datatype)
     shared = {each.position: each for each in plan.shared_inputs}
     dtypes = [shared[i].dtype if i in shared else x.dtype for i, x in enumerate(plan.inputs)]
@@ -406,7 +412,11 @@ def _run_streamed(plan: Plan, backend: Backend, regions: SharedMemoryRegions) ->
         (i for i, each in shared.items() if each.name in op.in_place and each.dtype == out_dtype),
         None,
     )
-    out_buffer = regions.pool.take(step * out_dtype.itemsize) if over is None else None
+    if host_out is not None:
+        over = None  # the output's pieces go straight into host_out
+    out_buffer = (
+        regions.pool.take(step * out_dtype.itemsize) if over is None and host_out is None else None
+    )
     flat = [x.reshape(-1) if i not in shared else None for i, x in enumerate(plan.inputs)]
     try:
         with ExitStack() as held:
@@ -416,9 +426,14 @@ def _run_streamed(plan: Plan, backend: Backend, regions: SharedMemoryRegions) ->
                 )
                 for i, each in shared.items()
             }
-            sink = held.enter_context(
-                regions.system_bytes(plan.shared_output, plan.output_nbytes, op.output, "output")
-            )
+            sink = None
+            if host_out is None:
+                assert plan.shared_output is not None
+                sink = held.enter_context(
+                    regions.system_bytes(
+                        plan.shared_output, plan.output_nbytes, op.output, "output"
+                    )
+                )
             for start in range(0, total, step):
                 count = min(step, total - start)
                 pieces: list[np.ndarray[Any, Any]] = []
@@ -430,14 +445,17 @@ def _run_streamed(plan: Plan, backend: Backend, regions: SharedMemoryRegions) ->
                     into = memoryview(buffers[i])[: count * dtype.itemsize]
                     sources[i].read_into(start * dtype.itemsize, into)
                     pieces.append(np.frombuffer(into, dtype))
-                if over is None:
+                if host_out is not None:
+                    out = host_out[start : start + count]
+                elif over is None:
                     assert out_buffer is not None
                     raw = memoryview(out_buffer)[: count * out_dtype.itemsize]
                     out = np.frombuffer(raw, out_dtype)
                 else:
                     out = pieces[over]
                 run_into(backend, flat_call(call, count), pieces, out)
-                sink.write(start * out_dtype.itemsize, out.view(np.uint8).data)
+                if sink is not None:
+                    sink.write(start * out_dtype.itemsize, out.view(np.uint8).data)
     finally:
         regions.recycle([*buffers.values(), *([out_buffer] if out_buffer is not None else [])])
 
@@ -538,11 +556,6 @@ def execute(
         assert regions is not None  # plan() refused shared memory without regions
         run_to_region(plan, backend, regions)
         return codec.Framed.json(plan.response().to_rest().header)
-    with shared_loaded(plan, regions) as loaded:
-        return _run_to_body(loaded, backend)
-
-
-def _run_to_body(plan: Plan, backend: Backend) -> codec.Framed:
     call = plan.call
     dtype = wire_dtype(call.output_datatype)
     if plan.binary_output:
@@ -551,12 +564,25 @@ def _run_to_body(plan: Plan, backend: Backend) -> codec.Framed:
         else:
             layout = plan.response().to_rest()
         body, (tail,) = layout.allocate()
-        out = np.frombuffer(tail, dtype).reshape(call.output_shape)
-        run_into(backend, call, plan.inputs, out)
+        run_to_host(plan, backend, regions, np.frombuffer(tail, dtype).reshape(call.output_shape))
         return codec.Framed((body,), layout.header_length)
     out = np.empty(call.output_shape, dtype)
-    run_into(backend, call, plan.inputs, out)
+    run_to_host(plan, backend, regions, out)
     return codec.Framed.json(plan.response(encode_data(plan.op.output, out)).to_rest().header)
+
+
+def run_to_host(
+    plan: Plan, backend: Backend, regions: SharedMemoryRegions | None, out: np.ndarray[Any, Any]
+) -> None:
+    """Run a plan whose output goes to the host array ``out`` (a response's body), its shared
+    inputs read here: streamed in pieces from their regions where the call allows it
+    (``_run_streamed``), else read whole (``shared_loaded``)."""
+    if plan.shared_inputs and _streams(plan, backend):
+        assert regions is not None  # plan() refused shared memory without regions
+        _run_streamed(plan, backend, regions, out.reshape(-1))
+        return
+    with shared_loaded(plan, regions) as loaded:
+        run_into(backend, plan.call, loaded.inputs, out)
 
 
 def resolve_model(name: str, version: str | None) -> OperatorSpec:

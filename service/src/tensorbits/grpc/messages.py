@@ -26,7 +26,6 @@ import numpy as np
 
 from tensorbits import inference
 from tensorbits.backends.base import Backend
-from tensorbits.engine import run_into
 from tensorbits.grpc import inference_pb2 as pb
 from tensorbits.grpc import wire
 from tensorbits.inference import MODEL_VERSION, Plan
@@ -286,14 +285,13 @@ def execute(
             else:
                 response.outputs[0].parameters[key].int64_param = value
         return response.SerializeToString()
-    with inference.shared_loaded(plan, regions) as loaded:
-        call = loaded.call
-        head = response_head(loaded) if head is None else head
-        body = bytearray(len(head) + loaded.output_nbytes)
-        body[: len(head)] = head
-        out = np.frombuffer(body, wire_dtype(call.output_datatype), offset=len(head))
-        run_into(backend, call, loaded.inputs, out.reshape(call.output_shape))
-        return bytes(body)
+    call = plan.call
+    head = response_head(plan) if head is None else head
+    body = bytearray(len(head) + plan.output_nbytes)
+    body[: len(head)] = head
+    out = np.frombuffer(body, wire_dtype(call.output_datatype), offset=len(head))
+    inference.run_to_host(plan, backend, regions, out.reshape(call.output_shape))
+    return bytes(body)
 
 
 class PlanTemplate(NamedTuple):
