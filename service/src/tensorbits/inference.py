@@ -577,9 +577,9 @@ def run_to_host(
     """Run a plan whose output goes to the host array ``out`` (a response's body), its shared
     inputs read here: streamed in pieces from their regions where the call allows it
     (``_run_streamed``), else read whole (``shared_loaded``)."""
-    if plan.shared_inputs and _streams(plan, backend):
+    if plan.shared_inputs and out.flags.c_contiguous and _streams(plan, backend):
         assert regions is not None  # plan() refused shared memory without regions
-        _run_streamed(plan, backend, regions, out.reshape(-1))
+        _run_streamed(plan, backend, regions, out.reshape(-1))  # a view: out is contiguous
         return
     with shared_loaded(plan, regions) as loaded:
         run_into(backend, plan.call, loaded.inputs, out)
@@ -608,6 +608,7 @@ __all__ = [
     "plan_rest",
     "request_limits",
     "resolve_model",
+    "run_to_host",
     "run_to_region",
     "shared_loaded",
 ]
