@@ -125,6 +125,19 @@ def _body_output(
     return b"".join(bytes(part) for part in framed.parts)[framed.header_length :]
 
 
+def _mixed(model: str, dt: DataType) -> tuple[dict[str, Arr], dict[str, int | None], Arr]:
+    """Random inputs of ``model`` and where they go: the first from the body when there are two
+    (mixed), the rest from the region; and the reference's output."""
+    op = get_operator(model)
+    arrays = {name: _random(dt, SHAPE) for name in op.inputs}
+    params = {"direction": "LEFT"} if op.function is Function.SHIFT else {}
+    places: dict[str, int | None] = {
+        name: (None if index == 0 and len(arrays) > 1 else 4096 * (index + 1))
+        for index, name in enumerate(arrays)
+    }
+    return arrays, places, reference(model, arrays, params)
+
+
 @pytest.mark.parametrize(("model", "dt"), OP_TYPES, ids=[f"{m}-{d.value}" for m, d in OP_TYPES])
 def test_streamed_equals_whole_and_reference(
     regions: SharedMemoryRegions,
@@ -133,15 +146,7 @@ def test_streamed_equals_whole_and_reference(
     model: str,
     dt: DataType,
 ) -> None:
-    op = get_operator(model)
-    arrays = {name: _random(dt, SHAPE) for name in op.inputs}
-    params = {"direction": "LEFT"} if op.function is Function.SHIFT else {}
-    want = reference(model, arrays, params)
-    # The first input from the body when there are two (mixed), the rest from the region.
-    places: dict[str, int | None] = {
-        name: (None if index == 0 and len(arrays) > 1 else 4096 * (index + 1))
-        for index, name in enumerate(arrays)
-    }
+    arrays, places, want = _mixed(model, dt)
     request = _request(model, arrays, places, 32768 + 8, dt)
     planned = _run(regions, backend, request, model)
     assert inference._streams(planned, backend)
@@ -164,14 +169,7 @@ def test_streamed_into_the_body_equals_whole_and_reference(
 ) -> None:
     """Inputs in the region (one from the body when there are two), the output in the response:
     streamed straight into the response's buffer, the same bytes as the whole-tensor path."""
-    op = get_operator(model)
-    arrays = {name: _random(dt, SHAPE) for name in op.inputs}
-    params = {"direction": "LEFT"} if op.function is Function.SHIFT else {}
-    want = reference(model, arrays, params)
-    places: dict[str, int | None] = {
-        name: (None if index == 0 and len(arrays) > 1 else 4096 * (index + 1))
-        for index, name in enumerate(arrays)
-    }
+    arrays, places, want = _mixed(model, dt)
     request = _request(model, arrays, places, None, dt)
     planned = inference.plan(get_operator(model), request, LIMITS, regions)
     assert inference._streams(planned, backend)
