@@ -120,10 +120,10 @@ class Plan(NamedTuple):
         CUDA region gets it; a streamed run holds one piece of each shared tensor)."""
         inputs = self.shared_input_bytes
         output = 0 if self.output_on_device else self.output_nbytes
-        if backend is not None and self.shared_inputs and _streams(self, backend):
+        if backend is not None and _streams(self, backend):
             inputs = min(inputs, len(self.shared_inputs) * STREAM_PIECE_BYTES)
-        if backend is not None and self.shared_output is not None and _streams(self, backend):
-            output = min(output, STREAM_PIECE_BYTES)
+            if self.shared_output is not None:
+                output = min(output, STREAM_PIECE_BYTES)
         return body_bytes + inputs + output
 
     def response(self, data: list[Any] | None = None) -> InferResponse:
@@ -355,21 +355,29 @@ def run_to_region(plan: Plan, backend: Backend, regions: SharedMemoryRegions) ->
             ) as raw:
                 run_into(backend, call, loaded.inputs, raw.view(dtype).reshape(call.output_shape))
             return
-        out = next(
-            (
-                loaded.inputs[shared.position]
-                for shared in plan.shared_inputs
-                if shared.name in op.in_place
-                and not shared.on_device
-                and shared.dtype == dtype
-                and shared.shape == call.output_shape
-            ),
-            None,
-        )
-        if out is None:
-            out = np.empty(call.output_shape, dtype)
+        over = _replaceable_input(plan)
+        out = np.empty(call.output_shape, dtype) if over is None else loaded.inputs[over]
         run_into(backend, call, loaded.inputs, out)
         regions.write(plan.shared_output, out.reshape(-1).view(np.uint8).data, op.output)
+
+
+def _replaceable_input(plan: Plan) -> int | None:
+    """The position of an input read from a system region that the output may be computed
+    over (``op.in_place``, the output's type and shape): that buffer is the server's own copy,
+    so no output buffer is needed."""
+    call = plan.call
+    dtype = wire_dtype(call.output_datatype)
+    return next(
+        (
+            shared.position
+            for shared in plan.shared_inputs
+            if shared.name in plan.op.in_place
+            and not shared.on_device
+            and shared.dtype == dtype
+            and shared.shape == call.output_shape
+        ),
+        None,
+    )
 
 
 def _streams(plan: Plan, backend: Backend) -> bool:
@@ -407,13 +415,9 @@ def _run_streamed(
     step = max(1, STREAM_PIECE_BYTES // max(out_dtype.itemsize, *(d.itemsize for d in dtypes)))
     step = min(step, total)
     buffers = {i: regions.pool.take(step * shared[i].dtype.itemsize) for i in shared}
-    # The output's piece goes into an input's buffer where the operator may replace that input.
-    over = next(
-        (i for i, each in shared.items() if each.name in op.in_place and each.dtype == out_dtype),
-        None,
-    )
-    if host_out is not None:
-        over = None  # the output's pieces go straight into host_out
+    # The output's pieces go straight into host_out when given, else into the buffer of an
+    # input the operator may replace, else into a buffer of their own.
+    over = None if host_out is not None else _replaceable_input(plan)
     out_buffer = (
         regions.pool.take(step * out_dtype.itemsize) if over is None and host_out is None else None
     )
