@@ -424,3 +424,44 @@ def test_a_device_tensor_starts_on_a_multiple_of_its_element_size(
     put(buffer, x, 8)
     assert infer(8, 136).status_code == 200
     assert_bits_equal(get(buffer, x, 136), ~x)
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        pytest.param({"device_id": 0, "byte_size": 8}, "raw_handle", id="no-raw-handle"),
+        pytest.param({"raw_handle": {"b64": "AA=="}, "byte_size": 8}, "device_id", id="no-device"),
+        pytest.param({"raw_handle": {"b64": "AA=="}, "device_id": 0}, "byte_size", id="no-size"),
+        pytest.param(
+            {"raw_handle": {"b64": "AA=="}, "device_id": "0", "byte_size": 8},
+            "device_id",
+            id="device-as-text",
+        ),
+        pytest.param(
+            {"raw_handle": {"b64": "AA=="}, "device_id": 0, "byte_size": 8.0},
+            "byte_size",
+            id="size-as-float",
+        ),
+        pytest.param(
+            {"raw_handle": {"b64": "AA=="}, "device_id": 2**64, "byte_size": 8},
+            "device_id",
+            id="device-past-int64",
+        ),
+        pytest.param(
+            {"raw_handle": {"b64": "AA=="}, "device_id": 0, "byte_size": 8, "x": 1},
+            "x",
+            id="unknown-field",
+        ),
+    ],
+)
+def test_malformed_registrations_name_the_field(
+    client: TestClient, device: HostDeviceMemory, body: dict[str, Any], field: str
+) -> None:
+    """A registration missing a field, of the wrong type or past int64: a 400 naming it, before
+    any handle is opened; the server still registers a good one."""
+    response = client.post("/v2/cudasharedmemory/region/r/register", json=body)
+    assert response.status_code == 400, response.text
+    assert response.json()["field"] == field, response.json()
+    assert device.opened == 0
+    handle, _ = device.export(64)
+    assert register(client, "r", handle, 64).status_code == 200
