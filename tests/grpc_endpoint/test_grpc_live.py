@@ -137,7 +137,7 @@ def test_unload_and_load(client: triton.InferenceServerClient) -> None:
         assert states[model] == "UNAVAILABLE"
         x = np.ones(3, np.uint8)
         error = refused(lambda: infer(client, model, {"A": x, "B": x}))
-        assert error.status() == "StatusCode.INVALID_ARGUMENT"
+        assert error.status() == "StatusCode.FAILED_PRECONDITION"
         assert "unloaded" in str(error.message())
     finally:
         client.load_model(model)

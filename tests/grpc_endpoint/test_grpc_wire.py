@@ -14,6 +14,7 @@ from tensorbits.grpc import wire
 from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
 
 MAX_TENSORS = 8
+LIMITS = wire.WireLimits.of(MAX_TENSORS, 4096)
 
 names = st.text(max_size=12)
 parameters = st.dictionaries(
@@ -51,7 +52,7 @@ def requests(draw: st.DrawFn) -> pb.ModelInferRequest:
 @given(requests())
 def test_split_gives_back_what_protobuf_parses(request: pb.ModelInferRequest) -> None:
     data = request.SerializeToString()
-    split = wire.split_infer_request(data, MAX_TENSORS)
+    split = wire.split_infer_request(data, LIMITS)
     assert [bytes(raw) for raw in split.raw_contents] == list(request.raw_input_contents)
     rest = pb.ModelInferRequest.FromString(split.message)
     assert not rest.raw_input_contents
@@ -65,7 +66,7 @@ def test_split_gives_back_what_protobuf_parses(request: pb.ModelInferRequest) ->
 @given(st.binary(max_size=200))
 def test_any_bytes_are_answered_or_refused(data: bytes) -> None:
     try:
-        split = wire.split_infer_request(data, MAX_TENSORS)
+        split = wire.split_infer_request(data, LIMITS)
     except (InvalidRequest, PayloadTooLarge):
         return
     assert sum(raw.nbytes for raw in split.raw_contents) + len(split.message) <= len(data)
@@ -84,7 +85,7 @@ def test_truncated_messages_are_refused_as_protobuf_refuses_them(
     else:
         protobuf_refuses = False
     try:
-        split = wire.split_infer_request(data, MAX_TENSORS)
+        split = wire.split_infer_request(data, LIMITS)
         pb.ModelInferRequest.FromString(split.message)
     except Exception:  # ours (400, 413) or protobuf's DecodeError on the rest
         we_refuse = True
@@ -96,19 +97,19 @@ def test_truncated_messages_are_refused_as_protobuf_refuses_them(
 def test_counts_are_bounded_while_walking() -> None:
     request = pb.ModelInferRequest(raw_input_contents=[b""] * (MAX_TENSORS + 1))
     with pytest.raises(PayloadTooLarge) as caught:
-        wire.split_infer_request(request.SerializeToString(), MAX_TENSORS)
+        wire.split_infer_request(request.SerializeToString(), LIMITS)
     assert caught.value.field == "raw_input_contents"
     request = pb.ModelInferRequest()
     for _ in range(MAX_TENSORS + 1):
         request.inputs.add(name="x")
     with pytest.raises(PayloadTooLarge) as caught:
-        wire.split_infer_request(request.SerializeToString(), MAX_TENSORS)
+        wire.split_infer_request(request.SerializeToString(), LIMITS)
     assert caught.value.field == "inputs"
     request = pb.ModelInferRequest()
-    for index in range(wire.MAX_REQUEST_PARAMETERS + 1):
+    for index in range(wire.MAX_PARAMETERS + 1):
         request.parameters[str(index)].bool_param = True
     with pytest.raises(PayloadTooLarge) as caught:
-        wire.split_infer_request(request.SerializeToString(), MAX_TENSORS)
+        wire.split_infer_request(request.SerializeToString(), LIMITS)
     assert caught.value.rule == "max_parameters"
 
 
@@ -120,12 +121,13 @@ def test_counts_are_bounded_while_walking() -> None:
         (b"\x3a", "runs past the end"),
         (b"\x00\x00", "field number 0"),
         (b"\x0b", "wire type 3"),
-        (b"\x09\x00", "runs past the end"),
+        (b"\x09\x00", "has wire type 1"),
+        (b"\x15\x00", "has wire type 5"),
     ],
 )
 def test_malformed_words(data: bytes, words: str) -> None:
     with pytest.raises(InvalidRequest) as caught:
-        wire.split_infer_request(data, MAX_TENSORS)
+        wire.split_infer_request(data, LIMITS)
     assert words in caught.value.message
     assert (caught.value.field, caught.value.rule) == ("ModelInferRequest", "protobuf")
 

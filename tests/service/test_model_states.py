@@ -80,7 +80,7 @@ def test_inference_of_an_unloaded_model_is_refused(client: TestClient) -> None:
         assert status == 400
         assert body == {
             "error": UNLOADED,
-            "code": "invalid_request",
+            "code": "model_unavailable",
             "field": "model_name",
             "rule": "model_unloaded",
         }

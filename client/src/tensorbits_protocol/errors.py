@@ -1,18 +1,21 @@
 """Domain errors shared by the server and the client's local checks.
 
-    TensorbitsError                  (status 500)
-    ├── InvalidRequest               (400) names the field and the rule broken
-    ├── Unauthorized                 (401) no API key, or not one the server accepts
-    ├── OperatorNotFound             (404) unknown model / operator name
-    ├── RequestTimeout               (408) the body did not arrive in time
-    ├── PayloadTooLarge              (413) a size limit of the server was passed
-    ├── UriTooLong                   (414) the request line's target passed the head limit
-    ├── HeadTooLarge                 (431) the request line and headers passed the head limit
-    ├── Overloaded                   (503) too much work in flight; retry later
-    └── BackendFailure               (503) the compute backend failed (e.g. GPU out of memory)
+    TensorbitsError                  (500, INTERNAL)
+    ├── InvalidRequest               (400, INVALID_ARGUMENT) names the field and the rule broken
+    │   └── ModelUnavailable         (400, FAILED_PRECONDITION) the model is unloaded
+    ├── Unauthorized                 (401, UNAUTHENTICATED) no API key, or not an accepted one
+    ├── OperatorNotFound             (404, NOT_FOUND) unknown model / operator name
+    ├── RequestTimeout               (408, DEADLINE_EXCEEDED) the body did not arrive in time
+    ├── PayloadTooLarge              (413, RESOURCE_EXHAUSTED) a size limit was passed
+    ├── UriTooLong                   (414, RESOURCE_EXHAUSTED) the target passed the head limit
+    ├── HeadTooLarge                 (431, RESOURCE_EXHAUSTED) the head passed the head limit
+    ├── Overloaded                   (503, UNAVAILABLE) too much work in flight; retry later
+    └── BackendFailure               (503, UNAVAILABLE) the backend failed (GPU out of memory)
 
-Each class carries its HTTP status as data, so the mapping is tested, not written in prose.
-No web framework is imported here.
+Each class carries its answer on both protocols as data: its HTTP status (``status_code``) and
+its gRPC status code (``grpc_code``, the name of a ``grpc.StatusCode``). That is the one table
+both front ends answer from (``STATUSES`` lists it), so the two cannot drift; docs/reliability.md
+argues each code. No web framework or gRPC library is imported here.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ class TensorbitsError(Exception):
     """Base of every error tensorbits raises on purpose."""
 
     status_code: ClassVar[int] = 500
+    grpc_code: ClassVar[str] = "INTERNAL"
     code: ClassVar[str] = "internal"
 
     def __init__(self, message: str, *, field: str | None = None, rule: str | None = None) -> None:
@@ -46,7 +50,21 @@ class InvalidRequest(TensorbitsError):
     """Raised when a request breaks a rule of the protocol or of an operator (400)."""
 
     status_code = 400
+    grpc_code = "INVALID_ARGUMENT"
     code = "invalid_request"
+
+
+class ModelUnavailable(InvalidRequest):
+    """Raised when a request names a model that is unloaded (the model repository extension).
+
+    HTTP 400, as before the gRPC twin existed and as a probe's "not ready" must be (4xx); gRPC
+    FAILED_PRECONDITION, HTTP 400's canonical twin for a request that is valid but needs the
+    server in another state: here a load. Not UNAVAILABLE (Triton's code), which gRPC clients
+    retry automatically against a server that will keep refusing until someone loads it."""
+
+    status_code = 400
+    grpc_code = "FAILED_PRECONDITION"
+    code = "model_unavailable"
 
 
 class Unauthorized(TensorbitsError):
@@ -55,6 +73,7 @@ class Unauthorized(TensorbitsError):
     The message never repeats the key that was sent."""
 
     status_code = 401
+    grpc_code = "UNAUTHENTICATED"
     code = "unauthorized"
 
 
@@ -62,6 +81,7 @@ class OperatorNotFound(TensorbitsError):
     """Raised when a model or operator name is not one of ours (404)."""
 
     status_code = 404
+    grpc_code = "NOT_FOUND"
     code = "not_found"
 
 
@@ -69,6 +89,7 @@ class RequestTimeout(TensorbitsError):
     """Raised when a client sends its request body too slowly (408); the connection is closed."""
 
     status_code = 408
+    grpc_code = "DEADLINE_EXCEEDED"
     code = "request_timeout"
 
 
@@ -76,6 +97,7 @@ class PayloadTooLarge(TensorbitsError):
     """Raised when a body, a tensor or a count is over a configured limit (413)."""
 
     status_code = 413
+    grpc_code = "RESOURCE_EXHAUSTED"
     code = "payload_too_large"
 
 
@@ -83,6 +105,7 @@ class UriTooLong(TensorbitsError):
     """Raised by the HTTP layer when a request's target alone passes the head limit (414)."""
 
     status_code = 414
+    grpc_code = "RESOURCE_EXHAUSTED"
     code = "uri_too_long"
 
 
@@ -90,6 +113,7 @@ class HeadTooLarge(TensorbitsError):
     """Raised by the HTTP layer when a request line and headers pass the head limit (431)."""
 
     status_code = 431
+    grpc_code = "RESOURCE_EXHAUSTED"
     code = "request_header_fields_too_large"
 
 
@@ -97,6 +121,7 @@ class Overloaded(TensorbitsError):
     """Raised when in-flight work is at its bound; the client should retry later (503)."""
 
     status_code = 503
+    grpc_code = "UNAVAILABLE"
     code = "overloaded"
 
     def __init__(self, message: str, *, retry_after: int = 1) -> None:
@@ -108,4 +133,15 @@ class BackendFailure(TensorbitsError):
     """Raised when the compute backend fails on valid input, e.g. GPU out of memory (503)."""
 
     status_code = 503
+    grpc_code = "UNAVAILABLE"
     code = "backend_failure"
+
+
+def _classes(root: type[TensorbitsError]) -> list[type[TensorbitsError]]:
+    return [root, *(c for sub in root.__subclasses__() for c in _classes(sub))]
+
+
+STATUSES: dict[type[TensorbitsError], tuple[int, str]] = {
+    cls: (cls.status_code, cls.grpc_code) for cls in _classes(TensorbitsError)
+}
+"""Every error class, and its answer: (HTTP status, gRPC status code name)."""

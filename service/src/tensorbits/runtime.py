@@ -12,7 +12,7 @@ from tensorbits.header_cache import HeaderCache, PlanT
 from tensorbits.inference import CACHED_HEADER_MAX_BYTES, PlanTemplate, request_limits
 from tensorbits.shared_memory import SharedMemoryRegions
 from tensorbits.statistics import Statistics
-from tensorbits_protocol.errors import InvalidRequest, Overloaded, PayloadTooLarge
+from tensorbits_protocol.errors import ModelUnavailable, Overloaded, PayloadTooLarge
 from tensorbits_protocol.infer import RequestLimits
 
 
@@ -144,10 +144,10 @@ class ModelStates:
         return name not in self._unloaded
 
     def check_loaded(self, name: str) -> None:
-        """Raise InvalidRequest (400, as Triton answers a request for a model it has not loaded)
-        naming the model, its state and the way back, if ``name`` is unloaded."""
+        """Raise ModelUnavailable (400, FAILED_PRECONDITION over gRPC) naming the model, its
+        state and the way back, if ``name`` is unloaded."""
         if name in self._unloaded:
-            raise InvalidRequest(
+            raise ModelUnavailable(
                 f"model '{name}' is unloaded (state UNAVAILABLE): load it again with "
                 f"POST /v2/repository/models/{name}/load",
                 field="model_name",

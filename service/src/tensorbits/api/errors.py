@@ -17,7 +17,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from tensorbits_protocol.errors import BackendFailure, Overloaded, TensorbitsError
+from tensorbits.refusals import forget_frames, refusal_of
+from tensorbits_protocol.errors import Overloaded, TensorbitsError
 
 logger = logging.getLogger("tensorbits.http")
 
@@ -27,22 +28,6 @@ def error_response(exc: TensorbitsError) -> JSONResponse:
     response = JSONResponse(exc.to_dict(), status_code=exc.status_code, headers=headers)
     forget_frames(exc)
     return response
-
-
-def forget_frames(exc: BaseException) -> None:
-    """Drop the tracebacks of a refusal, once answered, and of what it was raised from.
-
-    A refusal's traceback holds the frames it passed through, and they hold the request's body
-    (tens of MiB for a refused batch). Through the event loop's futures and tasks those frames
-    sit in reference cycles, so without this the body lives until the garbage collector's next
-    full pass: under a stream of refused requests, a sawtooth of resident memory past the
-    admission bound. A refusal is never logged with its traceback, so nothing is lost."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        current.__traceback__ = None
-        current = current.__cause__ or current.__context__
 
 
 async def _tensorbits_error(request: Request, exc: Exception) -> JSONResponse:
@@ -93,12 +78,9 @@ async def _out_of_memory(request: Request, exc: Exception) -> JSONResponse:
     # a 503 the client may retry, not a 500. Admission is released by the handler's own exit.
     logger.warning("backend out of memory on %s %s", request.method, request.url.path)
     forget_frames(exc)  # its frames hold the arrays it could not fit
-    return error_response(
-        BackendFailure(
-            "the backend ran out of memory running this request; retry later or send less",
-            rule="out_of_memory",
-        )
-    )
+    refusal = refusal_of(exc)
+    assert refusal is not None  # a MemoryError is one
+    return error_response(refusal)
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

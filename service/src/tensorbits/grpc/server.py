@@ -7,10 +7,11 @@ drain, whichever process (or worker) runs the app. Its bounds are the HTTP side'
 
 * a message is at most ``TENSORBITS_MAX_BODY_BYTES`` (grpcio refuses a longer one with
   RESOURCE_EXHAUSTED before the handler runs);
-* at most ``TENSORBITS_MAX_INFLIGHT_REQUESTS`` calls run at once, plus a few for probes and
-  metadata (``PROBE_SLOTS``); grpcio answers RESOURCE_EXHAUSTED past that. A call's message
-  is buffered by grpcio before it is admitted, so the memory of messages in flight is bounded
-  by these two numbers' product; the admission bound then holds for the work itself;
+* every call's capacity is bounded before its message is read, probes apart (``service.py``,
+  ``RPC_RULES``): grpcio's own bound on concurrent calls is not used, as it counts the probes
+  with the rest (80 calls that never send their message would make ServerLive and the health
+  service answer RESOURCE_EXHAUSTED). One connection carries at most ``MAX_STREAMS`` calls at
+  once, and its metadata at most ``TENSORBITS_MAX_HEAD_BYTES`` (HTTP's head limit);
 * a message must arrive within ``TENSORBITS_TIMEOUT_BODY_READ`` (service.py).
 
 TLS when the HTTP side has it (the same certificate and key). The health service
@@ -36,8 +37,9 @@ from tensorbits.runtime import Runtime
 
 logger = logging.getLogger("tensorbits.grpc")
 
-# Calls beyond the inference bound, so that probes and metadata are answered at that bound.
-PROBE_SLOTS = 16
+# Calls one HTTP/2 connection may have open at once: what one client multiplexes. More wait in
+# the client; the pools of service.py bound what every connection together may hold.
+MAX_STREAMS = 128
 # grpcio's channel arguments are C ints, and protobuf messages are under 2 GiB anyway.
 MAX_MESSAGE_BYTES = 2**31 - 1
 # How often Watch looks at the readiness it reports.
@@ -110,8 +112,9 @@ def build(runtime: Runtime, metrics: Metrics | None = None) -> grpc.aio.Server:
             # A port already taken is an error, as it is for HTTP; several workers of one
             # server share theirs (the kernel spreads the connections).
             ("grpc.so_reuseport", 1 if settings.workers > 1 else 0),
+            ("grpc.max_concurrent_streams", MAX_STREAMS),
+            ("grpc.max_metadata_size", settings.max_head_bytes),
         ],
-        maximum_concurrent_rpcs=settings.max_inflight_requests + PROBE_SLOTS,
     )
     handlers: dict[str, grpc.RpcMethodHandler[bytes, bytes]] = {
         name: grpc.stream_unary_rpc_method_handler(service.rpc(name)) for name in service.handlers
@@ -142,4 +145,4 @@ async def stop(server: grpc.aio.Server, grace_s: float) -> None:
     await server.stop(grace_s)
 
 
-__all__ = ["PROBE_SLOTS", "Health", "build", "start", "stop"]
+__all__ = ["MAX_STREAMS", "Health", "build", "start", "stop"]

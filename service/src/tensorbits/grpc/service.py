@@ -4,8 +4,18 @@ Every RPC reads the same runtime as the HTTP routes (backend, admission, limits,
 statistics, drain) and answers from the same definitions: metadata, model configuration and
 statistics are the HTTP documents turned into messages (``json_format.ParseDict``), inference
 goes through ``inference.plan`` like every front end. A refusal is the same ``TensorbitsError``
-with the same words, sent as a gRPC status (``STATUS``, by the error's HTTP status) whose
-trailing metadata names the field and the rule, as the HTTP JSON error does.
+with the same words, sent as the gRPC status its class carries (``errors.STATUSES``: one table
+for both protocols) with trailing metadata naming the field and the rule, as the HTTP JSON error
+does. An exception that is not a refusal is answered by ``refusals.refusal_of`` as HTTP answers
+it (out of memory: UNAVAILABLE, as HTTP's 503), or as INTERNAL with no internals named (a bug).
+
+Every call's capacity is bounded before its message is read, and probes share none of it
+(``RPC_RULES``): ModelInfer calls take a slot of the inference pool (this worker's share of
+TENSORBITS_MAX_INFLIGHT_REQUESTS), the other RPCs but the probes one of a small control pool,
+and each holds it until its answer; past either, UNAVAILABLE at once. ServerLive, ServerReady
+and ModelReady take no slot: a flood of stalled or oversized calls cannot make a liveness probe
+fail. A message must arrive within TENSORBITS_TIMEOUT_BODY_READ; every RPC but ModelInfer takes a
+message of at most ``SMALL_MESSAGE_BYTES`` (protobuf parses it on the event loop).
 
 Each RPC's handler takes the request's bytes and returns the response's (``server.py``
 registers them without (de)serializers): a malformed message is then an INVALID_ARGUMENT with
@@ -15,18 +25,19 @@ protobuf's words, not the INTERNAL that grpcio answers when its own deserializer
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import grpc
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
 from starlette.concurrency import run_in_threadpool
 
-from tensorbits import auth, inference, model_info
+from tensorbits import auth, inference, model_info, refusals
 from tensorbits.api.offload import offload
 from tensorbits.api.v2_infer import COMPUTE_INLINE_MAX_BYTES, JSON_INLINE_MAX_BYTES
 from tensorbits.grpc import inference_pb2 as pb
@@ -39,6 +50,8 @@ from tensorbits.shared_memory import Kind, SharedMemoryRegions, switched_on
 from tensorbits_protocol.errors import (
     InvalidRequest,
     OperatorNotFound,
+    Overloaded,
+    PayloadTooLarge,
     RequestTimeout,
     TensorbitsError,
     Unauthorized,
@@ -47,19 +60,83 @@ from tensorbits_protocol.operators import OPERATORS, OperatorSpec
 
 # The HTTP requests' logger (observability.py): one access log whatever the protocol.
 access_log = logging.getLogger("tensorbits.access")
+logger = logging.getLogger("tensorbits.grpc")
 
 # The published service name: clients call /inference.GRPCInferenceService/<Method>.
 SERVICE_NAME = "inference.GRPCInferenceService"
 
-# A refusal's gRPC status, by its HTTP status (each TensorbitsError class carries one).
-STATUS: Mapping[int, grpc.StatusCode] = {
-    400: grpc.StatusCode.INVALID_ARGUMENT,
-    401: grpc.StatusCode.UNAUTHENTICATED,
-    404: grpc.StatusCode.NOT_FOUND,
-    408: grpc.StatusCode.DEADLINE_EXCEEDED,
-    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    503: grpc.StatusCode.UNAVAILABLE,
-}
+# The largest message of every RPC but ModelInfer: names, keys, a 64-byte CUDA handle. Parsed on
+# the event loop, so bounded well below what would hold it up.
+SMALL_MESSAGE_BYTES = 64 << 10
+# Calls of the control RPCs (metadata, configuration, statistics, repository, shared memory) in
+# progress at once, stalled ones included.
+CONTROL_SLOTS = 32
+
+
+class Pool(enum.Enum):
+    """Which capacity a call holds from its start to its answer."""
+
+    NONE = "none"  # probes: never refused for capacity
+    INFERENCE = "inference"  # this worker's share of TENSORBITS_MAX_INFLIGHT_REQUESTS
+    CONTROL = "control"  # CONTROL_SLOTS
+
+
+class RpcRule(NamedTuple):
+    pool: Pool
+    max_message_bytes: int | None  # None: TENSORBITS_MAX_BODY_BYTES, grpcio's bound
+
+
+_PROBE = RpcRule(Pool.NONE, SMALL_MESSAGE_BYTES)
+_CONTROL = RpcRule(Pool.CONTROL, SMALL_MESSAGE_BYTES)
+# Every RPC of inference.proto's service: the capacity it holds and its message bound (the
+# service checks the table is complete).
+RPC_RULES: Mapping[str, RpcRule] = {
+    "ServerLive": _PROBE,
+    "ServerReady": _PROBE,
+    "ModelReady": _PROBE,
+    "ModelInfer": RpcRule(Pool.INFERENCE, None),
+    **{
+        rpc: _CONTROL
+        for rpc in (
+            "ServerMetadata", "ModelMetadata", "ModelConfig", "ModelStatistics",
+            "RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload",
+            "SystemSharedMemoryStatus", "SystemSharedMemoryRegister",
+            "SystemSharedMemoryUnregister", "CudaSharedMemoryStatus",
+            "CudaSharedMemoryRegister", "CudaSharedMemoryUnregister",
+        )
+    },
+}  # fmt: skip
+
+
+def status_code(error: TensorbitsError) -> grpc.StatusCode:
+    """The gRPC status of a refusal: the one its class carries (``errors.STATUSES``)."""
+    return grpc.StatusCode[error.grpc_code]
+
+
+class Slots:
+    """A pool of call slots: ``take`` or Overloaded at once (never a queue), ``give`` back."""
+
+    __slots__ = ("capacity", "name", "setting", "taken")
+
+    def __init__(self, capacity: int, name: str, setting: str) -> None:
+        self.capacity = capacity
+        self.name = name
+        self.setting = setting
+        self.taken = 0
+
+    def take(self) -> None:
+        # No await between the check and the increment: on one event loop this is atomic.
+        if self.taken >= self.capacity:
+            raise Overloaded(
+                f"server busy: {self.taken} {self.name} calls in progress (limit "
+                f"{self.capacity}, {self.setting}); retry later"
+            )
+        self.taken += 1
+
+    def give(self) -> None:
+        self.taken -= 1
+
+
 # The RPCs a client may call without an API key when the HTTP route they mirror is open
 # (TENSORBITS_AUTH_OPEN_PATHS); the gRPC health service is always open, like a probe must be.
 OPEN_WHEN: Mapping[str, str] = {
@@ -112,6 +189,20 @@ class InferenceService:
         )
         # Every RPC of the service in inference.proto, by the method of its snake-case name.
         self.handlers: dict[str, Handler] = {rpc: getattr(self, method) for rpc, method in RPCS}
+        missing = set(self.handlers) ^ set(RPC_RULES)
+        assert not missing, f"RPC_RULES does not match inference.proto: {sorted(missing)}"
+        self.pools: dict[Pool, Slots] = {
+            Pool.INFERENCE: Slots(
+                settings.worker_inflight_requests,
+                "ModelInfer",
+                "TENSORBITS_MAX_INFLIGHT_REQUESTS"
+                + (f" shared by {settings.workers} workers" if settings.workers > 1 else ""),
+            ),
+            Pool.CONTROL: Slots(CONTROL_SLOTS, "metadata and control", "the server's"),
+        }
+        self.wire_limits = wire.WireLimits.of(
+            runtime.limits.max_tensors, runtime.limits.max_json_elements
+        )
 
     # --- the call around every RPC ------------------------------------------------------------
 
@@ -122,49 +213,76 @@ class InferenceService:
         handler = self.handlers[name]
         needs_key = self.keys is not None and name not in self.open_rpcs
         route = f"/{SERVICE_NAME}/{name}"
+        rule = RPC_RULES[name]
+        slots = self.pools.get(rule.pool)
 
         async def behaviour(requests: AsyncIterator[bytes], context: Context) -> bytes:
             started = time.perf_counter()
             status, size_in, size_out = 200, 0, 0
+            holding = False
             try:
+                if slots is not None:
+                    slots.take()
+                    holding = True
                 if needs_key:
                     self._authenticate(context)
-                try:
-                    # asyncio.timeout, not wait_for: no task per call (a tenth of a small call).
-                    async with asyncio.timeout(self.receive_timeout):
-                        data = await anext(requests)
-                except TimeoutError:
-                    raise RequestTimeout(
-                        f"the {name} request message did not arrive within "
-                        f"{self.receive_timeout} s (TENSORBITS_TIMEOUT_BODY_READ)",
-                        field="message",
-                        rule="timeout_body_read",
-                    ) from None
-                except StopAsyncIteration:
-                    raise InvalidRequest(
-                        f"the call ended without a {name} request message",
-                        field="message",
-                        rule="protobuf",
-                    ) from None
+                data = await self._receive(name, requests)
                 size_in = len(data)
+                if rule.max_message_bytes is not None and size_in > rule.max_message_bytes:
+                    raise PayloadTooLarge(
+                        f"the {name} message is {size_in} bytes, more than the "
+                        f"{rule.max_message_bytes} this RPC takes",
+                        field="message",
+                        rule="max_message_bytes",
+                    )
                 response = await handler(data)
                 size_out = len(response)
                 return response
-            except TensorbitsError as error:
-                status = error.status_code
+            except Exception as exc:  # every exception is answered (a cancelled call is not one)
+                refusal = refusals.refusal_of(exc)
+                if refusal is None:
+                    status = 500
+                    logger.exception("unexpected error in %s", route)
+                    await context.abort(grpc.StatusCode.INTERNAL, "internal server error")
+                    raise  # abort raises; this line is for the type checker
+                status = refusal.status_code
+                refusals.forget_frames(exc)  # its frames hold the message (see the function)
                 await context.abort(
-                    STATUS.get(error.status_code, grpc.StatusCode.INTERNAL),
-                    error.message,
-                    trailing_metadata=_error_metadata(error),
+                    status_code(refusal),
+                    refusal.message,
+                    trailing_metadata=_error_metadata(refusal),
                 )
                 raise  # abort raises; this line is for the type checker
             except BaseException:
-                status = 500  # a bug (grpcio answers UNKNOWN) or a cancelled call
+                status = 499  # cancelled by the client or the server's stop
                 raise
             finally:
+                if holding:
+                    assert slots is not None
+                    slots.give()
                 self._account(route, status, time.perf_counter() - started, size_in, size_out)
 
         return behaviour
+
+    async def _receive(self, name: str, requests: AsyncIterator[bytes]) -> bytes:
+        """The call's one message, within the read deadline."""
+        try:
+            # asyncio.timeout, not wait_for: no task per call (a tenth of a small call).
+            async with asyncio.timeout(self.receive_timeout):
+                return await anext(requests)
+        except TimeoutError:
+            raise RequestTimeout(
+                f"the {name} request message did not arrive within "
+                f"{self.receive_timeout} s (TENSORBITS_TIMEOUT_BODY_READ)",
+                field="message",
+                rule="timeout_body_read",
+            ) from None
+        except StopAsyncIteration:
+            raise InvalidRequest(
+                f"the call ended without a {name} request message",
+                field="message",
+                rule="protobuf",
+            ) from None
 
     def _account(
         self, route: str, status: int, seconds: float, size_in: int, size_out: int
@@ -343,7 +461,7 @@ class InferenceService:
         ``messages.PlanTemplate`` (``self.plans``), not parsed and checked again."""
         started = time.perf_counter_ns()
         runtime = self.runtime
-        split = wire.split_infer_request(data, runtime.limits.max_tensors)
+        split = wire.split_infer_request(data, self.wire_limits)
         key: tuple[bytes, tuple[int, ...]] | None = None
         template = None
         if self.plans is not None and self.plans.keeps(split.message):
@@ -352,7 +470,12 @@ class InferenceService:
         if template is not None:
             op = template.op
         else:
-            message = _parse(pb.ModelInferRequest, split.message)
+            # Walked by its rules before protobuf builds anything of it (a cached message was,
+            # when it was cached); on a thread when large, as the HTTP side's JSON is read.
+            message = await offload(
+                len(split.message), JSON_INLINE_MAX_BYTES, _checked_request, split.message,
+                self.wire_limits,
+            )  # fmt: skip
             op = inference.resolve_model(message.model_name, _version(message.model_version))
         runtime.models.check_loaded(op.name)  # every call: a template skips no state
         try:
@@ -393,6 +516,13 @@ class InferenceService:
             op.name, 0, planned - started, executed - planned, 0, executed - started
         )
         return response
+
+
+def _checked_request(data: bytes, limits: wire.WireLimits) -> pb.ModelInferRequest:
+    """The request part of ``data`` (a ``wire.SplitRequest.message``), walked by the wire rules
+    first, then parsed."""
+    wire.check_nested(data, limits)
+    return _parse(pb.ModelInferRequest, data)
 
 
 def _message(message_type: type[M], document: dict[str, Any], *, partial: bool = False) -> M:
@@ -438,4 +568,15 @@ def _metadata_value(text: str) -> str:
     return "".join(c if " " <= c <= "~" else "?" for c in text[:200])
 
 
-__all__ = ["OPEN_WHEN", "SERVICE_NAME", "STATUS", "InferenceService"]
+__all__ = [
+    "CONTROL_SLOTS",
+    "OPEN_WHEN",
+    "RPC_RULES",
+    "SERVICE_NAME",
+    "SMALL_MESSAGE_BYTES",
+    "InferenceService",
+    "Pool",
+    "RpcRule",
+    "Slots",
+    "status_code",
+]

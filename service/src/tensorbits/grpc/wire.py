@@ -1,121 +1,408 @@
-"""The few bytes of protobuf's wire format the inference RPC handles itself: the tensors' bytes.
+"""The protobuf wire format of the inference RPC, read before protobuf builds anything.
 
-A ``ModelInferRequest`` carries its inputs' bytes in ``raw_input_contents`` (field 7), and a
-``ModelInferResponse`` its outputs' in ``raw_output_contents`` (field 6). Parsed by protobuf, a
-64 MiB input would be copied into the message and copied again on each read of the field;
-built by protobuf, an output would be copied into the message and again when it is serialized.
-So ``split_infer_request`` walks the request's top-level fields once: the raw contents stay views
-of the received bytes, the rest (names, shapes, parameters: small) is what protobuf parses. And
-``raw_field`` frames an output as one entry of field 6, so the kernel writes the output straight
-into the response's bytes after the protobuf-built part (fields may come in any order on the
-wire, and a repeated field's entries may be split around others: the encoding says so).
+A ``ModelInferRequest`` is hostile bytes until proven otherwise. Handed to protobuf as it comes,
+a message of a few MiB made of millions of tiny fields (empty entries, unknown fields, shape
+dimensions, parameters) costs seconds and gigabytes: one object per field, built on the event
+loop. So the message is walked first, by the rules in ``MODEL_INFER_REQUEST`` (a table: each
+field of each message, its wire form and what bounds its count), and refused at the first count
+past its bound: the work spent on a refused message is in proportion to the bounds, not to what
+was sent. Only a message that passed the walk is parsed, and what protobuf then builds is
+bounded by the same numbers.
 
-Every count is bounded while walking, before anything is built: a message of a million empty
-``raw_input_contents`` entries costs one walk, not a million views. The tests check both
-functions against protobuf's own parser and serializer (tests/grpc/test_grpc_wire.py).
+The walk is in two steps. ``split_infer_request`` reads the top-level fields: the raw contents
+(field 7) stay views of the received bytes (parsed by protobuf, a 64 MiB input would be copied
+into the message and again on each read of the field), the rest is what protobuf will parse.
+``check_nested`` then walks the inputs, outputs and parameters inside that rest; a message the
+plan cache has seen before (the same bytes but the raw contents') skips it, having passed it
+once. ``raw_field`` frames an output as one entry of ``raw_output_contents`` (field 6 of the
+response), so the kernel writes the output straight into the response's bytes after the
+protobuf-built part (fields may come in any order on the wire, and a repeated field's entries
+may be split around others: the encoding says so).
+
+The tests check both walks against protobuf's own parser and serializer
+(tests/grpc_endpoint/test_grpc_wire.py); the fuzz target ``fuzz_grpc_wire`` floods them.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from enum import Enum
 from typing import NamedTuple
 
 from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
+from tensorbits_protocol.v2 import MAX_WIRE_RANK
 
 # Wire types (protobuf encoding): what follows a field's tag.
 VARINT, I64, LEN, I32 = 0, 1, 2, 5
 _FIXED_SIZES = {I64: 8, I32: 4}
-# ModelInferRequest's repeated message fields and raw contents, each bounded by the tensor limit.
-REQUEST_PARAMETERS, REQUEST_INPUTS, REQUEST_OUTPUTS, RAW_INPUT_CONTENTS = 4, 5, 6, 7
-RAW_OUTPUT_CONTENTS = 6  # ModelInferResponse
-# Request-level parameters (field 4) a request may carry: operator parameters and the protocol's
-# own are a handful; this bounds what protobuf is asked to build.
-MAX_REQUEST_PARAMETERS = 64
 _MAX_VARINT_BYTES = 10
+RAW_OUTPUT_CONTENTS = 6  # ModelInferResponse
+
+MAX_PARAMETERS = 64
+"""Entries of one parameter map (the request's, an input's, an output's). The protocol's own
+parameters and an operator's are a handful; this bounds what protobuf is asked to build."""
+MAX_TEXT_BYTES = 4096
+"""Bytes of any one string: a model or tensor name, a data type, an id, a parameter's key or
+string value. Every real one is under 300 (a shared-memory region's name, the longest)."""
+MAX_FIELDS = 16384
+"""Fields of one message, at every level together: what the walk visits at most. Repeated
+scalars sent unpacked (a tag per value, legal but sent by no protobuf library) count here, so
+values are sent packed beyond a few thousand."""
 
 
-class SplitRequest(NamedTuple):
-    """A ``ModelInferRequest`` taken apart: every field but the raw contents (to be parsed by
-    protobuf) and the raw contents, in order, as views of the received bytes."""
+class Count(Enum):
+    """What bounds how often a field may occur in one message (``WireLimits``)."""
 
-    message: bytes
-    raw_contents: list[memoryview]
+    ONE = "one"  # a singular field: protobuf would let a later copy overwrite an earlier one
+    TENSORS = "tensors"  # inputs, outputs, raw contents: TENSORBITS_MAX_TENSORS
+    PARAMETERS = "parameters"  # one map's entries: MAX_PARAMETERS
+    RANK = "rank"  # shape dimensions: MAX_WIRE_RANK
+    VALUES = "values"  # typed contents, every tensor together: TENSORBITS_MAX_JSON_ELEMENTS
 
 
-def _malformed(detail: str) -> InvalidRequest:
-    return InvalidRequest(
-        f"malformed ModelInferRequest: {detail}", field="ModelInferRequest", rule="protobuf"
+class Form(Enum):
+    """How a field is written: what the walk reads of it."""
+
+    TEXT = "text"  # a string: its length bounded by MAX_TEXT_BYTES
+    MESSAGE = "message"  # an embedded message, walked by its own rules
+    BYTES = "bytes"  # opaque bytes (raw contents, BYTES contents): counted, never read
+    VARINTS = "varints"  # a scalar, or repeated scalars packed or not, of varints
+    FIXED32 = "fixed32"  # the same, of 4-byte values (float)
+    FIXED64 = "fixed64"  # the same, of 8-byte values (double)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One field of a message: its name (as a refusal names it), how it is written, what bounds
+    its count and, for an embedded message, the rules of that message."""
+
+    name: str
+    form: Form
+    count: Count = Count.ONE
+    message: Message | None = None
+
+
+@dataclass(frozen=True)
+class Message:
+    """The rules of one message type, by field number. ``oneof``: at most one of its fields
+    may be given (an ``InferParameter``'s value)."""
+
+    name: str
+    fields: dict[int, Rule]
+    oneof: bool = False
+
+
+INFER_PARAMETER = Message(
+    "InferParameter",
+    {
+        1: Rule("bool_param", Form.VARINTS),
+        2: Rule("int64_param", Form.VARINTS),
+        3: Rule("string_param", Form.TEXT),
+        4: Rule("double_param", Form.FIXED64),
+        5: Rule("uint64_param", Form.VARINTS),
+    },
+    oneof=True,
+)
+PARAMETER_ENTRY = Message(
+    "parameters",
+    {1: Rule("key", Form.TEXT), 2: Rule("value", Form.MESSAGE, message=INFER_PARAMETER)},
+)
+PARAMETERS = Rule("parameters", Form.MESSAGE, Count.PARAMETERS, PARAMETER_ENTRY)
+TENSOR_CONTENTS = Message(
+    "InferTensorContents",
+    {
+        1: Rule("bool_contents", Form.VARINTS, Count.VALUES),
+        2: Rule("int_contents", Form.VARINTS, Count.VALUES),
+        3: Rule("int64_contents", Form.VARINTS, Count.VALUES),
+        4: Rule("uint_contents", Form.VARINTS, Count.VALUES),
+        5: Rule("uint64_contents", Form.VARINTS, Count.VALUES),
+        6: Rule("fp32_contents", Form.FIXED32, Count.VALUES),
+        7: Rule("fp64_contents", Form.FIXED64, Count.VALUES),
+        8: Rule("bytes_contents", Form.BYTES, Count.VALUES),
+    },
+)
+INPUT_TENSOR = Message(
+    "InferInputTensor",
+    {
+        1: Rule("name", Form.TEXT),
+        2: Rule("datatype", Form.TEXT),
+        3: Rule("shape", Form.VARINTS, Count.RANK),
+        4: PARAMETERS,
+        5: Rule("contents", Form.MESSAGE, message=TENSOR_CONTENTS),
+    },
+)
+OUTPUT_TENSOR = Message("InferRequestedOutputTensor", {1: Rule("name", Form.TEXT), 2: PARAMETERS})
+RAW_INPUT_CONTENTS = 7
+MODEL_INFER_REQUEST = Message(
+    "ModelInferRequest",
+    {
+        1: Rule("model_name", Form.TEXT),
+        2: Rule("model_version", Form.TEXT),
+        3: Rule("id", Form.TEXT),
+        4: PARAMETERS,
+        5: Rule("inputs", Form.MESSAGE, Count.TENSORS, INPUT_TENSOR),
+        6: Rule("outputs", Form.MESSAGE, Count.TENSORS, OUTPUT_TENSOR),
+        RAW_INPUT_CONTENTS: Rule("raw_input_contents", Form.BYTES, Count.TENSORS),
+    },
+)
+"""The rules of ``ModelInferRequest`` and of every message inside it (inference.proto)."""
+
+
+class WireLimits(NamedTuple):
+    """The bound of each ``Count``, from the server's limits (``of``)."""
+
+    bounds: dict[Count, int]
+
+    @property
+    def max_values(self) -> int:
+        return self.bounds[Count.VALUES]
+
+    @classmethod
+    def of(cls, max_tensors: int, max_values: int) -> WireLimits:
+        """``max_tensors``: TENSORBITS_MAX_TENSORS; ``max_values``: typed contents values of one
+        request, TENSORBITS_MAX_JSON_ELEMENTS (the bound of JSON ``data`` over HTTP)."""
+        return cls(
+            {
+                Count.ONE: 1,
+                Count.TENSORS: max_tensors,
+                Count.PARAMETERS: MAX_PARAMETERS,
+                Count.RANK: MAX_WIRE_RANK,
+                Count.VALUES: max_values,
+            }
+        )
+
+
+def _past_bound(rule: Rule, path: str, count: int, limits: WireLimits) -> Exception:
+    """The refusal of ``count`` occurrences of ``rule`` at ``path``: words that name the field,
+    the value and the rule, as the HTTP side's for the same bound."""
+    bound = limits.bounds[rule.count]
+    where = f"{path}.{rule.name}" if path else rule.name
+    if rule.count is Count.ONE:
+        return InvalidRequest(
+            f"{where} is given {count} times: it is a single field (protobuf would keep the last)",
+            field=where,
+            rule="single_field",
+        )
+    if rule.count is Count.RANK:
+        return InvalidRequest(
+            f"{where} has more than {bound} dimensions (MAX_WIRE_RANK; operators take rank 8 at "
+            "most)",
+            field=where,
+            rule="max_rank",
+        )
+    if rule.count is Count.TENSORS:
+        return PayloadTooLarge(
+            f"the request lists more than {bound} {rule.name} (limit of TENSORBITS_MAX_TENSORS)",
+            field=rule.name,
+            rule="max_tensors",
+        )
+    if rule.count is Count.PARAMETERS:
+        return PayloadTooLarge(
+            f"{where} has more than {bound} entries (the server's limit per parameter map)",
+            field=where,
+            rule="max_parameters",
+        )
+    return PayloadTooLarge(
+        f"the request's typed contents hold more than {bound} values (limit of "
+        "TENSORBITS_MAX_JSON_ELEMENTS)",
+        field=where,
+        rule="max_json_elements",
     )
 
 
-def _varint(data: memoryview, at: int) -> tuple[int, int]:
+def _malformed(what: str, detail: str) -> InvalidRequest:
+    return InvalidRequest(f"malformed {what}: {detail}", field="ModelInferRequest", rule="protobuf")
+
+
+def _varint(data: memoryview, at: int, end: int) -> tuple[int, int]:
     """The varint at ``at`` and where the next field starts."""
     value = shift = 0
     for offset in range(_MAX_VARINT_BYTES):
-        if at + offset >= len(data):
-            raise _malformed(f"a varint runs past the end of the message at byte {at}")
+        if at + offset >= end:
+            raise _malformed(
+                "ModelInferRequest", f"a varint runs past the end of its message at byte {at}"
+            )
         byte = data[at + offset]
         value |= (byte & 0x7F) << shift
         if byte < 0x80:
             return value, at + offset + 1
         shift += 7
-    raise _malformed(f"a varint at byte {at} is longer than {_MAX_VARINT_BYTES} bytes")
+    raise _malformed("ModelInferRequest", f"a varint at byte {at} is longer than 10 bytes")
 
 
-def split_infer_request(data: bytes, max_tensors: int) -> SplitRequest:
-    """Split a serialized ``ModelInferRequest`` into the part protobuf parses and the raw
-    contents. Raises InvalidRequest (400) on a malformed message and PayloadTooLarge (413) when
-    it lists more inputs, outputs or raw contents than ``max_tensors`` (TENSORBITS_MAX_TENSORS),
-    or more than ``MAX_REQUEST_PARAMETERS`` request parameters."""
-    view = memoryview(data)
-    counts = {REQUEST_PARAMETERS: 0, REQUEST_INPUTS: 0, REQUEST_OUTPUTS: 0, RAW_INPUT_CONTENTS: 0}
-    bounds = {
-        REQUEST_PARAMETERS: (MAX_REQUEST_PARAMETERS, "parameters", "max_parameters"),
-        REQUEST_INPUTS: (max_tensors, "inputs", "max_tensors"),
-        REQUEST_OUTPUTS: (max_tensors, "outputs", "max_tensors"),
-        RAW_INPUT_CONTENTS: (max_tensors, "raw_input_contents", "max_tensors"),
-    }
-    kept: list[memoryview] = []
-    raw: list[memoryview] = []
-    at = 0
-    while at < len(view):
-        field_start = at
-        tag, at = _varint(view, at)
-        number, wire_type = tag >> 3, tag & 7
-        if number == 0:
-            raise _malformed(f"field number 0 at byte {field_start}")
-        if wire_type == VARINT:
-            _, at = _varint(view, at)
-        elif wire_type == LEN:
-            length, at = _varint(view, at)
-            if length > len(view) - at:
-                raise _malformed(
-                    f"field {number} at byte {field_start} declares {length} bytes, "
-                    f"{len(view) - at} remain"
+# The bytes that end a varint: a packed run's values are counted as those bytes, in C.
+_CONTINUATION_BYTES = bytes(range(0x80, 0x100))
+
+
+def _packed_count(data: memoryview, form: Form, at: int, length: int, most: int) -> int:
+    """How many values a packed run of ``length`` bytes at ``at`` holds, or ``most + 1`` when
+    it holds more than ``most`` (found without reading further than that needs)."""
+    if form is Form.VARINTS:
+        if length > _MAX_VARINT_BYTES * most:  # even 10-byte varints would be too many
+            return most + 1
+        run = bytes(data[at : at + length])
+        if run and run[-1] >= 0x80:
+            raise _malformed("ModelInferRequest", f"a packed varint run at byte {at} is cut short")
+        return len(run.translate(None, _CONTINUATION_BYTES))
+    size = 4 if form is Form.FIXED32 else 8
+    if length % size:
+        raise _malformed(
+            "ModelInferRequest", f"a packed run at byte {at} of {length} bytes is not of {size}"
+        )
+    return length // size
+
+
+# A single fixed-size value: the wire types each form may use for it.
+_FIXED_FORMS = frozenset({(I32, Form.FIXED32), (I64, Form.FIXED64)})
+
+
+class _Walk:
+    """One message's walk: the budget of fields and values shared by every level."""
+
+    __slots__ = ("fields_left", "kept", "limits", "values", "view")
+
+    def __init__(self, view: memoryview, limits: WireLimits) -> None:
+        self.view = view
+        self.limits = limits
+        self.fields_left = MAX_FIELDS
+        self.values = 0
+        self.kept: list[memoryview] = []  # the top level's fields but the raw contents
+
+    def add_values(self, rule: Rule, path: str, count: int) -> None:
+        self.values += count
+        if self.values > self.limits.max_values:
+            raise _past_bound(rule, path, self.values, self.limits)
+
+    def message(
+        self, message: Message, path: str, at: int, end: int, top: list[memoryview] | None = None
+    ) -> None:
+        """Walk ``message`` from ``at`` to ``end``, refusing it at the first rule it breaks.
+        At the top (``top`` given): nested messages are not walked, the raw contents are put in
+        ``top`` and the other fields' bytes in ``self.kept``."""
+        view, limits = self.view, self.limits
+        counts: dict[int, int] = {}
+        while at < end:
+            self.fields_left -= 1
+            if self.fields_left < 0:
+                raise PayloadTooLarge(
+                    f"{message.name} has more than {MAX_FIELDS} fields at all levels together "
+                    "(repeated values are sent packed)",
+                    field=path or message.name,
+                    rule="max_fields",
                 )
-            if number in counts:
-                counts[number] += 1
-                bound, name, rule = bounds[number]
-                if counts[number] > bound:
-                    raise PayloadTooLarge(
-                        f"the request lists more than {bound} {name} (limit of "
-                        f"{'TENSORBITS_MAX_TENSORS' if rule == 'max_tensors' else 'the server'})",
-                        field=name,
-                        rule=rule,
+            field_start = at
+            tag, at = _varint(view, at, end)
+            number, wire_type = tag >> 3, tag & 7
+            if number == 0:
+                raise _malformed(message.name, f"field number 0 at byte {field_start}")
+            rule = message.fields.get(number)
+            if rule is None:
+                where = path or message.name
+                raise InvalidRequest(
+                    f"{where}: field number {number} is not a field of {message.name}",
+                    field=where,
+                    rule="unknown_field",
+                )
+            if wire_type == LEN:
+                length, at = _varint(view, at, end)
+                if length > end - at:
+                    raise _malformed(
+                        message.name,
+                        f"field {number} ({rule.name}) at byte {field_start} declares {length} "
+                        f"bytes, {end - at} remain",
                     )
-            if number == RAW_INPUT_CONTENTS:
-                raw.append(view[at : at + length])
-                at += length
-                continue
+                if rule.form in (Form.VARINTS, Form.FIXED32, Form.FIXED64):  # packed
+                    most = limits.bounds[rule.count] - counts.get(number, 0)
+                    if rule.count is Count.VALUES:
+                        most = limits.max_values - self.values
+                    count = _packed_count(view, rule.form, at, length, most)
+                else:
+                    count = 1
+                    if rule.form is Form.TEXT and length > MAX_TEXT_BYTES:
+                        where = f"{path}.{rule.name}" if path else rule.name
+                        raise InvalidRequest(
+                            f"{where} is {length} bytes long, more than {MAX_TEXT_BYTES}",
+                            field=where,
+                            rule="max_text_bytes",
+                        )
+            elif rule.form is Form.VARINTS and wire_type == VARINT:
+                _, at = _varint(view, at, end)
+                length, count = 0, 1
+            elif (wire_type, rule.form) in _FIXED_FORMS:
+                length, count = _FIXED_SIZES[wire_type], 1
+                if length > end - at:
+                    raise _malformed(
+                        message.name, f"field {number} at byte {field_start} runs past the end"
+                    )
+            else:
+                raise _malformed(
+                    message.name,
+                    f"field {number} ({rule.name}) at byte {field_start} has wire type {wire_type}",
+                )
+            total = counts.get(number, 0) + count
+            counts[number] = total
+            if rule.count is Count.VALUES:
+                self.add_values(rule, path, count)
+            elif total > limits.bounds[rule.count]:
+                raise _past_bound(rule, path, total, limits)
+            if message.oneof and len(counts) > 1:
+                raise InvalidRequest(
+                    f"{path}: more than one of {', '.join(r.name for r in message.fields.values())}"
+                    " is given (one value per parameter)",
+                    field=path,
+                    rule="parameter_value",
+                )
+            if top is not None and number == RAW_INPUT_CONTENTS:
+                top.append(view[at : at + length])
+            elif top is not None:
+                self.kept.append(view[field_start : at + length])
+            elif rule.message is not None:
+                index = f"[{total - 1}]" if rule.count is not Count.ONE else ""
+                inner = f"{path}.{rule.name}{index}" if path else f"{rule.name}{index}"
+                self.message(rule.message, inner, at, at + length)
             at += length
-        elif wire_type in _FIXED_SIZES:
-            at += _FIXED_SIZES[wire_type]
-            if at > len(view):
-                raise _malformed(f"field {number} at byte {field_start} runs past the end")
-        else:  # groups (3, 4) are proto2's and no field of this message; 6 and 7 do not exist
-            raise _malformed(f"field {number} at byte {field_start} has wire type {wire_type}")
-        kept.append(view[field_start:at])
-    message = data if not raw else b"".join(kept)
-    return SplitRequest(message, raw)
+
+
+class SplitRequest(NamedTuple):
+    """A ``ModelInferRequest`` taken apart: every field but the raw contents (to be parsed by
+    protobuf, once ``check_nested`` passed it) and the raw contents, in order, as views of the
+    received bytes."""
+
+    message: bytes
+    raw_contents: list[memoryview]
+
+
+def split_infer_request(data: bytes, limits: WireLimits) -> SplitRequest:
+    """Split a serialized ``ModelInferRequest`` into the part protobuf parses and the raw
+    contents, checking its top-level fields: 400 (InvalidRequest) for a malformed message, an
+    unknown field or a singular field given twice, 413 (PayloadTooLarge) past a count."""
+    view = memoryview(data)
+    walk = _Walk(view, limits)
+    raw: list[memoryview] = []
+    walk.message(MODEL_INFER_REQUEST, "", 0, len(view), raw)
+    return SplitRequest(data if not raw else b"".join(walk.kept), raw)
+
+
+def check_nested(message: bytes, limits: WireLimits) -> None:
+    """Walk the inputs, outputs and parameters of ``message`` (a ``SplitRequest.message``) by
+    their rules, so that protobuf builds nothing past a bound: 400 or 413 as the split."""
+    walk = _Walk(memoryview(message), limits)
+    at, end = 0, len(message)
+    counts: dict[int, int] = {}
+    view = walk.view
+    while at < end:  # the split passed these fields: only the nested messages are left
+        tag, at = _varint(view, at, end)
+        number = tag >> 3
+        if tag & 7 != LEN:
+            _, at = _varint(view, at, end)
+            continue
+        length, at = _varint(view, at, end)
+        rule = MODEL_INFER_REQUEST.fields[number]
+        if rule.message is not None:
+            index = counts.get(number, 0)
+            counts[number] = index + 1
+            walk.message(rule.message, f"{rule.name}[{index}]", at, at + length)
+        at += length
 
 
 def _encode_varint(value: int) -> bytes:
@@ -132,4 +419,15 @@ def raw_field(number: int, length: int) -> bytes:
     return _encode_varint(number << 3 | LEN) + _encode_varint(length)
 
 
-__all__ = ["RAW_OUTPUT_CONTENTS", "SplitRequest", "raw_field", "split_infer_request"]
+__all__ = [
+    "MAX_FIELDS",
+    "MAX_PARAMETERS",
+    "MAX_TEXT_BYTES",
+    "MODEL_INFER_REQUEST",
+    "RAW_OUTPUT_CONTENTS",
+    "SplitRequest",
+    "WireLimits",
+    "check_nested",
+    "raw_field",
+    "split_infer_request",
+]

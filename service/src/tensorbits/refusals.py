@@ -1,0 +1,42 @@
+"""What an exception is answered with, on every protocol.
+
+A refusal (``TensorbitsError``) is answered as itself: its class carries its HTTP status and its
+gRPC code (``tensorbits_protocol.errors.STATUSES``). A few other exceptions are refusals too:
+``MemoryError`` (CuPy's ``OutOfMemoryError`` is one) means valid input the backend could not hold
+now, answered as BackendFailure (503 / UNAVAILABLE: retry later or send less). Anything else is a
+bug, answered as 500 / INTERNAL naming no internals, and logged by the front end.
+"""
+
+from __future__ import annotations
+
+from tensorbits_protocol.errors import BackendFailure, TensorbitsError
+
+OUT_OF_MEMORY = "the backend ran out of memory running this request; retry later or send less"
+
+
+def forget_frames(exc: BaseException) -> None:
+    """Drop the tracebacks of a refusal, once answered, and of what it was raised from.
+
+    A refusal's traceback holds the frames it passed through, and they hold the request's body
+    (tens of MiB for a refused batch). Through the event loop's futures and tasks those frames
+    sit in reference cycles, so without this the body lives until the garbage collector's next
+    full pass: under a stream of refused requests, a sawtooth of resident memory past the
+    admission bound. A refusal is never logged with its traceback, so nothing is lost."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        current.__traceback__ = None
+        current = current.__cause__ or current.__context__
+
+
+def refusal_of(exc: BaseException) -> TensorbitsError | None:
+    """The refusal ``exc`` is answered with, or None when it is not one (a bug)."""
+    if isinstance(exc, TensorbitsError):
+        return exc
+    if isinstance(exc, MemoryError):
+        return BackendFailure(OUT_OF_MEMORY, rule="out_of_memory")
+    return None
+
+
+__all__ = ["OUT_OF_MEMORY", "forget_frames", "refusal_of"]
