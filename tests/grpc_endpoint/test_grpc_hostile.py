@@ -1,0 +1,339 @@
+"""Hostile ModelInfer messages, hand-made protobuf bytes, against the live server's gRPC port.
+
+Each class of message that once stalled the server or took gigabytes (floods of empty fields at
+the top level, huge shapes, parameter maps of millions of entries, typed values past the bound,
+unpacked repeated values) is sent while two bystanders probe the server: gRPC ServerLive and HTTP
+health must keep answering in a median under 100 ms, never failing. The refusal names the field
+and the rule in its trailing metadata, and the server's peak memory grows by less than
+4 x the message + 48 MiB: the bound the HTTP side's hostile suites hold to. The worst message
+measured prints its figures (``-s`` shows them)."""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import NamedTuple, TypeAlias, cast
+
+import grpc
+import pytest
+from support.grpc_live import GrpcServer, serve_grpc
+from support.rawhttp import bystander
+
+from tensorbits.grpc import inference_pb2 as pb
+from tensorbits.grpc import wire
+from tensorbits.grpc.service import CONTROL_SLOTS
+
+MiB = 1 << 20
+Unary: TypeAlias = "grpc.UnaryUnaryMultiCallable[bytes, bytes]"
+INFER = "/inference.GRPCInferenceService/ModelInfer"
+LIVE = "/inference.GRPCInferenceService/ServerLive"
+NOT = "DML_OPERATOR_ELEMENT_WISE_BIT_NOT"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[GrpcServer]:
+    with serve_grpc() as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+def channel(server: GrpcServer) -> Iterator[grpc.Channel]:
+    options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+    with grpc.insecure_channel(server.grpc_url, options=options) as c:
+        yield c
+
+
+class GrpcBystander:
+    """Calls ServerLive on a channel of its own, over and over, timing each answer."""
+
+    def __init__(self, server: GrpcServer) -> None:
+        self.channel = grpc.insecure_channel(server.grpc_url)
+        self.live: Unary = self.channel.unary_unary(LIVE)
+        self.latencies: list[float] = []
+        self.failures: list[str] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            began = time.perf_counter()
+            try:
+                answer = pb.ServerLiveResponse.FromString(self.live(b"", timeout=10))
+                if not answer.live:
+                    self.failures.append("ServerLive answered live=false")
+            except grpc.RpcError as error:
+                self.failures.append(f"{error.code()}: {error.details()}")
+            self.latencies.append(time.perf_counter() - began)
+            time.sleep(0.005)
+
+
+@contextlib.contextmanager
+def bystanders(server: GrpcServer) -> Iterator[GrpcBystander]:
+    """gRPC ServerLive and HTTP health probed for as long as the block runs: after it, both
+    were answered, never failing, in a median under 100 ms."""
+    watcher = GrpcBystander(server)
+    thread = threading.Thread(target=watcher.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not watcher.latencies and time.monotonic() < deadline:
+        time.sleep(0.01)
+    watcher.latencies.clear()
+    try:
+        with bystander(server.http):
+            yield watcher
+    finally:
+        watcher.stop.set()
+        thread.join(10)
+        watcher.channel.close()
+    assert not watcher.failures, watcher.failures[:5]
+    assert watcher.latencies, "no ServerLive call was answered while the hostile call ran"
+    assert statistics.median(watcher.latencies) < 0.1, sorted(watcher.latencies)[-5:]
+
+
+def varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def field(number: int, payload: bytes) -> bytes:
+    """A length-delimited field."""
+    return varint(number << 3 | wire.LEN) + varint(len(payload)) + payload
+
+
+def scalar(number: int, value: int) -> bytes:
+    """A varint field."""
+    return varint(number << 3 | wire.VARINT) + varint(value)
+
+
+HEAD = field(1, NOT.encode())
+ENTRY = field(4, field(1, b"k") + field(2, scalar(1, 1)))  # one parameters entry: k = true
+
+
+def tensor(*parts: bytes) -> bytes:
+    """An input named InputTensor, UINT8, with ``parts`` after its name and type."""
+    return field(5, field(1, b"InputTensor") + field(2, b"UINT8") + b"".join(parts))
+
+
+def repeated(unit: bytes, size: int) -> bytes:
+    return unit * (size // len(unit))
+
+
+# name -> (message of about ``size`` bytes, code, field, rule)
+Case = Callable[[int], bytes]
+CASES: dict[str, tuple[Case, grpc.StatusCode, str, str]] = {
+    "empty raw contents": (
+        lambda size: HEAD + repeated(field(7, b""), size),
+        grpc.StatusCode.RESOURCE_EXHAUSTED, "raw_input_contents", "max_tensors",
+    ),
+    "empty inputs": (
+        lambda size: HEAD + repeated(field(5, b""), size),
+        grpc.StatusCode.RESOURCE_EXHAUSTED, "inputs", "max_tensors",
+    ),
+    "unknown fields": (
+        lambda size: HEAD + repeated(scalar(9, 0), size),
+        grpc.StatusCode.INVALID_ARGUMENT, "ModelInferRequest", "unknown_field",
+    ),
+    "a singular field again and again": (
+        lambda size: repeated(field(1, b""), size),
+        grpc.StatusCode.INVALID_ARGUMENT, "model_name", "single_field",
+    ),
+    "request parameters": (
+        lambda size: HEAD + repeated(ENTRY, size),
+        grpc.StatusCode.RESOURCE_EXHAUSTED, "parameters", "max_parameters",
+    ),
+    "an input's parameters": (
+        lambda size: HEAD + tensor(field(3, b"\x01"), repeated(ENTRY, size)),
+        grpc.StatusCode.RESOURCE_EXHAUSTED, "inputs[0].parameters", "max_parameters",
+    ),
+    "a packed shape": (
+        lambda size: HEAD + tensor(field(3, repeated(b"\x01", size))),
+        grpc.StatusCode.INVALID_ARGUMENT, "inputs[0].shape", "max_rank",
+    ),
+    "an unpacked shape": (
+        lambda size: HEAD + tensor(repeated(scalar(3, 1), size)),
+        grpc.StatusCode.INVALID_ARGUMENT, "inputs[0].shape", "max_rank",
+    ),
+    "packed typed values": (
+        lambda size: HEAD + tensor(field(3, b"\x01"), field(5, field(4, repeated(b"\x00", size)))),
+        grpc.StatusCode.RESOURCE_EXHAUSTED, "inputs[0].contents.uint_contents", "max_json_elements",
+    ),
+    "unpacked typed values": (
+        lambda size: HEAD + tensor(field(3, b"\x01"), field(5, repeated(scalar(4, 0), size))),
+        grpc.StatusCode.RESOURCE_EXHAUSTED, "inputs[0].contents", "max_fields",
+    ),
+    "nested empty entries": (
+        lambda size: HEAD + tensor(field(5, repeated(field(8, b""), size))),
+        grpc.StatusCode.RESOURCE_EXHAUSTED, "inputs[0].contents", "max_fields",
+    ),
+}  # fmt: skip
+
+
+class Refusal(NamedTuple):
+    code: grpc.StatusCode
+    details: str
+    metadata: dict[str, str]
+
+
+def _refusal(error: BaseException | None) -> Refusal:
+    assert isinstance(error, grpc.RpcError), error
+    call = cast(grpc.Call, error)  # what grpcio raises is both
+    trailing = {str(k): str(v) for k, v in call.trailing_metadata() or ()}
+    return Refusal(call.code(), str(call.details()), trailing)
+
+
+def refuse(channel: grpc.Channel, message: bytes) -> Refusal:
+    call: Unary = channel.unary_unary(INFER)
+    with pytest.raises(grpc.RpcError) as caught:
+        call(message, timeout=60)
+    return _refusal(caught.value)
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("size", [8 * MiB, 32 * MiB])
+def test_floods_are_refused_at_their_bound(
+    server: GrpcServer, channel: grpc.Channel, case: str, size: int
+) -> None:
+    build, code, where, rule = CASES[case]
+    message = build(size)
+    baseline = server.http.reset_peak_rss()
+    with bystanders(server):
+        began = time.perf_counter()
+        error = refuse(channel, message)
+        seconds = time.perf_counter() - began
+    grown = server.http.peak_rss() - baseline
+    assert error.code == code, error
+    metadata = error.metadata
+    assert (metadata["tensorbits-error-field"], metadata["tensorbits-error-rule"]) == (
+        where,
+        rule,
+    ), error.details
+    assert grown < 4 * len(message) + 48 * MiB, (grown, len(message))
+    print(f"{case} {len(message) / MiB:.0f} MiB: {seconds * 1e3:.0f} ms, +{grown / MiB:.0f} MiB")
+
+
+def test_the_bounds_leave_room_for_every_real_request(channel: grpc.Channel) -> None:
+    # The largest request a client sends within the bounds: 64 inputs and outputs, 63 parameters
+    # each, rank 8 shapes; refused by the operator, never by the walk.
+    request = pb.ModelInferRequest(model_name=NOT, id="x" * 256)
+    for index in range(32):
+        tensor = request.inputs.add(name=f"t{index}", datatype="UINT8", shape=[1] * 8)
+        for key in range(wire.MAX_PARAMETERS):
+            tensor.parameters[f"key{key}"].string_param = "v" * 100
+        request.outputs.add(name=f"o{index}")
+    error = refuse(channel, request.SerializeToString())
+    assert error.code == grpc.StatusCode.INVALID_ARGUMENT
+    rule = error.metadata["tensorbits-error-rule"]
+    assert rule not in ("max_parameters", "max_fields", "max_rank", "unknown_field"), rule
+
+
+# --- calls that open and never send their message ------------------------------------------------
+
+INFLIGHT = 8  # the server's inference pool: TENSORBITS_MAX_INFLIGHT_REQUESTS
+READ_TIMEOUT_S = 3.0
+
+
+class Stalled:
+    """``count`` calls of ``method`` that open and then send nothing until ``release``."""
+
+    def __init__(self, channel: grpc.Channel, method: str, count: int) -> None:
+        self.gate = threading.Event()
+        call: grpc.StreamUnaryMultiCallable[bytes, bytes] = channel.stream_unary(method)
+        self.futures = [call.future(self._never(), timeout=60) for _ in range(count)]
+
+    def _never(self) -> Iterator[bytes]:
+        """No message: the call ends, once released, without one."""
+        self.gate.wait(60)
+        yield from ()
+
+    def codes(self) -> list[grpc.StatusCode]:
+        """Each call's status, once it ended."""
+        return [_refusal(future.exception(timeout=60)).code for future in self.futures]
+
+    def release(self) -> list[grpc.StatusCode]:
+        self.gate.set()
+        return self.codes()
+
+
+@pytest.fixture(scope="module")
+def small_server() -> Iterator[GrpcServer]:
+    env = {
+        "TENSORBITS_MAX_INFLIGHT_REQUESTS": str(INFLIGHT),
+        "TENSORBITS_TIMEOUT_BODY_READ": str(READ_TIMEOUT_S),
+    }
+    with serve_grpc(env) as live:
+        yield live
+
+
+def _probes_answer(server: GrpcServer) -> None:
+    """ServerLive, ServerReady, ModelReady and the health service answer, on a new channel."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(server.grpc_url) as probe:
+        for rpc, message, reply in (
+            ("ServerLive", b"", pb.ServerLiveResponse),
+            ("ServerReady", b"", pb.ServerReadyResponse),
+            (
+                "ModelReady",
+                pb.ModelReadyRequest(name=NOT).SerializeToString(),
+                pb.ModelReadyResponse,
+            ),
+        ):
+            call: Unary = probe.unary_unary(f"/inference.GRPCInferenceService/{rpc}")
+            answer = reply.FromString(call(message, timeout=5))
+            assert answer.ListFields()[0][1] is True, rpc
+        health = health_pb2_grpc.HealthStub(probe)
+        status = health.Check(health_pb2.HealthCheckRequest(), timeout=5).status  # type: ignore[attr-defined]
+        assert status == health_pb2.HealthCheckResponse.SERVING
+    assert server.http.get("/v2/health/live") == 200
+
+
+def test_stalled_calls_never_lock_out_the_probes(small_server: GrpcServer) -> None:
+    with grpc.insecure_channel(small_server.grpc_url) as attacker:
+        stalled = Stalled(attacker, INFER, 10 * INFLIGHT)  # 80 calls: 10 times the pool
+        metadata = Stalled(attacker, "/inference.GRPCInferenceService/ModelConfig", 40)
+        assert CONTROL_SLOTS < 40
+        stalled_probes = Stalled(attacker, LIVE, 40)  # probes held open cost no capacity either
+        time.sleep(0.5)  # every call opened
+        with bystanders(small_server):
+            for _ in range(5):
+                _probes_answer(small_server)
+        # A new inference call past the pool is told to come back, at once.
+        with grpc.insecure_channel(small_server.grpc_url) as other:
+            began = time.monotonic()
+            error = refuse(other, b"")
+            assert time.monotonic() - began < 2
+        assert error.code == grpc.StatusCode.UNAVAILABLE, error
+        assert "TENSORBITS_MAX_INFLIGHT_REQUESTS" in error.details
+        infer_codes = stalled.release()
+        assert infer_codes.count(grpc.StatusCode.UNAVAILABLE) == 9 * INFLIGHT
+        # The pool's calls waited for a message until the call ended without one.
+        assert infer_codes.count(grpc.StatusCode.INVALID_ARGUMENT) == INFLIGHT
+        control_codes = metadata.release()  # past the control pool too
+        assert control_codes.count(grpc.StatusCode.INVALID_ARGUMENT) == CONTROL_SLOTS
+        assert control_codes.count(grpc.StatusCode.UNAVAILABLE) == 40 - CONTROL_SLOTS
+        assert set(stalled_probes.release()) == {grpc.StatusCode.INVALID_ARGUMENT}
+
+
+def test_a_stalled_call_is_closed_at_the_read_deadline(small_server: GrpcServer) -> None:
+    with grpc.insecure_channel(small_server.grpc_url) as attacker:
+        stalled = Stalled(attacker, INFER, INFLIGHT)
+        began = time.monotonic()
+        codes = stalled.codes()
+        waited = time.monotonic() - began
+        stalled.gate.set()
+    assert set(codes) == {grpc.StatusCode.DEADLINE_EXCEEDED}
+    assert READ_TIMEOUT_S - 0.5 < waited < READ_TIMEOUT_S + 10
+    # The slots are free again: an inference is answered.
+    with grpc.insecure_channel(small_server.grpc_url) as client:
+        request = pb.ModelInferRequest(model_name=NOT)
+        request.inputs.add(name="InputTensor", datatype="UINT8", shape=[2])
+        request.raw_input_contents.append(b"\x00\xff")
+        infer: Unary = client.unary_unary(INFER)
+        reply = pb.ModelInferResponse.FromString(infer(request.SerializeToString(), timeout=10))
+    assert reply.raw_output_contents[0] == b"\xff\x00"
