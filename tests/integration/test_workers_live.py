@@ -1,9 +1,12 @@
 """``tensorbits serve --workers 2`` live (``workers.py``): both workers serve one port, each with
 the guarded protocol and its share of the in-flight limits, ``/metrics`` adds them up, and SIGTERM
-drains every worker (readiness false, requests in flight finished) before the server exits."""
+drains every worker (readiness false, requests in flight finished) before the server exits; so
+does the supervisor's death, even by SIGKILL, after which no worker, port or metrics folder is
+left."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
@@ -11,7 +14,8 @@ import socket
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -189,6 +193,138 @@ def test_sigterm_drains_every_worker() -> None:
         records = [json.loads(line) for line in log.read().decode().splitlines() if line[:1] == "{"]
     drained = {r["pid"] for r in records if str(r["message"]).startswith("draining:")}
     assert len(drained) == 2, [r["message"] for r in records]
+
+
+def _stat(pid: int) -> list[str]:
+    """``/proc/<pid>/stat`` from its third field (the state) on: the command name before it may
+    hold spaces and parentheses. Field n of proc(5) is at index n - 3."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    return text[text.rindex(")") + 2 :].split()
+
+
+def _children(parent: int) -> dict[int, str]:
+    """The processes whose parent is ``parent`` (its workers, and multiprocessing's resource
+    tracker), each with its start time: a pid taken again later is not one of them."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):  # a process that ended while listed
+                fields = _stat(int(entry.name))
+                if int(fields[1]) == parent:
+                    found[int(entry.name)] = fields[19]
+    return found
+
+
+def _running(processes: dict[int, str]) -> list[int]:
+    """Those of ``processes`` still running: a zombie (exited, not yet reaped by whichever
+    process adopted it) holds no socket and no lock any more."""
+    running = []
+    for pid, started in processes.items():
+        with contextlib.suppress(OSError):
+            fields = _stat(pid)
+            if fields[19] == started and fields[0] not in "ZX":
+                running.append(pid)
+    return running
+
+
+def _port_is_free(port: int) -> bool:
+    """Whether a new server could listen on ``port``: bound as asyncio binds (SO_REUSEADDR: the
+    drained connections' TIME_WAIT does not count), without SO_REUSEPORT, so that any socket a
+    worker still holds on the port refuses it."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+            probe.listen()
+        except OSError:
+            return False
+    return True
+
+
+def _within(seconds: float, done: Callable[[], bool]) -> bool:
+    deadline = time.monotonic() + seconds
+    while not done():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _assert_nothing_left(processes: dict[int, str], port: int, temporary: Path) -> None:
+    """Within a few seconds of the supervisor's death: every process it started gone, the port
+    free, the workers' metrics folder (made in ``temporary``, its TMPDIR) removed."""
+    assert _within(10, lambda: not _running(processes)), f"still running: {_running(processes)}"
+    assert _within(5, lambda: _port_is_free(port)), f"port {port} still taken"
+    assert not list(temporary.iterdir()), list(temporary.iterdir())
+
+
+def test_killing_the_supervisor_stops_its_workers(tmp_path: Path) -> None:
+    """SIGKILL to the supervisor (as the OOM killer sends): its workers exit, the port is free,
+    its metrics folder is gone, and a new server starts on the same port."""
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    with serve({**WORKERS, "TMPDIR": str(temporary)}) as server:
+        assert len(_seen_workers(server)) == 2
+        processes = _children(server.proc.pid)
+        assert len(processes) >= 2, processes  # both workers (and the resource tracker)
+        assert [p.name[:19] for p in temporary.iterdir()] == ["tensorbits-workers-"]
+        server.proc.kill()
+        server.proc.wait()
+        _assert_nothing_left(processes, server.port, temporary)
+    with serve(WORKERS, port=server.port) as again:  # before: "address already in use"
+        assert len(_seen_workers(again)) == 2
+
+
+def test_killing_the_supervisor_drains_the_requests_in_flight(tmp_path: Path) -> None:
+    """Requests half uploaded on connections to the workers when the supervisor is SIGKILLed:
+    each worker begins its drain (and logs it), each request still gets its correct 200, and
+    then nothing is left."""
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    log_path = tmp_path / "server.log"
+    env = {
+        **WORKERS,
+        "TMPDIR": str(temporary),
+        "TENSORBITS_LOG_LEVEL": "info",
+        "TENSORBITS_LOG_JSON": "true",
+    }
+    data = np.arange(MiB // 4, dtype=np.uint32)
+    raw = _not_request(data)
+    half = len(raw) // 2
+
+    def draining() -> set[int]:
+        pids = set()
+        for line in log_path.read_text().splitlines():
+            with contextlib.suppress(ValueError):  # the line a worker is writing now
+                record = json.loads(line)
+                if str(record.get("message")).startswith("draining:"):
+                    pids.add(record["pid"])
+        return pids
+
+    with log_path.open("wb") as log, serve(env, stderr=log) as server:
+        assert len(_seen_workers(server)) == 2
+        processes = _children(server.proc.pid)
+        socks = []
+        try:
+            for _ in range(8):
+                sock = socket.create_connection((server.host, server.port), timeout=30)
+                socks.append(sock)
+                sock.sendall(raw[:half])
+            # In flight once admitted (at the declared length, before the body is read):
+            # each worker's figure reaches /metrics within a second.
+            inflight = "tensorbits_inflight_requests"
+            assert _within(10, lambda: _samples(server)[inflight] == 8), _samples(server)
+            server.proc.kill()
+            server.proc.wait()
+            assert _within(10, lambda: len(draining()) == 2), draining()
+            for sock in socks:
+                sock.sendall(raw[half:])
+            for sock in socks:
+                _check_not(read_response(sock), data)
+        finally:
+            for sock in socks:
+                sock.close()
+        _assert_nothing_left(processes, server.port, temporary)
 
 
 @pytest.mark.parametrize(

@@ -22,11 +22,21 @@ The supervisor starts the workers (spawned: new interpreters, as uvicorn's worke
 SIGTERM and SIGINT on to each (each drains, then exits), starts a new worker in the place of one
 that died, and stops them all, exiting 1, if a worker fails while starting (a bad setting, a port
 taken): the same failure would repeat in every new one.
+
+No worker outlives its supervisor. However the supervisor dies (SIGKILL from the OOM killer
+included), each worker gets SIGTERM (Linux: the parent-death signal, ``follow_supervisor``) and
+drains as it would on the supervisor's SIGTERM: not ready, the requests in flight finished, then
+it exits and its listening socket with it; the port is free once the last worker is gone. The
+last process out of the metrics folder removes it (``WorkersFolder``): the supervisor on a normal
+stop, the last worker to exit when the supervisor died first. Only workers killed outright too
+(SIGKILL to every process) leave the folder behind, in the temporary directory.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import fcntl
 import logging
 import multiprocessing
 import os
@@ -35,17 +45,24 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from tensorbits.config import Settings
+
+if TYPE_CHECKING:
+    import uvicorn
 
 logger = logging.getLogger("tensorbits.workers")
 
 STARTUP_FAILURE = 3  # uvicorn's exit code for a server that failed during start-up
 POLL_S = 0.2
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+WATCH_EVERY_S = 1.0  # where there is no parent-death signal: how often a worker looks
 
 
 def port_socket(host: str, port: int) -> socket.socket:
@@ -66,9 +83,115 @@ def port_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def run_worker(index: int, port: int, folder: str) -> None:
+class WorkersFolder:
+    """The folder the workers publish their metrics in, and who removes it.
+
+    The supervisor and every worker hold a shared ``flock`` on it while they use it. Whoever
+    leaves takes it exclusively if it can, which only the last holder can, and then removes it.
+    While the supervisor lives it holds its lock, so a worker that exits (or is replaced) never
+    removes the folder; once the supervisor is gone, however it went, the last worker out does.
+    A lock, not a count of workers: the kernel drops a dead process's lock, so a worker killed
+    outright cannot leave a count wrong, and a worker the supervisor started just before it died
+    either joins in time (and is waited for) or finds the folder gone."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        # The lock is on the directory itself: no lock file among the workers' figures.
+        self.fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            # Blocks only while a last worker removes the folder: then this joins a removed one.
+            fcntl.flock(self.fd, fcntl.LOCK_SH)
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    @classmethod
+    def create(cls) -> WorkersFolder:
+        return cls(Path(tempfile.mkdtemp(prefix="tensorbits-workers-")))
+
+    @property
+    def removed(self) -> bool:
+        """Whether the folder was removed (by the last worker out) before this process joined."""
+        return os.fstat(self.fd).st_nlink == 0
+
+    def leave(self) -> None:
+        """Drop this process's hold on the folder; remove it if no other process holds it."""
+        try:
+            # Unlock first, then try: of several processes leaving at once, the last to try
+            # finds no other lock, whatever the order (two may both succeed: rmtree tolerates
+            # a folder already gone).
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return  # the supervisor, or a worker still draining: it removes the folder
+            shutil.rmtree(self.path, ignore_errors=True)
+        finally:
+            os.close(self.fd)
+
+
+def follow_supervisor(supervisor: int) -> None:
+    """SIGTERM to this worker when its supervisor, process ``supervisor``, dies, however it dies.
+
+    Linux: the parent-death signal (``prctl(PR_SET_PDEATHSIG)``), sent by the kernel as the
+    parent exits, even by SIGKILL; it costs nothing while the parent lives. It is tied to the
+    parent *thread* that forked this process: the supervisor spawns from its main thread, which
+    lives as long as the process (``Supervisor.run``). Elsewhere: a thread that looks at
+    ``getppid`` once a second (an orphan is handed to another parent), a second late at worst
+    for a drain that takes as long as its requests. Not both: one death, one SIGTERM. (A pipe
+    the supervisor holds open would also tell, but would have to be handed through the spawn to
+    every worker; the parent's pid already is.)"""
+    if sys.platform == "linux":
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"prctl(PR_SET_PDEATHSIG): {os.strerror(errno)}")
+        # The supervisor may have died before the prctl: then no signal ever comes.
+        if os.getppid() != supervisor:
+            signal.raise_signal(signal.SIGTERM)
+    else:
+
+        def watch() -> None:
+            while os.getppid() == supervisor:
+                time.sleep(WATCH_EVERY_S)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        threading.Thread(target=watch, name="tensorbits-supervisor-watch", daemon=True).start()
+
+
+class StopSignals:
+    """SIGTERM and SIGINT in a worker from its first line: remembered while its server does not
+    exist yet, the server's drain once it does (``hand_to``). Without this, a signal during the
+    start-up (the supervisor dying while its workers start) would kill the worker on the spot,
+    before it could leave the metrics folder. And once uvicorn has served, it restores the
+    handler it found and raises the signal it caught again: this handler shrugs it off, where
+    the default one would end the worker before its last ``publish`` and ``leave``."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self.server: uvicorn.Server | None = None
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self)
+
+    def __call__(self, sig: int, frame: FrameType | None) -> None:
+        if self.server is None:
+            self.received.append(sig)
+        else:
+            self.server.handle_exit(sig, frame)
+
+    def hand_to(self, server: uvicorn.Server) -> bool:
+        """From now on, a signal is ``server``'s; False if one came before (do not serve)."""
+        self.server = server
+        return not self.received
+
+
+def run_worker(index: int, port: int, folder: str, supervisor: int) -> None:
     """One worker process: its settings from the environment (the supervisor's, with the port it
-    resolved), its share of the metrics in ``folder``, its own listening socket, the drain."""
+    resolved), its share of the metrics in ``folder``, its own listening socket, the drain; and
+    ``supervisor``, the supervisor's pid, followed: the worker drains when that process dies."""
+    stop = StopSignals()  # first, then: from here on a SIGTERM is a drain, never sudden death
+    follow_supervisor(supervisor)
+
     import uvicorn  # the worker's imports: after the spawn, not in the supervisor
 
     from tensorbits import cli, observability
@@ -79,21 +202,41 @@ def run_worker(index: int, port: int, folder: str) -> None:
     settings = Settings(port=port)
     configure_logging(settings.log_level, settings.log_json)
     try:
-        observability.share_with_workers(Path(folder))
-        drain = Drain()
-        app = create_app(settings, drain=drain)
-        config = uvicorn.Config(**cli._uvicorn_kwargs(settings, drain, app))
-        sock = port_socket(settings.host, port)
-    except Exception:
-        # Before serving: the next worker would fail the same way. The supervisor stops.
-        logger.exception("worker %d could not start", index)
-        sys.exit(STARTUP_FAILURE)
-    server = cli.draining_server(config, drain)
+        shared = WorkersFolder(Path(folder))
+    except FileNotFoundError:  # removed by the last worker out: the supervisor is gone
+        logger.warning(
+            "worker %d: the supervisor (pid %d) is gone: not starting", index, supervisor
+        )
+        return
+    except OSError:
+        logger.exception("worker %d could not open the workers' folder %s", index, folder)
+        sys.exit(STARTUP_FAILURE)  # as for any failure before serving: every worker would fail
     try:
-        server.run(sockets=[sock])  # a failed lifespan start-up exits STARTUP_FAILURE too
+        if stop.received or shared.removed:  # not worth building the app: it would only drain
+            logger.info("worker %d: stopped before it started serving", index)
+            return
+        try:
+            observability.share_with_workers(Path(folder))
+            drain = Drain()
+            app = create_app(settings, drain=drain)
+            config = uvicorn.Config(**cli._uvicorn_kwargs(settings, drain, app))
+            sock = port_socket(settings.host, port)
+        except Exception:
+            # Before serving: the next worker would fail the same way. The supervisor stops.
+            logger.exception("worker %d could not start", index)
+            sys.exit(STARTUP_FAILURE)
+        server = cli.draining_server(config, drain)
+        if not stop.hand_to(server):
+            sock.close()
+            logger.info("worker %d: stopped before it started serving", index)
+            return
+        try:
+            server.run(sockets=[sock])  # a failed lifespan start-up exits STARTUP_FAILURE too
+        finally:
+            app.state.metrics.publish()  # the final counts, for the workers still serving
+            logger.debug("worker %d (pid %d) stopped", index, os.getpid())
     finally:
-        app.state.metrics.publish()  # the final counts, for the workers still serving
-        logger.debug("worker %d (pid %d) stopped", index, os.getpid())
+        shared.leave()
 
 
 class Supervisor:
@@ -107,31 +250,40 @@ class Supervisor:
         self.failed = False
 
     def run(self) -> int:
+        # The main thread only: a spawn forks in the thread that starts the process, and a
+        # worker's parent-death signal (follow_supervisor) fires when that thread ends. The main
+        # thread ends with the process; another could end while the workers serve.
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("the workers' supervisor must run in the main thread")
         settings = self.settings
         holder = port_socket(settings.host, settings.port)  # never listens: takes no connection
         port = holder.getsockname()[1]
-        folder = Path(tempfile.mkdtemp(prefix="tensorbits-workers-"))
+        folder = WorkersFolder.create()
         previous = {sig: signal.signal(sig, self._stop) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
             logger.info(
                 "starting %d worker processes on port %d", settings.workers, port,
-                extra={"workers": settings.workers, "port": port},
+                extra={"workers": settings.workers, "port": port, "folder": str(folder.path)},
             )  # fmt: skip
-            self.workers = [self._start(i, port, folder) for i in range(settings.workers)]
+            self.workers = [self._start(i, port, folder.path) for i in range(settings.workers)]
             while not self.stopping:
                 time.sleep(POLL_S)
-                self._replace_the_dead(port, folder)
+                self._replace_the_dead(port, folder.path)
             self._stop_all()
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             holder.close()
-            shutil.rmtree(folder, ignore_errors=True)
+            # Removed now unless a worker still runs (an exception before _stop_all): then the
+            # workers, told of this process's end, drain and the last one out removes it.
+            folder.leave()
         return 1 if self.failed else 0
 
     def _start(self, index: int, port: int, folder: Path) -> BaseProcess:
         process = self.context.Process(
-            target=run_worker, args=(index, port, str(folder)), name=f"tensorbits-worker-{index}"
+            target=run_worker,
+            args=(index, port, str(folder), os.getpid()),
+            name=f"tensorbits-worker-{index}",
         )
         process.start()
         return process
