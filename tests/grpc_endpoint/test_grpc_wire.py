@@ -5,6 +5,8 @@ PayloadTooLarge 413)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -140,3 +142,148 @@ def test_raw_field_is_protobufs_framing(size: int) -> None:
     response = pb.ModelInferResponse.FromString(data)
     assert list(response.raw_output_contents) == [payload]
     assert (response.model_name, response.id) == ("m", "i")
+
+
+# --- the nested walk ---------------------------------------------------------------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(requests())
+def test_the_nested_walk_passes_what_protobuf_serializes(request: pb.ModelInferRequest) -> None:
+    split = wire.split_infer_request(request.SerializeToString(), LIMITS)
+    wire.check_nested(split.message, LIMITS)
+
+
+def _nested_refusal(request: pb.ModelInferRequest) -> InvalidRequest | PayloadTooLarge:
+    split = wire.split_infer_request(request.SerializeToString(), LIMITS)
+    with pytest.raises((InvalidRequest, PayloadTooLarge)) as caught:
+        wire.check_nested(split.message, LIMITS)
+    assert isinstance(caught.value, InvalidRequest | PayloadTooLarge)
+    return caught.value
+
+
+def _one_input(**fields: object) -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(model_name="m")
+    request.inputs.add(name="x", datatype="UINT8", **fields)
+    return request
+
+
+def test_every_nested_count_is_bounded() -> None:
+    request = _one_input()
+    for key in range(wire.MAX_PARAMETERS + 1):
+        request.inputs[0].parameters[f"k{key}"].bool_param = True
+    refused = _nested_refusal(request)
+    assert (refused.field, refused.rule) == ("inputs[0].parameters", "max_parameters")
+
+    request = pb.ModelInferRequest(model_name="m")
+    request.outputs.add(name="a")
+    request.outputs.add(name="b")
+    for key in range(wire.MAX_PARAMETERS + 1):
+        request.outputs[1].parameters[f"k{key}"].bool_param = True
+    refused = _nested_refusal(request)
+    assert (refused.field, refused.rule) == ("outputs[1].parameters", "max_parameters")
+
+    refused = _nested_refusal(_one_input(shape=[1] * 33))
+    assert (refused.field, refused.rule) == ("inputs[0].shape", "max_rank")
+    assert "32" in refused.message
+    wire.check_nested(
+        wire.split_infer_request(_one_input(shape=[1] * 32).SerializeToString(), LIMITS).message,
+        LIMITS,
+    )  # 32 dimensions: within the bound
+
+    request = _one_input(shape=[4097])
+    request.inputs[0].contents.uint_contents.extend([1] * 4097)  # past the 4096 of LIMITS
+    refused = _nested_refusal(request)
+    assert (refused.field, refused.rule) == (
+        "inputs[0].contents.uint_contents",
+        "max_json_elements",
+    )
+    assert isinstance(refused, PayloadTooLarge)
+
+
+def test_values_are_counted_over_every_tensor() -> None:
+    request = pb.ModelInferRequest(model_name="m")
+    for index in range(2):
+        tensor = request.inputs.add(name=f"x{index}", datatype="FP64", shape=[2048])
+        tensor.contents.fp64_contents.extend([0.5] * 2048)
+    wire.check_nested(
+        wire.split_infer_request(request.SerializeToString(), LIMITS).message, LIMITS
+    )  # 4096 together: the bound
+    request.inputs[1].contents.fp64_contents.append(1.0)
+    refused = _nested_refusal(request)
+    assert refused.rule == "max_json_elements"
+
+
+@pytest.mark.parametrize(
+    ("build", "field", "rule"),
+    [
+        (lambda r: setattr(r.inputs[0], "name", "n" * 4097), "inputs[0].name", "max_text_bytes"),
+        (
+            lambda r: (
+                r.inputs[0].parameters["k"].CopyFrom(pb.InferParameter(string_param="v" * 5000))
+            ),
+            "inputs[0].parameters[0].value.string_param",
+            "max_text_bytes",
+        ),
+    ],
+    ids=["a long name", "a long string value"],
+)
+def test_strings_are_bounded(
+    build: Callable[[pb.ModelInferRequest], None], field: str, rule: str
+) -> None:
+    request = _one_input()
+    build(request)
+    refused = _nested_refusal(request)
+    assert (refused.field, refused.rule) == (field, rule)
+
+
+def _input_bytes(payload: bytes) -> bytes:
+    """A request whose one input is ``payload`` (its fields as bytes)."""
+    return b"\x0a\x01m" + wire.raw_field(5, len(payload)) + payload
+
+
+@pytest.mark.parametrize(
+    ("payload", "field", "rule"),
+    [
+        (b"\x48\x00", "inputs[0]", "unknown_field"),  # field 9 of InferInputTensor
+        (b"\x0a\x01a\x0a\x01b", "inputs[0].name", "single_field"),
+        (
+            b"\x22\x0b\x0a\x01k\x12\x06\x08\x01\x10\x02\x18\x00",
+            "inputs[0].parameters[0].value",
+            "parameter_value",
+        ),
+        (b"\x2a\x03\x22\x01\x01" + b"\x2a\x00", "inputs[0].contents", "single_field"),
+        (b"\x1a\x01\x80", "ModelInferRequest", "protobuf"),  # a packed varint cut short
+        (b"\x2a\x03\x35\x00\x00", "ModelInferRequest", "protobuf"),  # a float cut short
+    ],
+    ids=[
+        "unknown field",
+        "a name twice",
+        "two values",
+        "contents twice",
+        "cut varint",
+        "cut float",
+    ],
+)
+def test_nested_refusals_name_the_field(payload: bytes, field: str, rule: str) -> None:
+    data = _input_bytes(payload)
+    split = wire.split_infer_request(data, LIMITS)
+    with pytest.raises((InvalidRequest, PayloadTooLarge)) as caught:
+        wire.check_nested(split.message, LIMITS)
+    refused = caught.value
+    assert isinstance(refused, InvalidRequest | PayloadTooLarge)
+    assert (refused.field, refused.rule) == (field, rule), refused.message
+
+
+def test_the_field_budget_bounds_unpacked_values() -> None:
+    values = b"\x20\x00" * (wire.MAX_FIELDS + 1)  # uint_contents, one tag per value
+    data = _input_bytes(wire.raw_field(5, len(values)) + values)
+    split = wire.split_infer_request(data, wire.WireLimits.of(MAX_TENSORS, 1 << 20))
+    with pytest.raises(PayloadTooLarge) as caught:
+        wire.check_nested(split.message, wire.WireLimits.of(MAX_TENSORS, 1 << 20))
+    assert (caught.value.field, caught.value.rule) == ("inputs[0].contents", "max_fields")
+    # Packed, the same values are one field.
+    packed = wire.raw_field(4, wire.MAX_FIELDS + 1) + b"\x00" * (wire.MAX_FIELDS + 1)
+    data = _input_bytes(wire.raw_field(5, len(packed)) + packed)
+    limits = wire.WireLimits.of(MAX_TENSORS, 1 << 20)
+    wire.check_nested(wire.split_infer_request(data, limits).message, limits)
