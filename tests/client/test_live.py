@@ -186,6 +186,7 @@ INVALID: dict[str, tuple[str, Any, dict[str, Any]]] = {
     "required direction": ("onnx.BitShift-11", {"X": u8, "Y": u8}, {}),
     "parameter value": ("onnx.BitShift-11", [u8, u8], {"direction": "UP"}),
     "unknown parameter": ("onnx.BitwiseNot-18", [u8], {"feature_level": "6_4"}),
+    "misspelt protocol parameter": ("onnx.BitwiseNot-18", [u8], {"sequence_ids": 1}),
     "missing input": ("onnx.BitwiseAnd-18", [u8], {}),
     # Two arrays in order are refused before naming (tests/service/test_error_suggestions.py).
     "extra input": ("onnx.BitwiseNot-18", {"X": u8, "Y": u8}, {}),
@@ -215,6 +216,15 @@ def test_local_validation_says_what_the_server_says(live: Client, name: str) -> 
     assert local.value.message == remote.value.message
     assert (local.value.field, local.value.rule) == (remote.value.field, remote.value.rule)
     assert local.value.code == remote.value.code == "invalid_request"
+
+
+def test_reserved_parameters_pass_local_and_remote_checks(live: Client) -> None:
+    # The request-level policy (tensorbits_protocol.parameters) is one table for both checks.
+    parameters = {"sequence_id": 3, "priority": 1, "triton_enable_empty_final_response": True}
+    for client in (live, live.with_options(local_validation=False)):
+        np.testing.assert_array_equal(
+            client.infer("onnx.BitwiseNot-18", [u8], parameters).output, ~u8
+        )
 
 
 def test_unknown_model_is_the_servers_404(live: Client) -> None:

@@ -267,13 +267,16 @@ def test_unknown_parameter() -> None:
     rejected(
         lambda: call(DML + "BIT_NOT", {"InputTensor": spec(U8, 2)}, {"output_datatype": "UINT8"}),
         "parameters.output_datatype: unknown parameter for DML_OPERATOR_ELEMENT_WISE_BIT_NOT "
-        "(allowed: feature_level)",
+        "(allowed: feature_level; the protocol's: binary_data_output, sequence_id, "
+        "sequence_start, sequence_end, priority, timeout, headers, triton_*)",
         "parameters.output_datatype",
         "unknown_parameter",
     )
     rejected(
         lambda: call("onnx.BitwiseAnd-18", {"A": spec(U8, 2), "B": spec(U8, 2)}, {"axis": 0}),
-        "parameters.axis: unknown parameter for onnx.BitwiseAnd-18 (allowed: none)",
+        "parameters.axis: unknown parameter for onnx.BitwiseAnd-18 (allowed: none; the "
+        "protocol's: binary_data_output, sequence_id, sequence_start, sequence_end, priority, "
+        "timeout, headers, triton_*)",
         "parameters.axis",
         "unknown_parameter",
     )
@@ -283,7 +286,13 @@ def test_protocol_parameters_are_not_operator_parameters() -> None:
     ok = call(
         "onnx.BitwiseAnd-18",
         {"A": spec(U8, 2), "B": spec(U8, 2)},
-        {"binary_data_output": True, "sequence_id": 3, "priority": 1},
+        {
+            "binary_data_output": True,
+            "sequence_id": 3,
+            "priority": 1,
+            "triton_enable_empty_final_response": True,
+            "triton_not_yet_invented": "x",
+        },
     )
     assert ok.parameters == {}
 

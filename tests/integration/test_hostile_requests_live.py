@@ -149,8 +149,10 @@ V2_CASES = {
     "parameters.feature_level": _infer(
         {"data": [1, 2, 3, 4]}, {"parameters": {"feature_level": BIG}}
     ),
-    # An input parameter the server does not use: still bounded.
-    "inputs[0].parameters.x": _infer({"data": [1, 2, 3, 4], "parameters": {"x": BIG}}),
+    # An input parameter the server ignores (Triton's reserved prefix): still bounded.
+    "inputs[0].parameters.triton_x": _infer(
+        {"data": [1, 2, 3, 4], "parameters": {"triton_x": BIG}}
+    ),
     "InputTensor": _infer({"data": [1, BIG, 3, 4]}),  # a data element: named by its tensor
 }
 

@@ -81,7 +81,9 @@ V2_CASES = [
         NOT, {**one(), "parameters": {"feature_levl": "6_4"}}, "parameters.feature_levl",
         "unknown_parameter",
         "parameters.feature_levl: unknown parameter for DML_OPERATOR_ELEMENT_WISE_BIT_NOT "
-        "(allowed: feature_level); did you mean 'feature_level'?",
+        "(allowed: feature_level; the protocol's: binary_data_output, sequence_id, "
+        "sequence_start, sequence_end, priority, timeout, headers, triton_*); did you mean "
+        "'feature_level'?",
         id="misspelt-parameter",
     ),
     pytest.param(
@@ -190,7 +192,11 @@ def test_v1_misspelt_parameter(v1: TestClient) -> None:
     body = v1_error(v1_post(v1, *v1_batch(parameters={"feature_levl": "6_4"})))
     assert body["field"] == "dispatches[0].parameters.feature_levl"
     assert body["rule"] == "unknown_parameter"
-    assert body["error"].endswith("(allowed: feature_level); did you mean 'feature_level'?")
+    assert body["error"].startswith(
+        "dispatches[0].parameters.feature_levl: unknown parameter for "
+        "DML_OPERATOR_ELEMENT_WISE_BIT_NOT (allowed: feature_level; "
+    )
+    assert body["error"].endswith("triton_*); did you mean 'feature_level'?")
 
 
 def test_v1_misspelt_binding_suggests_the_tensor(v1: TestClient) -> None:

@@ -210,7 +210,7 @@ RULE_ERRORS = [
     pytest.param(NOT, {"inputs": [{"name": "InputTensor", "shape": [0], "datatype": "UINT8", "data": []}]}, "dimension 0 has size 0", id="dml-empty"),
     pytest.param(AND, ab(U8, U8, outputs=[{"name": "Z"}]), "output 'Z': onnx.BitwiseAnd-18 has no output of that name (outputs: C)", id="unknown-output"),
     pytest.param(AND, ab(U8, U8, outputs=[{"name": "C"}, {"name": "C"}]), "output 'C' is requested more than once", id="duplicate-output"),
-    pytest.param(AND, ab(U8, U8, outputs=[{"name": "C", "parameters": {"classification": 2}}]), "output 'C': parameters.classification: the classification extension is not supported", id="classification"),
+    pytest.param(AND, ab(U8, U8, outputs=[{"name": "C", "parameters": {"classification": 2}}]), "output 'C': outputs[0].parameters.classification: the classification extension is not supported (it changes what the output means", id="classification"),
     pytest.param(NOT, {"inputs": [{"name": "InputTensor", "shape": [1], "datatype": "FP16", "data": [1.0]}]}, "input 'InputTensor': FP16 has no JSON representation; send it as binary data (parameters.binary_data_size)", id="fp16-json-input"),
     pytest.param(AND, ab({**U8, "data": [1, 300]}, U8), "input 'A': value 300 is out of range for UINT8 (allowed: integers 0 to 255)", id="uint8-300"),
     pytest.param(AND, ab({**U8, "data": [-1, 0]}, U8), "input 'A': value -1 is out of range for UINT8", id="uint8-negative"),

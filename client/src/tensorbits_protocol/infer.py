@@ -8,8 +8,8 @@ with Triton's binary tensor data extension, framed by ``codec``): ``InferRequest
 ``to_rest`` and ``InferResponse.from_rest`` / ``to_rest``, the one encoder and decoder of each
 message, used by the client and the server alike. The gRPC form lives with the server's gRPC
 front end (``tensorbits.grpc.messages``: only the server speaks gRPC, and this package needs no
-protobuf); it builds the same ``InferRequest`` through the same checks (``check_unique``,
-``check_sizes``, ``codec.check_content``).
+protobuf); it builds the same ``InferRequest`` through the same checks (``check_parameters``,
+``check_unique``, ``check_sizes``, ``codec.check_content``).
 
 The documents are written as plain dicts, not built through the pydantic models: building and
 dumping the models costs more than the rest of a small inference. The tests validate what these
@@ -36,6 +36,7 @@ from tensorbits_protocol.jsondata import (
     parse_json,
     require_json_form,
 )
+from tensorbits_protocol.parameters import POLICY, Level, check_tensor_parameters
 from tensorbits_protocol.schema_errors import validate_document
 from tensorbits_protocol.v2 import (
     InferenceRequest,
@@ -53,10 +54,11 @@ HostArray = np.ndarray[
     Any, Any
 ]  # a NumPy array in host memory (kernels.DeviceArray: any backend's)
 
-# Output parameters of Triton's classification extension: they change what an output means, so
-# they are refused rather than ignored.
+# The output parameters refused as unsupported (Triton's classification extension: it changes
+# what an output means), with the feature each belongs to: parameters.POLICY's, which refuses
+# them as the request is decoded; inference.plan refuses them again for a request built directly.
 UNSUPPORTED_OUTPUT_PARAMETERS = {
-    "classification": "the classification extension",
+    key: found.what for key, found in POLICY[Level.OUTPUT].items() if found.refused
 }
 
 
@@ -142,8 +144,8 @@ class Tensor(NamedTuple):
 class RequestedOutput(NamedTuple):
     """An output the caller asks for: ``binary`` is its ``binary_data`` parameter (None: the
     request's default), ``shared_memory`` where to write it instead (the shared-memory
-    extension), ``parameters`` the names of its other parameters (none of which this server
-    takes: they are refused by name)."""
+    extension), ``parameters`` the names of its other parameters (Triton's reserved ones, which
+    are ignored; a decoder has refused any other: ``check_parameters``)."""
 
     name: str
     binary: bool | None = None
@@ -182,6 +184,7 @@ class InferRequest(NamedTuple):
         what = "inference header" if header_given else "request body"
         document = parse_json(header, limits.json, what)  # tensors counted before it is parsed
         request = validate_document(InferenceRequest, document, what)
+        check_parameters(request)
         frames = [_frame(tensor) for tensor in request.inputs]
         check_unique(frames)
         for frame in frames:
@@ -350,6 +353,19 @@ def _frame(tensor: RequestInput) -> codec.TensorFrame:
     )
 
 
+def check_parameters(request: InferenceRequest) -> None:
+    """Every input's and requested output's parameters known and not refused
+    (``parameters.POLICY``); the request's own are checked with the operator's
+    (``validation.resolve_parameters``). The keys the models declare are the table's honoured
+    ones, so only the rest, in ``model_extra``, need looking up."""
+    for index, tensor in enumerate(request.inputs):
+        if tensor.parameters is not None and tensor.parameters.model_extra:
+            check_tensor_parameters(Level.INPUT, index, tensor.name, tensor.parameters.model_extra)
+    for index, output in enumerate(request.outputs or ()):
+        if output.parameters is not None and output.parameters.model_extra:
+            check_tensor_parameters(Level.OUTPUT, index, output.name, output.parameters.model_extra)
+
+
 def check_unique(frames: Sequence[codec.TensorFrame]) -> None:
     """Each input named once."""
     seen: set[str] = set()
@@ -397,6 +413,7 @@ __all__ = [
     "RequestedOutput",
     "SharedMemoryRef",
     "Tensor",
+    "check_parameters",
     "check_sizes",
     "check_unique",
 ]

@@ -3,8 +3,9 @@ binary tensor data extension. The single source of truth for the server and the 
 
 Models only: no logic. Each docstring shows the JSON shape the spec writes (``?`` marks an
 optional key). Request models are strict (``"1"`` is not a dimension, ``1.0`` is not an integer,
-``true`` is not an integer) and refuse unknown keys; ``parameters`` objects accept any key whose
-value is a string, number or boolean, as the spec allows.
+``true`` is not an integer) and refuse unknown keys; ``parameters`` objects take any key whose
+value is a string, number or boolean, as the spec allows, and the parameter policy
+(``tensorbits_protocol.parameters``) then says which keys are honoured, ignored or refused.
 
 Tensor ``data`` is not validated here (``SkipValidation``): a JSON tensor can hold millions of
 elements, and walking them element by element through pydantic costs seconds
@@ -74,9 +75,10 @@ class InferenceRequestParameters(BaseModel):
     models, ``"1_0"`` .. ``"6_4"``, default ``"6_4"``), ``output_datatype`` (DML BIT_COUNT,
     ``"UINT8"`` or ``"UINT32"``), ``auto_broadcast`` (OpenVINO binary operators, ``"numpy"``,
     ``"none"`` or ``"pdpd"``) with ``axis`` (integer, pdpd only, default -1), and ``direction``
-    (``onnx.BitShift-11``, ``"LEFT"`` or ``"RIGHT"``, required). A parameter the model does not
-    take is an error. Triton's reserved keys (``sequence_id``, ``priority``, ``timeout`` ...) are
-    accepted and ignored.
+    (``onnx.BitShift-11``, ``"LEFT"`` or ``"RIGHT"``, required). Triton's reserved keys
+    (``sequence_id``, ``sequence_start``, ``sequence_end``, ``priority``, ``timeout``,
+    ``headers`` and any starting ``triton_``) are accepted and ignored; any other key the model
+    does not take is a 400 (``unknown_parameter``).
     """
 
     model_config = ConfigDict(
@@ -122,8 +124,10 @@ class RequestInputParameters(SharedMemoryParameters):
 
     ``binary_data_size`` (binary tensor data extension) says the tensor's bytes follow the JSON
     header instead of a ``data`` array: little-endian, row-major, exactly
-    ``prod(shape) * element size`` bytes. ``shared_memory_*`` (``SharedMemoryParameters``) says
-    they are in a registered shared-memory region instead.
+    ``prod(shape) * element size`` bytes (over gRPC, where ``raw_input_contents`` carries them,
+    it is ignored). ``shared_memory_*`` (``SharedMemoryParameters``) says they are in a registered
+    shared-memory region instead. Keys starting ``triton_`` are ignored; any other is a 400
+    (``unknown_parameter``).
     """
 
     model_config = _PARAMETERS
@@ -161,9 +165,12 @@ class RequestInput(BaseModel):
 
 
 class RequestOutputParameters(SharedMemoryParameters):
-    """A requested output's ``parameters``: ``{"binary_data"?: bool}`` (binary extension), or
-    the shared-memory ones: the output is written into the region, and the response lists it
-    with those parameters and no data."""
+    """A requested output's ``parameters``: ``{"binary_data"?: bool}`` (binary extension;
+    ignored over gRPC, where outputs always go back as ``raw_output_contents``), or the
+    shared-memory ones: the output is written into the region, and the response lists it with
+    those parameters and no data. ``classification`` (Triton's classification extension) is a
+    400 (``unsupported_parameter``); keys starting ``triton_`` are ignored; any other is a 400
+    (``unknown_parameter``)."""
 
     model_config = _PARAMETERS
     __pydantic_extra__: dict[str, WireParameterValue] = Field(init=False)

@@ -27,15 +27,10 @@ from tensorbits_protocol.operators import (
     feature_level_index,
     get_operator,
 )
+from tensorbits_protocol.parameters import Level, check_parameter
 
 Shape = tuple[int, ...]
 ParameterValue = str | int | float | bool  # an operator parameter's value (v2.WireParameterValue)
-
-# Request-level parameters the v2 protocol reserves for itself; they are not operator parameters.
-PROTOCOL_PARAMETERS = frozenset(
-    {"binary_data_output", "sequence_id", "sequence_start", "sequence_end", "priority",
-     "timeout", "headers"}
-)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,17 +67,18 @@ def _where(op: OperatorSpec, params: Mapping[str, str | int]) -> str:
 def resolve_parameters(
     op: OperatorSpec, parameters: Mapping[str, object] | None
 ) -> dict[str, str | int]:
-    """The operator's parameters with defaults filled in; unknown or invalid ones are errors."""
+    """The operator's parameters with defaults filled in; invalid ones are errors, and so are
+    unknown ones: any key neither the operator's nor accepted by the request-level policy
+    (``parameters.POLICY``)."""
     given = dict(parameters or {})
     resolved: dict[str, str | int] = {}
     for key in given:
-        if key not in op.parameter_index and key not in PROTOCOL_PARAMETERS:
-            allowed = _allowed(tuple(op.parameter_index)) or "none"
-            raise InvalidRequest(
-                f"parameters.{key[:100]}: unknown parameter for {op.name} (allowed: {allowed})"
-                f"{did_you_mean(key, (*op.parameter_index, *PROTOCOL_PARAMETERS))}",
-                field=f"parameters.{key[:100]}",
-                rule="unknown_parameter",
+        if key not in op.parameter_index:
+            check_parameter(
+                Level.REQUEST,
+                f"parameters.{key[:100]}",
+                key,
+                operator=(op.name, tuple(op.parameter_index)),
             )
     for spec in op.parameters:
         field = f"parameters.{spec.name}"

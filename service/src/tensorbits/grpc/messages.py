@@ -4,7 +4,8 @@
 ``inference.plan`` checks, as ``InferRequest.from_rest`` does for the REST form, through the same
 checks and in the same words: the request's fields are validated by the REST request's own
 pydantic model (``v2.InferenceRequest``: names, data types, shapes, parameter values), then
-``check_unique``, ``codec.check_content`` (one way of giving each input), ``check_sizes``. What is
+``check_parameters`` (the parameter policy, ``tensorbits_protocol.parameters``), ``check_unique``,
+``codec.check_content`` (one way of giving each input), ``check_sizes``. What is
 the gRPC form's own is checked here: inputs given as ``raw_input_contents`` (one per input not in
 shared memory, each exactly ``prod(shape) * element size`` bytes), as typed ``contents`` (in the
 field of their data type, as many values as the shape has elements; never beside raw contents)
@@ -38,6 +39,7 @@ from tensorbits_protocol.infer import (
     RequestedOutput,
     RequestLimits,
     Tensor,
+    check_parameters,
     check_sizes,
     check_unique,
     shared_reference,
@@ -150,6 +152,7 @@ def infer_request(
     not in shared memory, in order; never beside typed contents, as in Triton), or the
     shared-memory parameters."""
     request = validate_document(InferenceRequest, _document(message), WHAT)
+    check_parameters(request)
     shared = [
         shared_reference(checked.parameters, checked.name, "input") for checked in request.inputs
     ]
@@ -216,7 +219,8 @@ def infer_request(
             inputs.append(Tensor(frame.name, frame.datatype, frame.shape, data=data))
     parameters = {} if request.parameters is None else request.parameters.model_dump()
     # Outputs go back as raw_output_contents whatever the request says (Triton does the same),
-    # or into their shared-memory region.
+    # or into their shared-memory region: binary_data_output and binary_data are ignored here,
+    # as binary_data_size is (raw contents carry their own lengths), as parameters.POLICY says.
     parameters["binary_data_output"] = True
     outputs = None
     if request.outputs is not None:
