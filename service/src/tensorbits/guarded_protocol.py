@@ -1,6 +1,6 @@
 """uvicorn's httptools protocol, hardened where a request never reaches the application.
 
-Three things happen below the ASGI app, where nothing above this layer can see them:
+These things happen below the ASGI app, where nothing above this layer can see them:
 
 - **The request head is bounded in time and in bytes.** Each request's line and headers must be
   complete within ``header_timeout`` seconds (``TENSORBITS_TIMEOUT_HEADER_READ``; slow loris) and
@@ -18,6 +18,15 @@ Three things happen below the ASGI app, where nothing above this layer can see t
 - **Refusals are answered in order.** A valid request followed on the same connection by a
   malformed one gets its response first; the refusal is written after it, then the connection
   is closed (uvicorn writes the 400 at once and closes, losing the earlier response).
+- **A connection closed after a response lingers.** Closing a socket with bytes unread makes
+  Linux send RST, and a client still sending (a body refused before it was read: a 413 for its
+  declared length, a 401) gets a reset instead of the answer. So the server shuts its sending
+  side (the client reads the response, then EOF), reads and discards what still comes, up to
+  ``LINGER_MAX_BYTES`` or for ``LINGER_SECONDS``, whichever ends first (nginx's lingering
+  close), then closes. A response sent before its request's body was read whole keeps the
+  connection only when what is left is declared and at most ``LINGER_MAX_BYTES`` (skipped, as
+  uvicorn skips it); otherwise it says ``Connection: close`` and lingers. Either way a refused
+  request costs at most that much reading, however much its client sends.
 
 Both bounds are the protocol's constructor arguments: ``serve`` hands uvicorn
 ``guarded_protocol(settings)``, a picklable ``functools.partial`` it calls as it calls a protocol
@@ -39,7 +48,7 @@ import itertools
 import json
 import logging
 import urllib.parse
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import httptools
@@ -106,6 +115,12 @@ BODY_RECEIVED = "tensorbits.body_received"
 # a larger body is written apart from its head, as uvicorn writes both (no copy of it).
 JOINED_BODY_MAX_BYTES = 64 << 10
 
+# A connection the server closes after a response is read from, and what comes discarded, for
+# at most this long and this many bytes: long enough for a client to send what it was sending
+# when the response came (its socket buffers, a few MiB on loopback) and read the response.
+LINGER_SECONDS = 2.0
+LINGER_MAX_BYTES = 4 << 20
+
 
 class OneWriteCycle(RequestResponseCycle):
     """uvicorn's request cycle with a response's head written together with its body: one
@@ -120,6 +135,9 @@ class OneWriteCycle(RequestResponseCycle):
     connection is closed: the client sees no half response)."""
 
     _head: bytes | None = None  # the response's status line and headers, not written yet
+    # How the connection is closed after a response that does not keep it (the protocol's
+    # lingering close; None: at once).
+    close_connection: Callable[[], None] | None = None
 
     async def send(self, message: ASGISendEvent) -> None:
         if self.flow.write_paused and not self.disconnected:
@@ -157,6 +175,10 @@ class OneWriteCycle(RequestResponseCycle):
             )
 
     def _response_head(self, status_code: int, headers: Iterable[tuple[bytes, bytes]]) -> bytes:
+        if self.more_body and not self._rest_is_skippable():
+            # The app answered without the rest of its request's body: keeping the connection
+            # would mean reading all of it, however long. The connection is closed instead.
+            self.keep_alive = False
         content = [STATUS_LINE[status_code]]
         has_connection_close = False
         for name, value in itertools.chain(self.default_headers, headers):
@@ -189,6 +211,14 @@ class OneWriteCycle(RequestResponseCycle):
         content.append(b"\r\n")
         return b"".join(content)
 
+    def _rest_is_skippable(self) -> bool:
+        """Whether the request's body, not read whole, is small enough to read past and keep
+        the connection: a declared length (chunked: unknown) of at most ``LINGER_MAX_BYTES``."""
+        for name, value in self.scope["headers"]:
+            if name == b"content-length":
+                return value.isdigit() and int(value) <= LINGER_MAX_BYTES
+        return False
+
     def _send_body(self, body: bytes, more_body: bool) -> None:
         head, self._head = self._head, None
         out: bytes | None
@@ -218,7 +248,7 @@ class OneWriteCycle(RequestResponseCycle):
             self.response_complete = True
             self.message_event.set()
             if not self.keep_alive:
-                self.transport.close()
+                (self.close_connection or self.transport.close)()
             self.on_response()
 
 
@@ -244,6 +274,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     _refusal: TensorbitsError | None = None  # set once the connection is refused; read no more
     _refusal_owed: bytes | None = None  # the refusal's response, written after those owed first
     _running: RequestResponseCycle | None = None  # the request whose app runs or ran last
+    _linger_left: int | None = None  # bytes still to discard once closing; None: not closing
+    _linger_timer: asyncio.TimerHandle | None = None
 
     def __init__(
         self,
@@ -269,9 +301,17 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+            self._linger_timer = None
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._linger_left is not None:
+            self._linger_left -= len(data)  # discarded: a closing connection reads no request
+            if self._linger_left < 0:
+                self.transport.close()
+            return
         if self._refusal is not None:
             return  # the parser stopped at the refused request; what follows is not read
         self._unset_keepalive_if_required()
@@ -379,6 +419,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             keep_alive=http_version != "1.0" and parser.should_keep_alive(),
             on_response=self.on_response_complete,
         )
+        self.cycle.close_connection = self._close_lingering
         if existing_cycle is None or existing_cycle.response_complete:
             self._start_asgi_task(self.cycle, app)
         else:
@@ -403,9 +444,40 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().on_message_complete()
 
     def on_response_complete(self) -> None:
+        if self._linger_left is not None:
+            # The connection is closing: no request queued behind this one starts, and no
+            # keep-alive timer is armed (uvicorn's returns early on a closing transport).
+            self.server_state.total_requests += 1
+            return
         super().on_response_complete()
         if self._refusal_owed is not None and not self._responses_owed():
             self._write_refusal()
+
+    def shutdown(self) -> None:
+        if self._linger_left is not None:
+            self.transport.close()  # the server is stopping: no more reading for the client
+            return
+        super().shutdown()
+
+    # --- closing --------------------------------------------------------------------------------
+    def _close_lingering(self) -> None:
+        """Close after the response just written, without losing it to a reset: shut the
+        sending side (the client reads the response, then EOF), read and discard what the
+        client still sends until it closes too, ``LINGER_MAX_BYTES`` have come, or
+        ``LINGER_SECONDS`` have passed, then close. A transport without a socket under it has
+        no receive buffer for a close to reset over; it is closed at once."""
+        transport = self.transport
+        if transport.is_closing() or self._linger_left is not None:
+            return
+        if transport.get_extra_info("socket") is None:
+            transport.close()
+            return
+        self._linger_left = LINGER_MAX_BYTES
+        self._head_started = None  # what comes now is discarded, not a request head
+        if transport.can_write_eof():  # not over TLS: the client relies on Content-Length there
+            transport.write_eof()  # sent once what is written has gone out
+        self.flow.resume_reading()  # paused for a queued request or a body the app had not read
+        self._linger_timer = self.loop.call_later(LINGER_SECONDS, transport.close)
 
     # --- refusals -------------------------------------------------------------------------------
     def _stop(self, error: TensorbitsError) -> None:
@@ -452,7 +524,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         response, self._refusal_owed = self._refusal_owed, None
         if response is not None and not self.transport.is_closing():
             self.transport.write(response)
-            self.transport.close()
+            self._close_lingering()
 
     def _error_response(self, error: TensorbitsError) -> bytes:
         body = json.dumps(error.to_dict()).encode()

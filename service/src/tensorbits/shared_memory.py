@@ -27,7 +27,9 @@ open another program's memory. The threat model (docs/reliability.md) is a clien
   descriptor, opened at registration, and moves bytes with ``preadv``/``pwritev``, which return
   short or extend instead of faulting. A shrunk object gives a 400 naming the region; an
   unlinked or re-created one is still the object that was registered (its descriptor holds it).
-  The cost is one copy in and one out, at memory speed (docs/benchmarks.md).
+  A write racing a truncate can grow the object back, never past the end of the bytes it writes,
+  which lie inside the registered range (``SystemBytes.write``). The cost is one copy in and one
+  out, at memory speed (docs/benchmarks.md).
 * **Counts**: at most ``TENSORBITS_MAX_SHARED_MEMORY_REGIONS`` regions and
   ``TENSORBITS_MAX_SHARED_MEMORY_BYTES`` bytes registered at once, both kinds together.
 * **Unregister during a request**: each use holds the region (a use count); an unregistered
@@ -239,7 +241,8 @@ class BufferPool:
 class SystemBytes(NamedTuple):
     """A tensor's ``nbytes`` bytes at ``first`` of a system region's object, checked against the
     region (``SharedMemoryRegions.system_bytes``): read and written with ``preadv``/``pwritev``
-    on the descriptor, never mapped, so an object truncated meanwhile is a short read (400)."""
+    on the descriptor, never mapped, so an object truncated meanwhile is a short read (400), or
+    a write that grows it back no further than these bytes (``write``)."""
 
     region: SystemRegion
     first: int
@@ -266,7 +269,15 @@ class SystemBytes(NamedTuple):
         """Write ``data`` as the tensor's bytes from its ``start``th byte on."""
         nbytes = data.nbytes
         first = self._check(start, nbytes)
-        # A write past the end would grow the object back: refuse it as a read would fail.
+        # An object already truncated is refused, as a read of it would be, rather than grown
+        # back. A truncate landing between this check and the write cannot be kept out: the
+        # write then extends the object again, to first + nbytes at most, inside the registered
+        # range (checked on this use against the region's offset and byte_size, which the object
+        # had at registration). Nothing outside that range is written, nothing else is touched,
+        # nothing faults. The alternatives fail: a mapping would not extend but would SIGBUS;
+        # seals (F_ADD_SEALS) apply to memfd objects, not to a client's shm_open one; checking
+        # after the write and truncating back races the client the same way, and would cut
+        # bytes the client itself wrote there meanwhile.
         if os.fstat(self.region.fd).st_size < first + nbytes:
             raise self._shrunk()
         source = data.cast("B")
