@@ -8,6 +8,8 @@ here (64 bytes) so every tensor spans many of them."""
 from __future__ import annotations
 
 import os
+import resource
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -308,3 +310,31 @@ def test_empty_tensors(
     planned = _run(regions, backend, request, model)
     assert inference._streams(planned, backend)
     assert _object().read_bytes() == before
+
+
+def test_a_region_the_kernel_will_not_write_is_a_400(
+    regions: SharedMemoryRegions, backend: NumpyBackend
+) -> None:
+    """A write the kernel refuses (here EFBIG: past this process's file-size limit; on a full
+    /dev/shm, ENOSPC, as a sparse object's pages are taken when written) is a 400 naming the
+    region and the OS's words, never a 500; with the limit lifted the same request runs."""
+    model = "DML_OPERATOR_ELEMENT_WISE_BIT_NOT"
+    x = _random(DataType.UINT8, (4096,))
+    _put(x, 0)
+    request = _request(
+        model, {"InputTensor": x}, {"InputTensor": 0}, 8192, DataType.UINT8, out_bytes=x.nbytes
+    )
+    planned = inference.plan(get_operator(model), request, LIMITS, regions)
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the error, not the signal
+    resource.setrlimit(resource.RLIMIT_FSIZE, (8192, limits[1]))
+    try:
+        with pytest.raises(InvalidRequest) as caught:
+            inference.execute(planned, backend, regions)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, previous)
+    assert (caught.value.field, caught.value.rule) == ("OutputTensor", "shared_memory_io")
+    assert "could not be written: File too large" in caught.value.message
+    inference.execute(planned, backend, regions)
+    assert_bits_equal(_get(x, 8192), ~x)

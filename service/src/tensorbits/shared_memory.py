@@ -260,7 +260,10 @@ class SystemBytes(NamedTuple):
         first = self._check(start, nbytes)
         done = 0
         while done < nbytes:
-            count = os.preadv(self.region.fd, [into[done : done + _CHUNK]], first + done)
+            try:
+                count = os.preadv(self.region.fd, [into[done : done + _CHUNK]], first + done)
+            except OSError as exc:
+                raise self._failed("read", exc) from None
             if count == 0:
                 raise self._shrunk()
             done += count
@@ -283,7 +286,22 @@ class SystemBytes(NamedTuple):
         source = data.cast("B")
         done = 0
         while done < nbytes:
-            done += os.pwritev(self.region.fd, [source[done : done + _CHUNK]], first + done)
+            try:
+                done += os.pwritev(self.region.fd, [source[done : done + _CHUNK]], first + done)
+            except OSError as exc:
+                raise self._failed("written", exc) from None
+
+    def _failed(self, what: str, exc: OSError) -> InvalidRequest:
+        # The object is the client's, and so is its backing store: a write past what /dev/shm
+        # can still hold (ENOSPC: the object was made sparse, its pages are taken as they are
+        # written) or an I/O error is the region's failure, answered naming it, not a 500.
+        region = self.region
+        return _refused(
+            f"'{self.tensor}': shared-memory object '{region.key}' of region '{region.name}' "
+            f"could not be {what}: {exc.strerror or exc}",
+            self.tensor,
+            "shared_memory_io",
+        )
 
     def _shrunk(self) -> InvalidRequest:
         region = self.region
