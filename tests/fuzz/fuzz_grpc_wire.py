@@ -31,6 +31,7 @@ with instrumented(__name__, "tensorbits"):
     from tensorbits.grpc import inference_pb2 as pb
     from tensorbits.grpc import wire
     from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
+    from tensorbits_protocol.parameters import MAX_PARAMETERS
     from tensorbits_protocol.v2 import MAX_WIRE_RANK
 
 LIMITS = wire.WireLimits.of(SMALL_LIMITS["max_tensors"], SMALL_LIMITS["max_json_elements"])
@@ -71,17 +72,17 @@ def _check_bounds(message: pb.ModelInferRequest) -> None:
     assert len(message.inputs) <= tensors
     assert len(message.outputs) <= tensors
     assert len(message.raw_input_contents) <= tensors
-    assert len(message.parameters) <= wire.MAX_PARAMETERS
+    assert len(message.parameters) <= MAX_PARAMETERS
     values = 0
     texts = [message.model_name, message.model_version, message.id]
     for tensor in message.inputs:
         assert len(tensor.shape) <= MAX_WIRE_RANK
-        assert len(tensor.parameters) <= wire.MAX_PARAMETERS
+        assert len(tensor.parameters) <= MAX_PARAMETERS
         contents = tensor.contents
         values += sum(len(getattr(contents, f.name)) for f in contents.DESCRIPTOR.fields)
         texts += [tensor.name, tensor.datatype, *tensor.parameters]
     for output in message.outputs:
-        assert len(output.parameters) <= wire.MAX_PARAMETERS
+        assert len(output.parameters) <= MAX_PARAMETERS
         texts += [output.name, *output.parameters]
     assert values <= LIMITS.max_values
     assert all(len(text.encode()) <= wire.MAX_TEXT_BYTES for text in texts)

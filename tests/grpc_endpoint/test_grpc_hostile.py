@@ -25,6 +25,7 @@ from support.rawhttp import bystander
 from tensorbits.grpc import inference_pb2 as pb
 from tensorbits.grpc import wire
 from tensorbits.grpc.service import CONTROL_SLOTS
+from tensorbits_protocol.parameters import MAX_PARAMETERS
 
 MiB = 1 << 20
 Unary: TypeAlias = "grpc.UnaryUnaryMultiCallable[bytes, bytes]"
@@ -223,7 +224,7 @@ def test_the_bounds_leave_room_for_every_real_request(channel: grpc.Channel) -> 
     request = pb.ModelInferRequest(model_name=NOT, id="x" * 256)
     for index in range(32):
         tensor = request.inputs.add(name=f"t{index}", datatype="UINT8", shape=[1] * 8)
-        for key in range(wire.MAX_PARAMETERS):
+        for key in range(MAX_PARAMETERS):
             tensor.parameters[f"key{key}"].string_param = "v" * 100
         request.outputs.add(name=f"o{index}")
     error = refuse(channel, request.SerializeToString())

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from tensorbits.grpc import inference_pb2 as pb
 from tensorbits.grpc import wire
 from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
+from tensorbits_protocol.parameters import MAX_PARAMETERS
 
 MAX_TENSORS = 8
 LIMITS = wire.WireLimits.of(MAX_TENSORS, 4096)
@@ -108,7 +109,7 @@ def test_counts_are_bounded_while_walking() -> None:
         wire.split_infer_request(request.SerializeToString(), LIMITS)
     assert caught.value.field == "inputs"
     request = pb.ModelInferRequest()
-    for index in range(wire.MAX_PARAMETERS + 1):
+    for index in range(MAX_PARAMETERS + 1):
         request.parameters[str(index)].bool_param = True
     with pytest.raises(PayloadTooLarge) as caught:
         wire.split_infer_request(request.SerializeToString(), LIMITS)
@@ -170,7 +171,7 @@ def _one_input(**fields: object) -> pb.ModelInferRequest:
 
 def test_every_nested_count_is_bounded() -> None:
     request = _one_input()
-    for key in range(wire.MAX_PARAMETERS + 1):
+    for key in range(MAX_PARAMETERS + 1):
         request.inputs[0].parameters[f"k{key}"].bool_param = True
     refused = _nested_refusal(request)
     assert (refused.field, refused.rule) == ("inputs[0].parameters", "max_parameters")
@@ -178,7 +179,7 @@ def test_every_nested_count_is_bounded() -> None:
     request = pb.ModelInferRequest(model_name="m")
     request.outputs.add(name="a")
     request.outputs.add(name="b")
-    for key in range(wire.MAX_PARAMETERS + 1):
+    for key in range(MAX_PARAMETERS + 1):
         request.outputs[1].parameters[f"k{key}"].bool_param = True
     refused = _nested_refusal(request)
     assert (refused.field, refused.rule) == ("outputs[1].parameters", "max_parameters")

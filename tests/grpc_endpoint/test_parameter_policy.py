@@ -27,8 +27,10 @@ from support.live import free_port
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
+from tensorbits_protocol.errors import STATUSES
 from tensorbits_protocol.infer import InferResponse
 from tensorbits_protocol.parameters import (
+    MAX_PARAMETERS,
     POLICY,
     RESERVED_PREFIX,
     Disposition,
@@ -43,6 +45,8 @@ from tensorbits_protocol.v2 import (
 )
 
 NOT = "DML_OPERATOR_ELEMENT_WISE_BIT_NOT"
+# An error code's answer on each protocol (HTTP status, gRPC code), from the one status table.
+STATUS_OF = {cls.code: statuses for cls, statuses in STATUSES.items()}
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 X = np.array([0, 1, 254, 255], np.uint8)
 EXPECTED = (~X).tolist()
@@ -103,6 +107,7 @@ class Answer:
     field: str | None = None
     rule: str | None = None
     message: str | None = None
+    code: str | None = None  # the error class's code: its statuses are the table's (STATUS_OF)
 
 
 def over_http(client: TestClient, call: Call) -> Answer:
@@ -122,9 +127,14 @@ def over_http(client: TestClient, call: Call) -> Answer:
     body, headers = framed(document, *buffers)
     response = client.post(f"/v2/models/{NOT}/infer", content=body, headers=headers)
     if response.status_code != 200:
-        assert response.status_code == 400, response.text
         error = response.json()
-        return Answer(field=error.get("field"), rule=error.get("rule"), message=error["error"])
+        assert response.status_code == STATUS_OF[error["code"]][0], response.text
+        return Answer(
+            field=error.get("field"),
+            rule=error.get("rule"),
+            message=error["error"],
+            code=error["code"],
+        )
     length = response.headers.get("Inference-Header-Content-Length")
     cut = len(response.content) if length is None else int(length)
     answer = InferResponse.from_rest(
@@ -170,12 +180,14 @@ def over_grpc(channel: grpc.Channel, call: Call) -> Answer:
     else:
         response = service_pb2.ModelInferResponse.FromString(reply)
         return Answer(values=np.frombuffer(response.raw_output_contents[0], np.uint8).tolist())
-    assert refusal.code() == grpc.StatusCode.INVALID_ARGUMENT, refusal
     metadata = dict(refusal.trailing_metadata() or ())
+    code = metadata["tensorbits-error-code"]
+    assert refusal.code() == grpc.StatusCode[STATUS_OF[code][1]], refusal
     return Answer(
         field=metadata.get("tensorbits-error-field"),
         rule=metadata.get("tensorbits-error-rule"),
         message=refusal.details(),
+        code=code,
     )
 
 
@@ -190,11 +202,12 @@ class Both:
     def same(self, call: Call) -> Answer:
         """The one answer both protocols give (``binary`` aside: gRPC has no choice)."""
         http, grpc_answer = self.answers(call)
-        assert (http.values, http.field, http.rule, http.message) == (
+        assert (http.values, http.field, http.rule, http.message, http.code) == (
             grpc_answer.values,
             grpc_answer.field,
             grpc_answer.rule,
             grpc_answer.message,
+            grpc_answer.code,
         )
         return http
 
@@ -515,3 +528,20 @@ def test_unknown_input_key_over_grpc_names_the_field(grpc_server: GrpcServer) ->
         "inputs[0].parameters.shared_memory_ofset",
         "unknown_parameter",
     )
+
+
+# --- how many: one bound per map, on both protocols ----------------------------------------------
+
+
+@pytest.mark.parametrize("level", list(Level))
+def test_a_map_past_its_entries_is_refused_alike(both: Both, level: Level) -> None:
+    """A map near the bound passes (reserved keys, ignored; the harness adds one of its own at
+    some levels); past it, a 413 / RESOURCE_EXHAUSTED naming the map, counted over HTTP on the
+    parsed document (the JSON scan bounds every map together first) and over gRPC on the wire."""
+    near = {f"{RESERVED_PREFIX}{i}": i for i in range(MAX_PARAMETERS - 2)}
+    assert both.same(Call.at(level, near)).values == EXPECTED
+    past = {f"{RESERVED_PREFIX}{i}": i for i in range(MAX_PARAMETERS + 1)}
+    http = both.same(Call.at(level, past))
+    assert http.code == "payload_too_large"
+    where = FIELD[level] + (".parameters" if level is not Level.REQUEST else "")
+    assert (http.field, http.rule) == (where, "max_parameters")

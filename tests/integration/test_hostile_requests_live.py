@@ -260,3 +260,26 @@ def test_a_batch_header_past_its_byte_limit_is_refused_unread() -> None:
         body = assert_json_error(reply, 413, "header", "max_header_bytes")
         assert "TENSORBITS_MAX_BATCH_HEADER_BYTES" in body["error"]
         assert small.get("/v2/health/live") == 200
+
+
+@pytest.mark.parametrize("where", ["request", "input", "output"])
+def test_a_flood_of_parameters_is_refused_before_parsing(server: LiveServer, where: str) -> None:
+    # 1.5 million keys in one parameter map (about 18 MB): within the values a document may hold,
+    # but a dict entry each once parsed (3 s and +500 MiB before the keys were counted on the
+    # bytes); refused on the bytes with the other maps' room, as gRPC refuses it on the wire.
+    count = 1_500_000
+    flood = "{" + ",".join(f'"k{i}":1' for i in range(count)) + "}"
+    tensor = '{"name":"InputTensor","shape":[1],"datatype":"UINT8","data":[1]'
+    inputs = tensor + (f',"parameters":{flood}' if where == "input" else "") + "}"
+    outputs = (
+        f',"outputs":[{{"name":"OutputTensor","parameters":{flood}}}]' if where == "output" else ""
+    )
+    request_parameters = f',"parameters":{flood}' if where == "request" else ""
+    text = f'{{"inputs":[{inputs}]{outputs}{request_parameters}}}'.encode()
+    data = request("POST", f"/v2/models/{NOT}/infer", {"Connection": "close"}, text)
+    baseline = server.reset_peak_rss()
+    (reply, *_) = repeatedly(server, lambda: one_reply(server, data), seconds=0.3)
+    grown = server.peak_rss() - baseline
+    body = assert_json_error(reply, 413, "request body", "max_json_keys")
+    assert "64 parameters per map" in body["error"]
+    assert grown < 4 * len(data) + 48 * MiB, (grown, len(data))

@@ -36,7 +36,7 @@ from tensorbits_protocol.jsondata import (
     parse_json,
     require_json_form,
 )
-from tensorbits_protocol.parameters import POLICY, Level, check_tensor_parameters
+from tensorbits_protocol.parameters import POLICY, Level, check_entries, check_tensor_parameters
 from tensorbits_protocol.schema_errors import validate_document
 from tensorbits_protocol.v2 import (
     InferenceRequest,
@@ -359,11 +359,25 @@ def check_parameters(request: InferenceRequest) -> None:
     (``validation.resolve_parameters``). The keys the models declare are the table's honoured
     ones, so only the rest, in ``model_extra``, need looking up."""
     for index, tensor in enumerate(request.inputs):
-        if tensor.parameters is not None and tensor.parameters.model_extra:
-            check_tensor_parameters(Level.INPUT, index, tensor.name, tensor.parameters.model_extra)
+        if tensor.parameters is not None:
+            _check_map(Level.INPUT, index, tensor.parameters)
+            if tensor.parameters.model_extra:
+                check_tensor_parameters(
+                    Level.INPUT, index, tensor.name, tensor.parameters.model_extra
+                )
     for index, output in enumerate(request.outputs or ()):
-        if output.parameters is not None and output.parameters.model_extra:
-            check_tensor_parameters(Level.OUTPUT, index, output.name, output.parameters.model_extra)
+        if output.parameters is not None:
+            _check_map(Level.OUTPUT, index, output.parameters)
+            if output.parameters.model_extra:
+                check_tensor_parameters(
+                    Level.OUTPUT, index, output.name, output.parameters.model_extra
+                )
+
+
+def _check_map(level: Level, index: int, parameters: SharedMemoryParameters) -> None:
+    # The keys given: declared ones set and extra ones (pydantic lists the extra among the set).
+    count = len(parameters.model_fields_set | set(parameters.model_extra or ()))
+    check_entries(f"{level}s[{index}].parameters", count)
 
 
 def check_unique(frames: Sequence[codec.TensorFrame]) -> None:

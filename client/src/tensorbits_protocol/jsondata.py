@@ -101,6 +101,11 @@ class JsonLimits:
     # doubles the scan, and what the parser builds for so few values is small. Its depth and
     # values are judged on the bytes like any other's. 0: count members on the bytes too.
     members_parsed_below: int = 0
+    # The keys of every object of the document together (None: only ``max_values`` bounds them).
+    # Arrays of data may be long; a document's objects are few and small, but a parser builds a
+    # dict entry per key, so a flood of keys in one object costs far more than its bytes.
+    max_keys: int | None = None
+    keys_words: str = ""  # what ``max_keys`` allows, for the refusal
     # Derived once (every document is checked against them): the tightest count bound.
     fewest_values: int = field(init=False, repr=False, compare=False)
 
@@ -118,12 +123,14 @@ class JsonLimits:
 @dataclass(frozen=True, slots=True)
 class Structure:
     """What ``scan`` found so far: the nesting depth, an upper bound on the number of values
-    (each value after the first of an array or object needs a comma: commas + 1), and the
-    elements of each counted member (exact for a valid document; an empty array counts 1)."""
+    (each value after the first of an array or object needs a comma: commas + 1), the keys of
+    every object together (each needs a colon), and the elements of each counted member (exact
+    for a valid document; an empty array counts 1)."""
 
     depth: int
     values: int
     members: dict[str, int]
+    keys: int = 0
 
 
 @dataclass(slots=True)
@@ -197,7 +204,7 @@ def scan_blocks(doc: bytes, names: tuple[str, ...] = ()) -> Iterator[Structure]:
     skeleton = np.frombuffer(_skeleton(doc, tuple(name.encode() for name in names)), np.uint8)
     counts = np.zeros(len(names) + 1, np.int64)
     carry = _Carry()
-    depth, values = 0, 1
+    depth, values, keys = 0, 1, 0
     for start in range(0, max(skeleton.size, 1), _SCAN_BLOCK):
         structure = _structure(skeleton[start : start + _SCAN_BLOCK], carry)
         if structure.size:
@@ -206,10 +213,12 @@ def scan_blocks(doc: bytes, names: tuple[str, ...] = ()) -> Iterator[Structure]:
             carry.level = int(level[-1])
             depth = max(depth, int(level.max()))
             values += int(np.count_nonzero(structure == _COMMA))
+            keys += int(np.count_nonzero(structure == _COLON))
             if names:
                 counts += _count_members(structure, level, carry, len(names))
             carry.last = int(structure[-1])
-        yield Structure(depth, values, {name: int(counts[i]) for i, name in enumerate(names, 1)})
+        members = {name: int(counts[i]) for i, name in enumerate(names, 1)}
+        yield Structure(depth, values, members, keys)
 
 
 def scan(doc: bytes, names: tuple[str, ...] = ()) -> Structure:
@@ -241,7 +250,8 @@ def check_structure(doc: bytes, limits: JsonLimits, what: str = "body") -> None:
     # larger document goes straight to the scan: three passes over it would cost a third of it.)
     if len(doc) <= _SMALL_DOCUMENT or limits.members_parsed_below:
         opens, commas = doc.count(b"[") + doc.count(b"{"), doc.count(b",")
-        if opens <= limits.max_depth and commas + 1 <= limits.fewest_values:
+        few_keys = limits.max_keys is None or doc.count(b":") <= limits.max_keys
+        if opens <= limits.max_depth and commas + 1 <= limits.fewest_values and few_keys:
             return
         counted = max(commas, opens) >= limits.members_parsed_below
     for found in scan_blocks(doc, limits.names if counted else ()):
@@ -273,6 +283,15 @@ def _raise_past_limits(found: Structure, limits: JsonLimits, what: str) -> None:
         count = sum(found.members.get(name, 0) for name in member.names)
         if count > member.limit + len(member.names):
             raise member.refusal(what, count, exact=False)
+    # After the members: a list of too many tensors is refused as that, though its objects'
+    # keys are too many too.
+    if limits.max_keys is not None and found.keys > limits.max_keys:
+        raise PayloadTooLarge(
+            f"{what}: JSON document has more than {limits.max_keys} keys in its objects "
+            f"({limits.keys_words})",
+            field=what,
+            rule="max_json_keys",
+        )
     if found.depth > limits.max_depth:
         raise InvalidRequest(
             f"{what}: JSON nesting depth {found.depth} exceeds the limit of {limits.max_depth} "

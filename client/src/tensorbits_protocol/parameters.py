@@ -26,8 +26,27 @@ from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
 
-from tensorbits_protocol.errors import InvalidRequest
+from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
 from tensorbits_protocol.operators import did_you_mean
+
+MAX_PARAMETERS = 64
+"""Entries of one parameter map (a request's, an input's, an output's), on either protocol: the
+protocol's own keys and an operator's are a handful; this bounds what a decoder builds."""
+
+
+def too_many(field: str) -> PayloadTooLarge:
+    """The refusal of a parameter map at ``field`` with more than ``MAX_PARAMETERS`` entries."""
+    return PayloadTooLarge(
+        f"{field} has more than {MAX_PARAMETERS} entries (the server's limit per parameter map)",
+        field=field,
+        rule="max_parameters",
+    )
+
+
+def check_entries(field: str, count: int) -> None:
+    """Refuse a parameter map at ``field`` of ``count`` entries past ``MAX_PARAMETERS``."""
+    if count > MAX_PARAMETERS:
+        raise too_many(field)
 
 
 class Level(StrEnum):

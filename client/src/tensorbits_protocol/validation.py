@@ -27,7 +27,7 @@ from tensorbits_protocol.operators import (
     feature_level_index,
     get_operator,
 )
-from tensorbits_protocol.parameters import Level, check_parameter
+from tensorbits_protocol.parameters import Level, check_entries, check_parameter
 
 Shape = tuple[int, ...]
 ParameterValue = str | int | float | bool  # an operator parameter's value (v2.WireParameterValue)
@@ -71,6 +71,7 @@ def resolve_parameters(
     unknown ones: any key neither the operator's nor accepted by the request-level policy
     (``parameters.POLICY``)."""
     given = dict(parameters or {})
+    check_entries("parameters", len(given))
     resolved: dict[str, str | int] = {}
     for key in given:
         if key not in op.parameter_index:

@@ -30,6 +30,7 @@ from enum import Enum
 from typing import NamedTuple
 
 from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
+from tensorbits_protocol.parameters import MAX_PARAMETERS, too_many
 from tensorbits_protocol.v2 import MAX_WIRE_RANK
 
 # Wire types (protobuf encoding): what follows a field's tag.
@@ -38,9 +39,6 @@ _FIXED_SIZES = {I64: 8, I32: 4}
 _MAX_VARINT_BYTES = 10
 RAW_OUTPUT_CONTENTS = 6  # ModelInferResponse
 
-MAX_PARAMETERS = 64
-"""Entries of one parameter map (the request's, an input's, an output's). The protocol's own
-parameters and an operator's are a handful; this bounds what protobuf is asked to build."""
 MAX_TEXT_BYTES = 4096
 """Bytes of any one string: a model or tensor name, a data type, an id, a parameter's key or
 string value. Every real one is under 300 (a shared-memory region's name, the longest)."""
@@ -197,11 +195,7 @@ def _past_bound(rule: Rule, path: str, count: int, limits: WireLimits) -> Except
             rule="max_tensors",
         )
     if rule.count is Count.PARAMETERS:
-        return PayloadTooLarge(
-            f"{where} has more than {bound} entries (the server's limit per parameter map)",
-            field=where,
-            rule="max_parameters",
-        )
+        return too_many(where)
     return PayloadTooLarge(
         f"the request's typed contents hold more than {bound} values (limit of "
         "TENSORBITS_MAX_JSON_ELEMENTS)",
@@ -421,7 +415,6 @@ def raw_field(number: int, length: int) -> bytes:
 
 __all__ = [
     "MAX_FIELDS",
-    "MAX_PARAMETERS",
     "MAX_TEXT_BYTES",
     "MODEL_INFER_REQUEST",
     "RAW_OUTPUT_CONTENTS",
