@@ -338,3 +338,24 @@ def test_a_stalled_call_is_closed_at_the_read_deadline(small_server: GrpcServer)
         infer: Unary = client.unary_unary(INFER)
         reply = pb.ModelInferResponse.FromString(infer(request.SerializeToString(), timeout=10))
     assert reply.raw_output_contents[0] == b"\xff\x00"
+
+
+# --- metadata: the call's head, bounded as HTTP's ----------------------------------------------
+
+
+@pytest.mark.parametrize("size", [70_000, 1 << 20])
+def test_metadata_past_the_head_limit_is_refused(server: GrpcServer, size: int) -> None:
+    """Past TENSORBITS_MAX_HEAD_BYTES (64 KiB) every time, not at random up to 1.25 times it
+    (grpcio's soft limit); within it, served; the server answers the next call."""
+    with grpc.insecure_channel(server.grpc_url) as probe:
+        live: Unary = probe.unary_unary(LIVE)
+        assert pb.ServerLiveResponse.FromString(
+            live(b"", metadata=(("x-within", "a" * 60_000),), timeout=10)
+        ).live
+        for _ in range(5):
+            with pytest.raises(grpc.RpcError) as caught:
+                live(b"", metadata=(("x-big", "a" * size),), timeout=10)
+            refused = _refusal(caught.value)
+            assert refused.code == grpc.StatusCode.RESOURCE_EXHAUSTED, refused
+            assert "metadata size exceeds" in refused.details
+        assert pb.ServerLiveResponse.FromString(live(b"", timeout=10)).live

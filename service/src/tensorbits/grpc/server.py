@@ -113,7 +113,10 @@ def build(runtime: Runtime, metrics: Metrics | None = None) -> grpc.aio.Server:
             # server share theirs (the kernel spreads the connections).
             ("grpc.so_reuseport", 1 if settings.workers > 1 else 0),
             ("grpc.max_concurrent_streams", MAX_STREAMS),
+            # Metadata is the call's head: bounded as HTTP's is. grpcio refuses past the soft
+            # limit only at random up to its hard one (1.25x by default): both are the bound.
             ("grpc.max_metadata_size", settings.max_head_bytes),
+            ("grpc.absolute_max_metadata_size", settings.max_head_bytes),
         ],
     )
     handlers: dict[str, grpc.RpcMethodHandler[bytes, bytes]] = {
