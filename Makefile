@@ -49,8 +49,15 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# Then the GPU tests, the GPU benchmarks and the GPU session's scripts, which no CI machine runs:
+# typed here so that a slip shows before a device does. They import the tests' helpers
+# (support.*, core.*) from tests/, named relative to MYPYPATH (pyproject.toml: which are checked).
+GPU_TYPED := tests/gpu bench/gpu_ops.py bench/cuda_shared_memory.py scripts/gpu_preflight.py \
+	scripts/gpu_wheels.py
+
 typecheck: install
 	$(BIN)/mypy
+	MYPYPATH=tests $(BIN)/mypy --explicit-package-bases $(GPU_TYPED)
 
 unit: install
 	$(BIN)/pytest
@@ -62,7 +69,7 @@ test: check unit ## every check: lint, types, the whole test suite
 bench: install ## operator core on the CPU; bench/http_service.py, bench/in_process.py, bench/client.py and bench/load.py measure the rest
 	$(BIN)/python bench/ops.py
 
-device-prep: ## wheels for a GPU session into .whl/ (git-ignored): the runtime's and the GPU tests' (docs/gpu.md)
+device-prep: install ## wheels for a GPU session into .whl/ (git-ignored): all but NumPy, pinned by uv.lock (docs/gpu.md)
 	bash scripts/gpu_session.sh prep
 
 openapi: install ## regenerate openapi/openapi.json from the app

@@ -1,110 +1,145 @@
 #!/usr/bin/env bash
-# Everything a GPU session runs, in one command (docs/gpu.md).
+# Everything a GPU session runs, in one command each (docs/gpu.md says what and when).
 #
-#   bash scripts/gpu_session.sh prep   # here, with network (`make device-prep`): wheels into .whl/
-#   bash scripts/gpu_session.sh        # on the offline GPU machine, .whl/ carried along: install,
-#                                      # test, benchmark; logs under $OUT, a summary at the end
+#   bash scripts/gpu_session.sh prep     # here, with network (`make device-prep`): wheels in .whl/
+#   bash scripts/gpu_session.sh quick    # on the GPU machine, .whl/ carried: environment,
+#                                        # preflight, tests (300 s: a first call, room for a second)
+#   bash scripts/gpu_session.sh bench    # the benchmarks alone (240 s: the second call)
+#   bash scripts/gpu_session.sh [full]   # all of it (480 s)
+#   bash scripts/gpu_session.sh dry-run  # anywhere, no GPU: the same steps on stand-ins (make test)
+#   bash scripts/gpu_session.sh plan [MODE]  # the steps of MODE and their limits
 #
-# The GPU machine has Python 3.12, CuPy for CUDA 13, NumPy, pytest, hypothesis, pytest-timeout and
-# httpx, and no network: what the service needs beyond that (../shared/tools/device-prep) and what
-# the GPU tests need (stock tritonclient's HTTP and gRPC clients and its CUDA shared-memory helper)
-# travel as wheels. Every step runs whatever the one before did, under a time limit that keeps the
-# whole inside one device call (10 minutes); the exit status is 0 only when every step passed.
-# Steps, at most (s): install 60, environment 30, bench/cuda_shared_memory.py 120, bench/gpu_ops.py
-# 120, tests/gpu 330, bench/shared_memory.py on a CuPy server 90; each is cut to what is left of
-# BUDGET_S, so a slow early step takes time from the later ones, never past the budget.
+# The GPU machine is offline, with Python 3.12, CuPy for CUDA 13 and NumPy; everything else the
+# service and the tests import travels as wheels at uv.lock's versions (scripts/gpu_wheels.py).
+# The steps run in this order, each under a time limit cut to what is left of the mode's budget,
+# each with its log under $OUT: install the wheels, print the environment, the preflight
+# (scripts/gpu_preflight.py: the CuPy backend and CUDA IPC in about 30 s), the tests, then the
+# benchmarks. A failed install, or a preflight that finds no working CuPy backend, stops the run
+# there (nothing later could pass). The summary at the end counts a skipped test or a benchmark's
+# `skipped:` as a failure; the exit status is 0 only when every step passed.
 set -uo pipefail
 SELF=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 cd "$(dirname "$SELF")/.."
 
-# The GPU tests' wheels beyond the runtime's, at uv.lock's versions (tritonclient[http,grpc] and
-# what its HTTP client imports; the device has aiohttp, certifi, packaging and ml-dtypes).
-LOCKED_WHEELS="tritonclient python-rapidjson urllib3 geventhttpclient gevent greenlet zope-event
-zope-interface brotli cuda-pathfinder"
-# tritonclient.utils.cuda_shared_memory imports cuda.bindings, which the lock does not hold (its
-# 'cuda' extra): the CUDA 13.0 build, as the machine's driver (580) serves CUDA 13.0. Used only
-# where the machine has no cuda-bindings 13 of its own (its image's matches its CuPy).
-CUDA_BINDINGS="cuda-bindings==13.0.3"
-WHEELS=.whl
-SITE=/tmp/site
-BUDGET_S=530  # the whole run; one device call is at most 600 s
+WHEELS=${SESSION_WHEELS:-.whl} # the carried wheels (another folder: the dry run's tests)
+SITE=${SESSION_SITE:-/tmp/site} # where the wheels go (the dry run's own, passed to its steps)
+PYTHON=${PYTHON:-python3}
+OUT=${OUT:-${TMPDIR:-/tmp}/tensorbits-gpu-session}
+# Machine-independent settings of every step: no plugin a machine happens to have installed is
+# loaded by pytest or hypothesis (theirs may not work with the carried versions); the GPU tests
+# fail instead of skipping without a device (tests/gpu/gpu_support.py).
+export PYTHONUNBUFFERED=1 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 HYPOTHESIS_NO_PLUGINS=1
+PYTEST_PLUGINS=(-p pytest_timeout -p _hypothesis_pytestplugin -p no:cacheprovider)
+
+# --- here: the wheels -------------------------------------------------------------------------
 
 prep() {
-    ../shared/tools/device-prep >/dev/null || return 1
-    local pins
-    pins=$(python3 - "$LOCKED_WHEELS" <<'PY'
-import sys, tomllib
-wanted = sys.argv[1].split()
-locked = {p["name"]: p["version"] for p in tomllib.load(open("uv.lock", "rb"))["package"]}
-missing = [name for name in wanted if name not in locked]
-if missing:
-    sys.exit(f"gpu_session.sh: not in uv.lock: {' '.join(missing)}")
-print(" ".join(f"{name}=={locked[name]}" for name in wanted))
-PY
-) || return 1
-    # shellcheck disable=SC2086  # one word per requirement
-    python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
-        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
-        --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
-        --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
-        -d "$WHEELS" $pins "$CUDA_BINDINGS" || return 1
-    # Two versions of one distribution stop the whole install on the machine.
-    python3 - "$WHEELS" <<'PY' || return 1
-import collections, pathlib, re, sys
-names = collections.Counter(
-    re.sub(r"[-_.]+", "-", wheel.name.split("-")[0]).lower()
-    for wheel in pathlib.Path(sys.argv[1]).glob("*.whl")
-)
-if twice := sorted(name for name, count in names.items() if count > 1):
-    sys.exit(f"gpu_session.sh: more than one wheel of: {' '.join(twice)}")
-PY
-    local bytes
+    local prep_python=${PREP_PYTHON:-python3} requirements bytes
+    WHEELS=.whl # always the repository's: it is emptied first
+    local platforms=(--python-version 3.12 --implementation cp)
+    for n in $(seq 39 -1 5); do platforms+=(--platform "manylinux_2_${n}_x86_64"); done
+    platforms+=(--platform manylinux2014_x86_64 --platform manylinux2010_x86_64
+        --platform manylinux1_x86_64)
+    mkdir -p .git/info
+    grep -qx "/$WHEELS/" .git/info/exclude 2>/dev/null || echo "/$WHEELS/" >>.git/info/exclude
+    rm -rf "$WHEELS" && mkdir -p "$WHEELS"
+    requirements=$(mktemp)
+    .venv/bin/python scripts/gpu_wheels.py requirements >"$requirements" || return 1
+    # Each at the lock's version, checked against the lock's hashes.
+    "$prep_python" -m pip download --quiet --disable-pip-version-check --no-deps \
+        --only-binary=:all: --require-hashes "${platforms[@]}" -d "$WHEELS" -r "$requirements" \
+        || return 1
+    # tritonclient's CUDA helper imports cuda.bindings, which the lock holds only as an extra
+    # (installed there only where the machine has no cuda-bindings 13 of its own).
+    "$prep_python" -m pip download --quiet --disable-pip-version-check --no-deps \
+        --only-binary=:all: "${platforms[@]}" -d "$WHEELS" \
+        "cuda-bindings==$(.venv/bin/python -c 'import sys; sys.path.insert(0, "scripts")
+import gpu_wheels; print(gpu_wheels.CUDA_BINDINGS)')" || return 1
+    rm -f "$requirements"
+    .venv/bin/python scripts/gpu_wheels.py check "$WHEELS" || return 1
     bytes=$(du -cb "$WHEELS"/*.whl | tail -1 | cut -f1)
-    echo "device-prep: $(ls "$WHEELS"/*.whl | wc -l) wheels, $((bytes / 1024 / 1024)) MiB in $WHEELS/" \
-        "(the carry limit is 64 MiB for the whole working tree)"
+    echo "device-prep: $(ls "$WHEELS"/*.whl | wc -l) wheels, $((bytes / 1024 / 1024)) MiB in" \
+        "$WHEELS/ (the working tree travels too: 64 MiB in all)"
     git check-ignore -q "$WHEELS/" || { echo "gpu_session.sh: $WHEELS/ is not git-ignored" >&2; return 1; }
-    echo "device-prep: now call the device tool's run with carry [\"$WHEELS\"] and the command:"
-    echo "    bash scripts/gpu_session.sh"
+    echo "device-prep: then the device tool's run with carry [\"$WHEELS\"], timeout_s 360 and"
+    echo "    bash scripts/gpu_session.sh quick"
 }
 
-# --- on the GPU machine -------------------------------------------------------------------------
+# --- the steps --------------------------------------------------------------------------------
 
-OUT=${OUT:-${TMPDIR:-/tmp}/tensorbits-gpu-session}
-PYTHON=${PYTHON:-python3}
 STARTED=$(date +%s)
 SUMMARY=()
 FAILED=0
+STOPPED=""
+PLAN_ONLY=0
 
-# step NAME LIMIT_S LOG COMMAND...: run COMMAND with its output in $OUT/LOG, stopped after
-# LIMIT_S seconds (or what is left of the budget); record how it ended; show the log's end.
+# pytest_totals LOG: pytest's closing line of counts ("=== 3 passed, 1 skipped in 2.0s ===", or
+# without the rules under -q; "12 tests collected in 0.5s" under --collect-only).
+pytest_totals() {
+    grep -E '^(=+ )?[0-9]+ [a-z]+( [a-z]+)?(, [0-9]+ [a-z]+)* in [0-9.]+s( \(.*\))?( =+)?$' "$1" 2>/dev/null
+}
+
+# verdict STATUS LOG: how a step ended. A benchmark's `skipped:` line, or skipped tests in
+# pytest's summary, fail it: on the GPU machine a skip means the device part did not run.
+verdict() {
+    local status=$1 log=$2
+    case $status in
+        0)
+            if grep -qE '^skipped:' "$log" 2>/dev/null || pytest_totals "$log" | grep -q ' skipped'; then
+                echo "FAILED (skipped)"
+            else
+                echo PASSED
+            fi
+            ;;
+        124 | 137) echo "TIMED OUT" ;;
+        5) echo "NO TESTS RAN" ;;
+        *) echo "FAILED (exit $status)" ;;
+    esac
+}
+
+# step NAME LIMIT_S LOG COMMAND...: run COMMAND, its output in $OUT/LOG, stopped after LIMIT_S
+# seconds or what is left of BUDGET_S; record how it ended; show the log's end. Sets STEP_STATUS.
 step() {
-    local name=$1 limit=$2 log=$3 left status started took verdict
+    local name=$1 limit=$2 log=$3 left started took result
     shift 3
-    left=$((BUDGET_S - ($(date +%s) - STARTED)))
-    [ "$limit" -gt "$left" ] && limit=$left
-    if [ "$limit" -lt 10 ]; then
-        SUMMARY+=("SKIPPED  $name: no time left")
+    STEP_STATUS=0
+    if [ "$PLAN_ONLY" -eq 1 ]; then
+        printf '%-26s at most %4ss  -> %s\n' "$name" "$limit" "$log"
+        return
+    fi
+    if [ -n "$STOPPED" ]; then
+        SUMMARY+=("$(printf '%-16s %-26s  %s' "NOT RUN" "$name" "$STOPPED")")
         FAILED=1
         return
     fi
-    echo "=== $name (at most ${limit}s) -> $log"
+    left=$((BUDGET_S - ($(date +%s) - STARTED)))
+    [ "$limit" -gt "$left" ] && limit=$left
+    if [ "$limit" -lt 10 ]; then
+        SUMMARY+=("$(printf '%-16s %-26s  %s' "NOT RUN" "$name" "no time left of ${BUDGET_S}s")")
+        FAILED=1
+        return
+    fi
+    echo "=== $name (at most ${limit}s) -> $OUT/$log"
     started=$(date +%s)
     timeout -k 10 "$limit" "$@" >"$OUT/$log" 2>&1
-    status=$?
+    STEP_STATUS=$?
     took=$(($(date +%s) - started))
-    case $status in
-        0) verdict=PASSED ;;
-        124 | 137) verdict="TIMED OUT" ;;
-        5) verdict="NO TESTS RAN" ;;
-        *) verdict="FAILED (exit $status)" ;;
-    esac
-    [ "$status" -eq 0 ] || FAILED=1
-    SUMMARY+=("$(printf '%-16s %-26s %4ss  %s' "$verdict" "$name" "$took" "$OUT/$log")")
-    tail -n 25 "$OUT/$log"
+    result=$(verdict "$STEP_STATUS" "$OUT/$log")
+    [ "$result" = PASSED ] || FAILED=1
+    SUMMARY+=("$(printf '%-16s %-26s %4ss  %s' "$result" "$name" "$took" "$OUT/$log")")
+    tail -n 20 "$OUT/$log"
 }
 
 install_wheels() {
-    local wheels=()
+    local wheels=() wheel
+    if ! ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+        if [ "${DRY:-0}" -eq 1 ]; then
+            echo "no wheels in $WHEELS/ (make device-prep makes them): the running Python's packages"
+            return 0
+        fi
+        echo "gpu_session.sh: no wheels in $WHEELS/: run 'make device-prep' first and carry $WHEELS"
+        return 2
+    fi
     for wheel in "$WHEELS"/*.whl; do
         case $(basename "$wheel") in
             cuda_bindings-* | cuda_pathfinder-*)
@@ -113,35 +148,40 @@ install_wheels() {
 sys.exit(b.__version__.split(".")[0] != "13")' 2>/dev/null; then
                     echo "kept the machine's cuda-bindings; not installing $(basename "$wheel")"
                     continue
-                fi ;;
+                fi
+                ;;
         esac
         wheels+=("$wheel")
     done
-    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target "$SITE" "${wheels[@]}"
+    rm -rf "$SITE"
+    "$PYTHON" --version
+    "$PYTHON" -m pip install -q --disable-pip-version-check --no-index --no-deps --no-compile \
+        --no-cache-dir --target "$SITE" "${wheels[@]}" || return 1
+    echo "installed ${#wheels[@]} wheels into $SITE"
 }
 
 environment() {
-    nvidia-smi -L
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-    df -h /dev/shm  # system shared memory: bench/shared_memory.py's regions live there
-    "$PYTHON" - <<'PY'
-import importlib.metadata as metadata, platform
+    echo "kernel $(uname -r) $(uname -m)"
+    if command -v nvidia-smi >/dev/null; then
+        nvidia-smi -L
+        nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
+    else
+        echo "nvidia-smi: not found"
+    fi
+    df -h /dev/shm | tail -1 # system shared memory: bench/shared_memory.py's regions live there
+    if [ "${DRY:-0}" -eq 0 ]; then
+        "$PYTHON" - <<'PY' || true # printed even where CuPy is broken: the preflight judges
 import cupy
-print("python", platform.python_version(), "cupy", cupy.__version__,
-      "CUDA runtime", cupy.cuda.runtime.runtimeGetVersion(),
-      "driver", cupy.cuda.runtime.driverGetVersion(),
-      "devices", cupy.cuda.runtime.getDeviceCount())
-for name in ("numpy", "cuda-bindings", "cuda-pathfinder", "tritonclient", "grpcio", "protobuf",
-             "fastapi", "pydantic", "uvicorn", "pytest", "hypothesis"):
-    try:
-        print(f"{name} {metadata.version(name)}")
-    except metadata.PackageNotFoundError:
-        print(f"{name} missing")
-import tritonclient.grpc, tritonclient.http, tritonclient.utils.cuda_shared_memory  # noqa
-import tensorbits.cli  # noqa
-print("imports: tritonclient.http, .grpc, .utils.cuda_shared_memory, tensorbits: ok")
+r = cupy.cuda.runtime
+print("cupy", cupy.__version__, "CUDA runtime", r.runtimeGetVersion(),
+      "driver", r.driverGetVersion(), "devices", r.getDeviceCount())
 PY
+        "$PYTHON" scripts/gpu_wheels.py report --device
+    else
+        # No CuPy here: every import the session makes, with what the wheels would not bring
+        # refused (nothing may be missing offline).
+        "$PYTHON" scripts/gpu_wheels.py report --carried-only
+    fi
 }
 
 # bench/shared_memory.py against a CuPy server, or one 'skipped:' line where no CuPy backend
@@ -157,48 +197,104 @@ select_backend("cupy").backend.close()' 2>&1); then
         --server-env TENSORBITS_BACKEND=cupy
 }
 
-run() {
-    mkdir -p "$OUT"
-    if ! ls "$WHEELS"/*.whl >/dev/null 2>&1; then
-        echo "gpu_session.sh: no wheels in $WHEELS/: run 'make device-prep' first and carry $WHEELS" >&2
-        exit 2
-    fi
-    export PYTHONPATH="$SITE:$PWD/service/src:$PWD/client/src${PYTHONPATH:+:$PYTHONPATH}"
-    export PYTHONUNBUFFERED=1 TENSORBITS_BACKEND=cupy
-    step "install wheels" 60 install.log bash "$SELF" install
+steps_install() {
+    step "install wheels" 45 install.log bash "$SELF" install
+    [ "$STEP_STATUS" -eq 0 ] || STOPPED="the wheels did not install (install.log)"
     step "environment" 30 environment.log bash "$SELF" environment
-    # The benchmarks before the tests: their figures are what the session is for, and they warm
-    # the kernel cache (~/.cupy) for the tests: the issue's CUDA shared memory first, then the
-    # operator core on CuPy (every operator x data type, 16/64/256 MiB; each row is printed as it
-    # ends, so one stopped by its limit still leaves its rows).
-    step "bench cuda_shared_memory" 120 bench-cuda-shared-memory.log \
-        "$PYTHON" bench/cuda_shared_memory.py --rounds 7 --mib 256
-    step "bench gpu_ops" 120 bench-gpu-ops.log "$PYTHON" bench/gpu_ops.py
+}
+
+steps_preflight() {
+    local stand_in=()
+    [ "$DRY" -eq 1 ] && stand_in=(--stand-in)
+    step "preflight" 60 preflight.log "$PYTHON" scripts/gpu_preflight.py "${stand_in[@]}"
+    [ "$STEP_STATUS" -eq 3 ] && STOPPED="no working CuPy backend (preflight.log)"
+}
+
+steps_tests() {
+    if [ "$DRY" -eq 1 ]; then
+        # Every GPU test module imports and collects, in GPU mode, on the stand-in.
+        step "tests/gpu" 240 gpu-tests.log env TENSORBITS_GPU_REQUIRED=1 PYTHONPATH="$PWD/tests:${PYTHONPATH:-}" \
+            "$PYTHON" -m pytest -q "${PYTEST_PLUGINS[@]}" -p gpu.stand_in.plugin --collect-only tests/gpu
+        return
+    fi
     # Every GPU test, test_cuda_shared_memory.py first (file order); -v: the log names each test
     # as it ends, so a run stopped by the limit still says how far it got.
-    step "tests/gpu" 330 gpu-tests.log \
-        "$PYTHON" -m pytest -v -p no:cacheprovider --durations=15 tests/gpu
-    # The HTTP paths on CuPy last, with what is left: SDK and tritonclient system shared memory
-    # and v2 binary HTTP against a CuPy server, 64 MiB BIT_NOT.
-    step "bench shm on cupy" 90 bench-shared-memory-cupy.log bash "$SELF" shared-memory-on-cupy
-    {
-        echo "=== summary ($(($(date +%s) - STARTED))s; logs in $OUT)"
-        printf '%s\n' "${SUMMARY[@]}"
-        grep -E '^(=+ .*(passed|failed|error|skipped).* =+)$' "$OUT/gpu-tests.log" 2>/dev/null
-        grep -E '^(targets at|DIFFERENT RESULT|skipped:)' "$OUT/bench-gpu-ops.log" 2>/dev/null \
-            | sed 's/^/bench gpu_ops: /'
-    } | tee "$OUT/summary.txt"
+    step "tests/gpu" 240 gpu-tests.log env TENSORBITS_GPU_REQUIRED=1 \
+        "$PYTHON" -m pytest -v "${PYTEST_PLUGINS[@]}" --continue-on-collection-errors \
+        --durations=15 tests/gpu
+}
+
+steps_benchmarks() {
+    if [ "$DRY" -eq 1 ]; then
+        step "bench cuda_shared_memory" 60 bench-cuda-shared-memory.log \
+            "$PYTHON" bench/cuda_shared_memory.py --help
+        step "bench gpu_ops" 90 bench-gpu-ops.log \
+            "$PYTHON" bench/gpu_ops.py --xp numpy --quick --sizes 1 --repeat 1 --retries 0
+        step "bench shm on cupy" 45 bench-shared-memory-cupy.log \
+            "$PYTHON" bench/shared_memory.py --help
+        return
+    fi
+    # The commands of docs/benchmarks.md: CUDA shared memory first, then the operator core on
+    # CuPy (each row printed as it ends: one stopped by its limit still leaves its rows), then
+    # the HTTP paths on a CuPy server.
+    step "bench cuda_shared_memory" 60 bench-cuda-shared-memory.log \
+        "$PYTHON" bench/cuda_shared_memory.py --rounds 7 --mib 256
+    step "bench gpu_ops" 90 bench-gpu-ops.log "$PYTHON" bench/gpu_ops.py
+    step "bench shm on cupy" 45 bench-shared-memory-cupy.log bash "$SELF" shared-memory-on-cupy
+}
+
+summary() {
+    echo "=== summary: $MODE, $(($(date +%s) - STARTED))s of ${BUDGET_S}s; logs in $OUT"
+    printf '%s\n' "${SUMMARY[@]}"
+    grep -E '^preflight: ' "$OUT/preflight.log" 2>/dev/null
+    pytest_totals "$OUT/gpu-tests.log" | sed 's/^/tests\/gpu: /'
+    grep -E '^(targets at|DIFFERENT RESULT|skipped:)' "$OUT/bench-gpu-ops.log" 2>/dev/null \
+        | sed 's/^/bench gpu_ops: /'
+}
+
+session() {
+    MODE=$1
+    DRY=0
+    case $MODE in
+        quick) BUDGET_S=300 ;;
+        bench) BUDGET_S=240 ;;
+        full) BUDGET_S=480 ;;
+        dry-run) BUDGET_S=240 DRY=1 ;;
+    esac
+    export DRY
+    if [ "$PLAN_ONLY" -eq 0 ]; then
+        mkdir -p "$OUT"
+        [ "$DRY" -eq 1 ] && SITE=${TMPDIR:-/tmp}/tensorbits-gpu-dry-run-site
+        export SESSION_SITE=$SITE
+        export PYTHONPATH="$SITE:$PWD/service/src:$PWD/client/src${PYTHONPATH:+:$PYTHONPATH}"
+        export TENSORBITS_BACKEND=cupy
+        [ "$DRY" -eq 1 ] && export TENSORBITS_BACKEND=numpy
+    else
+        echo "$MODE: at most ${BUDGET_S}s in all"
+    fi
+    steps_install
+    [ "$MODE" = bench ] || steps_preflight
+    [ "$MODE" = bench ] || steps_tests
+    [ "$MODE" = quick ] || steps_benchmarks
+    [ "$PLAN_ONLY" -eq 1 ] && return 0
+    summary | tee "$OUT/summary.txt"
     exit "$FAILED"
 }
 
-case ${1:-run} in
+case ${1:-full} in
     prep) prep ;;
-    run) run ;;
-    install) install_wheels ;;  # steps of run, each in a process of its own (for timeout)
+    quick | bench | full | dry-run) session "$1" ;;
+    plan)
+        PLAN_ONLY=1
+        session "${2:-full}"
+        ;;
+    # Steps of a session, each run in a process of its own (for timeout).
+    install) install_wheels ;;
     environment) environment ;;
     shared-memory-on-cupy) shared_memory_on_cupy ;;
+    verdict) verdict "$2" "$3" ;;
     *)
-        echo "usage: bash scripts/gpu_session.sh [prep|run|install|environment|shared-memory-on-cupy]" >&2
+        echo "usage: bash scripts/gpu_session.sh [prep|quick|bench|full|dry-run|plan [MODE]]" >&2
         exit 2
         ;;
 esac

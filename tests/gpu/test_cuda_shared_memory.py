@@ -15,7 +15,8 @@ unaligned offsets), each followed by a good request on the same server.
 
 Skipped, with the reason, where CuPy or a CUDA device is missing (gpu_support) and, separately,
 where ``tritonclient.utils.cuda_shared_memory`` cannot be imported (it needs the cuda-bindings
-package, ``pip install 'tritonclient[cuda]'``). docs/gpu.md says how a GPU session runs this.
+package, ``pip install 'tritonclient[cuda]'``); in GPU mode (gpu_support) either fails instead.
+docs/gpu.md says how a GPU session runs this.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton
 import tritonclient.utils.shared_memory as shm
 from core.bitref import assert_bits_equal, reference
-from gpu.gpu_support import cupy_backend_or_skip
+from gpu.gpu_support import cupy_backend_or_skip, unavailable
 from support.grpc_live import GrpcServer
 from support.live import LiveServer, free_port, serve
 from support.v2 import uint8_inputs
@@ -54,10 +55,7 @@ cupy_backend_or_skip().close()  # only the check: the server builds its own back
 try:
     import tritonclient.utils.cuda_shared_memory as cudashm
 except Exception as exc:  # RuntimeError (not ImportError) when cuda-bindings is missing
-    pytest.skip(
-        f"tritonclient.utils.cuda_shared_memory cannot be imported: {exc}",
-        allow_module_level=True,
-    )
+    unavailable(f"tritonclient.utils.cuda_shared_memory cannot be imported: {exc}")
 
 Arr = np.ndarray[Any, Any]
 RNG = np.random.default_rng(13)

@@ -1,7 +1,7 @@
 """/v1 batches on the CuPy backend: byte for byte what the NumPy backend computes, for a batch
 of every binding kind (packed and strided views, in place, chains through a buffer, BOOL, FP16),
 with the packed fast path and with every view strided, in process and over HTTP. Skipped, with
-the reason, where CuPy or a working CUDA device is missing."""
+the reason, where CuPy or a working CUDA device is missing (in GPU mode, failed: gpu_support)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from gpu.gpu_support import cupy_backend_or_skip
 from support.v1 import outputs, post, rich_batch, run_planned, v1_client
 
-from tensorbits import batch as planner
+from tensorbits import engine
 from tensorbits.backends import Backend
 from tensorbits.backends.numpy_backend import NumpyBackend
 
@@ -40,7 +40,7 @@ def test_strided_views_on_cupy_equal_numpy(
 ) -> None:
     header, payload = rich_batch(np.random.default_rng(99))
     expected = run_planned(header, payload, NumpyBackend(1))
-    monkeypatch.setattr(planner._Views, "of", planner._Views.strided)
+    monkeypatch.setattr(engine._Views, "of", engine._Views.strided)
     assert run_planned(header, payload, cupy_backend) == expected
 
 

@@ -1,7 +1,8 @@
 """The CuPy backend against the same pure-Python reference as the NumPy backend (core/bitref.py):
 every operator × every allowed data type, the shift and popcount edge cases CUDA gets wrong
 natively, bit-exact floats, 64-bit values, ``out=`` (in place, strided, big-endian), and sizes
-over 1 MiB. Skipped, with the reason, where CuPy or a working CUDA device is missing."""
+over 1 MiB. Skipped, with the reason, where CuPy or a working CUDA device is missing (in GPU mode,
+failed: gpu_support)."""
 
 from __future__ import annotations
 

@@ -110,9 +110,22 @@ def _place(backend: Backend, body: bytearray, buffer: BufferPlan) -> DeviceArray
     """The buffer as a flat uint8 array on the device. On NumPy a data buffer is the body's own
     memory (the body is a writable bytearray, so outputs may be written into it in place)."""
     if buffer.body_offset is None:
-        return backend.xp.zeros(buffer.byte_size, dtype=_UINT8)
+        return _zeros(backend, buffer.byte_size)
     host = np.frombuffer(body, dtype=_UINT8, count=buffer.byte_size, offset=buffer.body_offset)
     return backend.asarray(host)
+
+
+def _zeros(backend: Backend, nbytes: int) -> DeviceArray:
+    """``nbytes`` zero bytes on the backend's device (zeros: the bytes no output covers go back
+    to the client too). ``xp.zeros`` would allocate on the calling thread's current device,
+    device 0 on a worker thread whatever the backend's; ``empty`` allocates on the backend's,
+    and the fill runs under the array's own device (a CuPy array's ``device`` is its context)."""
+    if backend.host_memory:
+        return np.zeros(nbytes, dtype=_UINT8)
+    array = backend.empty((nbytes,), _UINT8)
+    with array.device:
+        array.fill(0)  # CuPy: a memset on that device's current stream
+    return array
 
 
 class _Views:

@@ -8,9 +8,10 @@ shared-memory paths over HTTP and gRPC are exercised by ``make test`` between GP
 What stands in: the client's ``tritonclient.utils.cuda_shared_memory`` (regions made by the
 stand-in's ``export``, with its API: create, raw handle, set, get, destroy), the test module's
 check for a CuPy device, and the server's backend (NumPy, whose ``device_memory`` becomes the
-stand-in: sitecustomize.py beside this). What does not: everything of the server but that one
-interface, the stock tritonclient HTTP and gRPC clients, the sockets. CUDA itself, its IPC and
-the CuPy kernels run only on a GPU (docs/gpu.md)."""
+server's own CUDA IPC code over a stand-in for CuPy and the driver: sitecustomize.py beside
+this). What does not: everything of the server but CuPy and the driver, the stock tritonclient
+HTTP and gRPC clients, the sockets. CUDA itself, its IPC and the CuPy kernels run only on a GPU
+(docs/gpu.md)."""
 
 from __future__ import annotations
 
@@ -21,12 +22,14 @@ import types
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import gpu.gpu_support as gpu_support
 import numpy as np
 import support.live
 from support.device_stand_in import HostDeviceMemory
+
+from tensorbits.backends import Backend
 
 HERE = Path(__file__).resolve().parent
 TESTS = HERE.parents[1]
@@ -80,7 +83,11 @@ class _NoDevice:
         pass
 
 
-gpu_support.cupy_backend_or_skip = lambda: _NoDevice()  # type: ignore[assignment]
+def _no_device() -> Backend:
+    return cast("Backend", _NoDevice())
+
+
+gpu_support.cupy_backend_or_skip = _no_device
 _serve = support.live.serve
 
 
