@@ -52,8 +52,11 @@ OTHER_VARIABLES = frozenset(
         "API_KEYS_SECRET_FILE",
     )
 )
-# Variables of the tests, the fuzzers and the image scripts (scripts/images.py, image_test.py).
-OTHER_PREFIXES = (ENV_PREFIX + "PROBE_", ENV_PREFIX + "FUZZ_", ENV_PREFIX + "IMAGE_")
+# Variables of the tests, the fuzzers, the image scripts (scripts/images.py, image_test.py) and
+# the GPU check (scripts/gpu_session.sh sets TENSORBITS_GPU_REQUIRED for the servers it starts).
+OTHER_PREFIXES = (
+    ENV_PREFIX + "PROBE_", ENV_PREFIX + "FUZZ_", ENV_PREFIX + "IMAGE_", ENV_PREFIX + "GPU_"
+)  # fmt: skip
 
 
 class Settings(BaseSettings):
