@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-TARGET_S = 0.3  # issue 15: `tensorbits --help` and `import tensorbits_client`
+TARGET_S = 0.3  # the target for `tensorbits --help` and `import tensorbits_client`
 
 
 def commands() -> dict[str, tuple[list[str], bool]]:

@@ -1,4 +1,4 @@
-"""CUDA shared memory through the server against a device-to-device copy, in one run (issue 13).
+"""CUDA shared memory through the server against a device-to-device copy, in one run.
 
 Starts ``tensorbits serve`` (CuPy backend, ``TENSORBITS_SHARED_MEMORY=true``, HTTP and gRPC on
 free loopback ports) and times a ``--mib`` MiB UINT8 BIT_NOT (default 256 MiB in, 256 MiB out),

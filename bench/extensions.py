@@ -1,4 +1,4 @@
-"""What issue 12's HTTP extensions cost, in process (no sockets), each against its baseline in the
+"""What the HTTP extensions cost, in process (no sockets), each against its baseline in the
 same run, in interleaved rounds:
 
   statistics   one 16-element BIT_NOT in v2 binary through the whole ASGI app, counted

@@ -1,4 +1,4 @@
-"""gRPC against HTTP, and tensorbits against a real Triton Inference Server, in one run (issue 12).
+"""gRPC against HTTP, and tensorbits against a real Triton Inference Server, in one run.
 
 Starts ``tensorbits serve`` (NumPy backend, HTTP and gRPC on free 127.0.0.1 ports) and the Triton
 peer (``bench/_triton_peer.py``: Triton 2.51's own C++ front ends, Python-backend models doing the

@@ -1,4 +1,4 @@
-"""HTTP service benchmark (issue 3): ratios against baselines measured in the same run.
+"""HTTP service benchmark: ratios against baselines measured in the same run.
 
   (a) a 64 MiB BIT_NOT round trip through v2 binary (64 MiB in, 64 MiB out), plain-socket client,
       against the same request bytes through a bare FastAPI echo endpoint (same uvicorn settings)

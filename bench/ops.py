@@ -24,7 +24,7 @@ the bytes of the output (a binary op on N bytes moves 3N, NOT moves 2N, BIT_COUN
 UINT8 moves 5N); for the copy, 2N (read N, write N). ``/copy`` is ours GB/s over copy GB/s;
 ``/numpy`` is the plain call's time over ours (above 1: we are faster).
 
-Targets (issue): at 16 MiB and above, ``/copy`` >= 0.8 and ``/numpy`` >= 1.0 for every row.
+Targets: at 16 MiB and above, ``/copy`` >= 0.8 and ``/numpy`` >= 1.0 for every row.
 
 Run: ``.venv/bin/python bench/ops.py [--sizes 1,16,64] [--ops SUBSTR,...] [--dtypes T,...]
 [--repeat N] [--retries N] [--threads N] [--quick]``. ``--quick``: 16 MiB, UINT8 and UINT32

@@ -1,4 +1,4 @@
-"""Where a small request's time goes under load, layer by layer (issue 16): a sampling profile
+"""Where a small request's time goes under load, layer by layer: a sampling profile
 of a live ``tensorbits serve`` while wrk drives it with the 16-element v2 binary BIT_NOT.
 
 Starts the server (NumPy backend, log level warning, one worker) on a free loopback port, runs

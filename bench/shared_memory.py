@@ -1,4 +1,4 @@
-"""System shared memory against HTTP and against memcpy, in one run (issue 13).
+"""System shared memory against HTTP and against memcpy, in one run.
 
 Starts ``tensorbits serve`` (NumPy backend, ``TENSORBITS_SHARED_MEMORY=true``, loopback) and,
 when it can, the Triton peer (bench/_triton_peer.py: Triton 2.51, Python-backend BIT_NOT), then

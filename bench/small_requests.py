@@ -1,4 +1,4 @@
-"""Small requests under wrk, in one run (issue 16): tensorbits with 1 and 2 workers, a bare FastAPI
+"""Small requests under wrk, in one run: tensorbits with 1 and 2 workers, a bare FastAPI
 ``GET /ping`` and a real Triton Inference Server, as ratios, with p50 and p99 latency.
 
 Every contestant is started once, then measured in ``--rounds`` interleaved rounds (the order
@@ -13,7 +13,7 @@ backend stubs) used per request (``/proc``: utime + stime over the run, over wrk
 figure that other work on a shared machine disturbs much less than the rate. Every wrk run
 must answer 200 only.
 
-Targets (issue 16): tensorbits with 1 worker >= 0.9x Triton; the best configuration >= 1.2x.
+Targets: tensorbits with 1 worker >= 0.9x Triton; the best configuration >= 1.2x.
 
     .venv/bin/python bench/small_requests.py                    # 5 rounds of 4 s: about 2 min
     .venv/bin/python bench/small_requests.py --rounds 7 --seconds 5 --no-triton

@@ -1,7 +1,7 @@
 """The base URL: tritonclient's ``host:port`` is taken, a URL that cannot work is refused at
 construction, and a connection error names the URL it tried and how many attempts it made.
 
-Issue 15 item 9: ``Client("127.0.0.1:8000")`` used to retry for 1.2 s and then say the URL lacked
+``Client("127.0.0.1:8000")`` used to retry for 1.2 s and then say the URL lacked
 a protocol; a refused connection said "Connection refused" and nothing of where.
 """
 

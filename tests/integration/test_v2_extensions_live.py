@@ -1,4 +1,4 @@
-"""Issue 12's HTTP extensions on a live server, through the stock ``tritonclient.http`` and the
+"""The HTTP extensions on a live server, through the stock ``tritonclient.http`` and the
 SDK: the model configuration, statistics that move by exactly the requests sent, compressed
 responses, and a generic client that reads NOTHING but the metadata and the model configuration
 and still builds a valid request for every model and every data type they allow."""

@@ -1,8 +1,8 @@
 """Refusals say what was received and, when a close match exists, what was probably meant.
 
-Issue 15 item 11: a schema error names the field, the value (bounded), the rule and "did you mean
+A schema error names the field, the value (bounded), the rule and "did you mean
 'X'?"; so do an unknown model, input and parameter, on v2 and /v1 alike (one formatter,
-``tensorbits_protocol.schema_errors``, and one rule table, ``validation``). Item 10: arrays given
+``tensorbits_protocol.schema_errors``, and one rule table, ``validation``). Arrays given
 in order to an operator that takes fewer are refused by count, naming the inputs it takes.
 """
 

@@ -439,7 +439,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._in_body = False
         # Read by the app before it waits for the body (``api/admitted.py``): a body already
         # here needs no deadline, and arming one costs a small request about a tenth of its
-        # time (docs/benchmarks.md, issue 16). (``self.scope`` is this message's.)
+        # time (docs/benchmarks.md, "Small requests against a real Triton"). (``self.scope`` is
+        # this message's.)
         self.scope[BODY_RECEIVED] = True  # type: ignore[literal-required]
         super().on_message_complete()
 
