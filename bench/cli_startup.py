@@ -3,7 +3,7 @@
 Each command runs ``--runs`` times, each in a fresh process (nothing cached in memory but the
 operating system's file cache, warmed by ``--warmup`` runs first), in turn with the others so
 that a busy moment of the machine falls on all of them alike. Printed: the median and the
-fastest wall time, and the median over the 0.3 s target where the issue set one
+fastest wall time, and the median over the 0.3 s target where one is set
 (docs/benchmarks.md, "CLI and client start-up"). ``python -c pass`` is the floor: the
 interpreter alone.
 

@@ -18,8 +18,8 @@ machine hits all of them alike. The two regions are device memory made by stock
   cupy-not       ``cupy.invert(in, out=out)`` in this process (synchronized): the kernel alone
 
 GB/s is bytes read plus bytes written over time. Ratios printed: cuda-shm-{http,grpc} / d2d-copy
-and / d2d-in-out (the issue asks for the round trip against a device-to-device copy; it sets no
-target), http-binary / cuda-shm-http, and the server's time per request beyond the kernel
+and / d2d-in-out (the question is the round trip against a device-to-device copy; no target is
+set), http-binary / cuda-shm-http, and the server's time per request beyond the kernel
 (cuda-shm - cupy-not). Where there is no CuPy, no CUDA device or no
 ``tritonclient.utils.cuda_shared_memory`` (it needs cuda-bindings), prints ``skipped: <reason>``
 and exits 0. Usage (docs/gpu.md: how a GPU session runs it):

@@ -1,4 +1,4 @@
-"""docker/compose.yaml: valid per the Compose Specification, and saying what the issue asks.
+"""docker/compose.yaml: valid per the Compose Specification, and saying what the deployment needs.
 
 Two independent validations: the Compose Specification JSON schema vendored in docker/schema/
 (checked with jsonschema, no network), and the real `docker-compose config` (Compose v2's own
