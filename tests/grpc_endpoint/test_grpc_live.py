@@ -298,5 +298,5 @@ def test_element_limit(channel: grpc.Channel) -> None:
 
 
 def test_unknown_rpc_is_unimplemented(channel: grpc.Channel) -> None:
-    error = raw_call(channel, b"", "/inference.GRPCInferenceService/ModelStreamInfer")
+    error = raw_call(channel, b"", "/inference.GRPCInferenceService/ModelDecoupledInfer")
     assert error.code() == grpc.StatusCode.UNIMPLEMENTED

@@ -19,7 +19,7 @@ from google.protobuf.descriptor import (
 from tritonclient.grpc import model_config_pb2, service_pb2
 
 from tensorbits.grpc import inference_pb2 as ours
-from tensorbits.grpc.service import RPCS, SERVICE_NAME, InferenceService
+from tensorbits.grpc.service import RPC_RULES, RPCS, SERVICE_NAME, InferenceService
 
 ROOT = Path(__file__).resolve().parents[2]
 OUR_SERVICE = ours.DESCRIPTOR.services_by_name["GRPCInferenceService"]
@@ -98,13 +98,15 @@ def test_every_rpc_is_published_and_served() -> None:
         theirs = THEIR_SERVICE.methods_by_name[name]
         assert ours_rpc.input_type.name == theirs.input_type.name
         assert ours_rpc.output_type.name == theirs.output_type.name
-        assert not theirs.client_streaming
-        assert not theirs.server_streaming
+        assert ours_rpc.client_streaming == theirs.client_streaming, name
+        assert ours_rpc.server_streaming == theirs.server_streaming, name
+        # The server registers a stream (RPC_RULES) for exactly the RPCs published as one.
+        assert RPC_RULES[name].streaming == theirs.client_streaming == theirs.server_streaming
         assert callable(getattr(InferenceService, method)), method
     assert THEIR_SERVICE.full_name == SERVICE_NAME
     assert {name for name, _ in RPCS} >= {
         "ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata",
-        "ModelInfer", "ModelConfig", "ModelStatistics", "RepositoryIndex",
+        "ModelInfer", "ModelStreamInfer", "ModelConfig", "ModelStatistics", "RepositoryIndex",
         "RepositoryModelLoad", "RepositoryModelUnload",
     }  # fmt: skip
 

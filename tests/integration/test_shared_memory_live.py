@@ -119,12 +119,9 @@ def test_every_model_in_shared_memory(
     out = shm_output(triton, op.output, region, want.nbytes, offset=1024)
     result = client.infer(op.name, tensors, outputs=[out], parameters=params)
     output = result.get_output(op.output)
-    assert "data" not in output  # no byte of the output came over the socket
-    assert output["parameters"] == {
-        "shared_memory_region": region.name,
-        "shared_memory_byte_size": want.nbytes,
-        "shared_memory_offset": 1024,
-    }
+    # No byte of the output came over the socket, and no parameters either, as Triton answers
+    # (test_triton_cpp_parsing_live.py reads such answers as Triton's C++ client does).
+    assert set(output) == {"name", "shape", "datatype"}
     got = region.get(want.dtype, list(want.shape), offset=1024)
     assert_bits_equal(got, want)
 
@@ -179,7 +176,7 @@ def test_over_grpc(server: GrpcServer, regions: list[Region]) -> None:
             NOT, [shm_input(triton_grpc, "InputTensor", x, region)],
             outputs=[shm_output(triton_grpc, "OutputTensor", region, 16, offset=64)],
         )  # fmt: skip
-        assert not result.get_response().raw_output_contents
+        assert list(result.get_response().raw_output_contents) == [b""]  # one per output
         assert_bits_equal(region.get(np.uint16, [8], offset=64), ~x)
     finally:
         client.unregister_system_shared_memory()

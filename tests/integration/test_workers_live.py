@@ -148,12 +148,16 @@ def test_metrics_add_up_across_the_workers() -> None:
             'tensorbits_requests_total{model="DML_OPERATOR_ELEMENT_WISE_BIT_NOT",'
             'route="/v2/models/{model}/infer",status="200"}'
         )
+        # Triton's per-model series too, from the workers' inference statistics.
+        triton = f'nv_inference_request_success{{model="{NOT}",version="1"}}'
         deadline = time.monotonic() + 10
         samples = _samples(server)
-        while samples.get(key) != 40 and time.monotonic() < deadline:
+        while (samples.get(key), samples.get(triton)) != (40, 40) and time.monotonic() < deadline:
             time.sleep(0.2)  # the other worker publishes its counts once a second
             samples = _samples(server)
         assert samples.get(key) == 40, {k: v for k, v in samples.items() if "requests" in k}
+        assert samples.get(triton) == 40, {k: v for k, v in samples.items() if "nv_" in k}
+        assert samples[f'nv_inference_exec_count{{model="{NOT}",version="1"}}'] == 40
         assert samples["tensorbits_worker_processes"] == 2
         latency = 'tensorbits_request_duration_seconds_count{route="/v2/models/{model}/infer"}'
         assert samples[latency] == 40

@@ -48,7 +48,8 @@ V2_CASES = [
     pytest.param(
         NOT, {**one(), "paramters": {"feature_level": "6_4"}}, "paramters", "extra_forbidden",
         "request body: paramters: Extra inputs are not permitted (got an object; allowed fields: "
-        "id, parameters, inputs, outputs; did you mean 'parameters'?)",
+        "id, model_name, model_version, parameters, inputs, outputs; did you mean "
+        "'parameters'?)",
         id="misspelt-parameters-key",
     ),
     pytest.param(

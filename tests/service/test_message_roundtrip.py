@@ -240,13 +240,21 @@ def test_a_batch_response_of_the_wrong_length_is_refused(cut: int) -> None:
         v1_codec.decode_response(layout.header, 8 - cut)
 
 
-def test_an_output_in_shared_memory_reads_back_as_written() -> None:
+def test_an_output_in_shared_memory_is_answered_as_triton_answers_it() -> None:
+    # Name, type and shape only: Triton's C++ client reads an output with parameters as binary
+    # data (binary_data_size required); the caller named the region itself.
     ref = SharedMemoryRef("region", 16, 64)
     output = Tensor("OutputTensor", DataType.UINT32, (4,), shared_memory=ref)
     response = InferResponse("m", (output,), "1", "id")
     layout = response.to_rest()
     assert layout.sizes == ()  # nothing of it follows the header
+    assert json.loads(layout.header)["outputs"] == [
+        {"name": "OutputTensor", "shape": [4], "datatype": "UINT32"}
+    ]
     decoded = InferResponse.from_rest(layout.header, memoryview(b""), header_given=False)
-    assert decoded.outputs[0].shared_memory == ref
+    assert decoded.outputs[0].shared_memory is None
     assert decoded.outputs[0].raw is None
     assert decoded.outputs[0].data is None
+    # A request names its tensors' regions, as the extension says.
+    request, _ = InferRequest((output,)).to_rest()
+    assert json.loads(request)["inputs"][0]["parameters"] == ref.parameters()

@@ -39,11 +39,15 @@ def test_server_metadata(client: TestClient) -> None:
     assert {"binary_tensor_data", "model_repository"} <= set(body["extensions"])
 
 
-@pytest.mark.parametrize("path", ["/v2/health/live", "/v2/health/ready"])
-def test_health_is_200_with_an_empty_body(client: TestClient, path: str) -> None:
+@pytest.mark.parametrize(
+    ("path", "body"), [("/v2/health/live", {"live": True}), ("/v2/health/ready", {"ready": True})]
+)
+def test_health_is_200_with_a_json_body(client: TestClient, path: str, body: object) -> None:
+    # KServe's REST client reads the body; Triton's read the status (tested live with both).
     response = client.get(path)
     assert response.status_code == 200
-    assert response.content == b""
+    assert response.headers["content-type"] == "application/json"
+    assert response.json() == body
 
 
 def test_not_ready_while_draining_but_still_live(draining: TestClient) -> None:
@@ -51,7 +55,7 @@ def test_not_ready_while_draining_but_still_live(draining: TestClient) -> None:
     assert "not ready" in error_of(draining.get(f"/v2/models/{NOT}/ready"), 503)
     assert "not ready" in error_of(draining.get(f"/v2/models/{NOT}/versions/1/ready"), 503)
     live = draining.get("/v2/health/live")
-    assert (live.status_code, live.content) == (200, b"")
+    assert (live.status_code, live.json()) == (200, {"live": True})
 
 
 def test_not_ready_before_the_lifespan_ran() -> None:

@@ -109,16 +109,21 @@ class Tensor(NamedTuple):
     def nbytes(self) -> int:
         return math.prod(self.shape) * itemsize(self.datatype)
 
-    def document(self) -> dict[str, Any]:
+    def document(self, *, response: bool = False) -> dict[str, Any]:
         """The tensor as the REST JSON writes it (``v2.RequestInput``, ``v2.ResponseOutput``):
-        with its ``data``, in shared memory, or as binary data of ``binary_data_size`` bytes."""
+        with its ``data``, in shared memory, or as binary data of ``binary_data_size`` bytes.
+
+        A ``response``'s output in shared memory is its name, type and shape alone, as Triton
+        writes it: Triton's C++ client reads any output that has ``parameters`` as binary data
+        and fails on one without ``binary_data_size``; the caller named the region anyway."""
         entry: dict[str, Any] = {
             "name": self.name,
             "shape": list(self.shape),
             "datatype": self.datatype.value,
         }
         if self.shared_memory is not None:
-            entry["parameters"] = self.shared_memory.parameters()
+            if not response:
+                entry["parameters"] = self.shared_memory.parameters()
         elif self.data is None:
             size = self.nbytes if self.raw is None else self.raw.nbytes
             entry["parameters"] = {"binary_data_size": size}
@@ -156,12 +161,15 @@ class RequestedOutput(NamedTuple):
 class InferRequest(NamedTuple):
     """One inference request: inputs in the order sent, request-level parameters (operator
     parameters and the protocol's own, e.g. ``binary_data_output``), the outputs asked for
-    (None: every output)."""
+    (None: every output); ``model_name`` and ``model_version`` when a REST body names them
+    beside its URL (KServe's client does: the server checks they are the URL's)."""
 
     inputs: tuple[Tensor, ...]
     parameters: Mapping[str, Any] = _NO_PARAMETERS
     outputs: tuple[RequestedOutput, ...] | None = None
     id: str | None = None
+    model_name: str | None = None
+    model_version: str | None = None
 
     @property
     def binary_output(self) -> bool:
@@ -206,7 +214,9 @@ class InferRequest(NamedTuple):
         parameters = (
             {} if request.parameters is None else request.parameters.model_dump(exclude_none=True)
         )
-        return cls(inputs, parameters, outputs, request.id)
+        return cls(
+            inputs, parameters, outputs, request.id, request.model_name, request.model_version
+        )
 
     def to_rest(self) -> tuple[bytes, list[memoryview]]:
         """The JSON header (aligned when binary data follows) and the buffers to send after it,
@@ -215,6 +225,10 @@ class InferRequest(NamedTuple):
         document: dict[str, Any] = {}
         if self.id is not None:
             document["id"] = self.id
+        if self.model_name is not None:
+            document["model_name"] = self.model_name
+        if self.model_version is not None:
+            document["model_version"] = self.model_version
         if self.parameters:
             document["parameters"] = dict(self.parameters)
         document["inputs"] = [tensor.document() for tensor in self.inputs]
@@ -293,7 +307,7 @@ class InferResponse(NamedTuple):
             document["id"] = self.id
         if self.parameters:
             document["parameters"] = dict(self.parameters)
-        document["outputs"] = [tensor.document() for tensor in self.outputs]
+        document["outputs"] = [tensor.document(response=True) for tensor in self.outputs]
         return document
 
     def to_rest(self) -> codec.BodyLayout:
@@ -310,7 +324,9 @@ class InferResponse(NamedTuple):
     def from_rest(cls, header: bytes, tail: memoryview, *, header_given: bool) -> InferResponse:
         """Decode a REST response: the model, then the framing (sizes against shapes, nothing
         short, nothing left over: the same checks as a request's). Binary outputs are views of
-        ``tail``. Raises pydantic's ValidationError or InvalidRequest when malformed."""
+        ``tail``; an output written into shared memory comes with neither bytes nor ``data``
+        (the caller knows the region it named). Raises pydantic's ValidationError or
+        InvalidRequest when malformed."""
         document = InferenceResponse.model_validate_json(header)
         frames = [
             codec.TensorFrame(

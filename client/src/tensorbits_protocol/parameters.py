@@ -170,9 +170,12 @@ POLICY: Mapping[Level, Mapping[str, ParameterRule]] = MappingProxyType(
                     IGNORED,
                     IGNORED,
                     "Triton's empty final response",
-                    "it asks a decoupled model's stream (ModelStreamInfer) for a last, empty "
-                    "response; this server serves no stream, and ModelInfer answers once. "
-                    "Triton's C++ client sets it on every gRPC request",
+                    "it asks a decoupled model's stream (ModelStreamInfer) for an empty "
+                    "response after a request's last; no model here is decoupled: each request "
+                    "has one response, and on a stream it carries triton_final_response: true "
+                    "itself, as Triton's does for such a model (an empty one after it would "
+                    "count as a second answer). Triton's C++ client sets it on every gRPC "
+                    "request",
                 ),
             }
         ),

@@ -193,7 +193,9 @@ class InferenceRequest(BaseModel):
     """``{"id"?: str, "parameters"?: {...}, "inputs": [$request_input], "outputs"?: [...]}``.
 
     Inputs may come in any order; they are matched by name. Without ``outputs`` every output is
-    returned, as JSON unless ``parameters.binary_data_output`` is true.
+    returned, as JSON unless ``parameters.binary_data_output`` is true. ``model_name`` and
+    ``model_version`` are KServe's: its REST client names the model in the body too; the
+    server takes them when they are the URL's and refuses them, naming both, when not.
     """
 
     model_config = ConfigDict(
@@ -213,6 +215,12 @@ class InferenceRequest(BaseModel):
     )
 
     id: StrictStr | None = None
+    model_name: StrictStr | None = Field(
+        None, description="The model the URL names (KServe's REST client repeats it here)."
+    )
+    model_version: StrictStr | None = Field(
+        None, description="A version of that model: the URL's, when the URL names one."
+    )
     parameters: InferenceRequestParameters | None = None
     inputs: list[RequestInput]
     outputs: list[RequestOutput] | None = None
@@ -276,6 +284,20 @@ class InferenceResponse(BaseModel):
 
 
 # --- server, model and repository metadata ------------------------------------------------------
+
+
+class ServerLiveResponse(BaseModel):
+    """``GET /v2/health/live``: ``{"live": true}``. KServe's REST client reads this body; Triton's
+    clients read the status alone (the protocol's answer is the status)."""
+
+    live: bool
+
+
+class ServerReadyResponse(BaseModel):
+    """``GET /v2/health/ready`` once ready: ``{"ready": true}`` (KServe's REST client reads it;
+    Triton's, the status); before that and while draining, a 503 error."""
+
+    ready: bool
 
 
 class ServerMetadataResponse(BaseModel):
@@ -592,7 +614,9 @@ __all__ = [
     "RequestOutputParameters",
     "ResponseOutput",
     "ResponseOutputParameters",
+    "ServerLiveResponse",
     "ServerMetadataResponse",
+    "ServerReadyResponse",
     "StatisticDuration",
     "SupportRowInfo",
     "SystemSharedMemoryRegion",

@@ -527,22 +527,25 @@ def plan_rest(
     limits: RequestLimits,
     cache: HeaderCache[PlanTemplate] | None = None,
     regions: SharedMemoryRegions | None = None,
+    version: str | None = None,
 ) -> Plan:
-    """Decode and plan one REST inference request for ``op``; raise on anything wrong with it.
+    """Decode and plan one REST inference request for ``op`` (at the URL's ``version``, if it
+    names one); raise on anything wrong with it.
 
     With a ``cache``, an all-binary header planned before is not decoded again (header_cache.py):
     the plan is rebuilt from what it decided, with views of this body's bytes."""
     head, tail = codec.split_body(memoryview(body), header_length)
     header = bytes(head)
-    key: tuple[str, bytes, int] | None = None
+    key: tuple[str, str | None, bytes, int] | None = None
     if cache is not None and header_length is not None and cache.keeps(header):
-        key = (op.name, header, len(tail))
+        key = (op.name, version, header, len(tail))
         template = cache.get(key)
         if template is not None:
             return template.plan(op, tail)
     request = InferRequest.from_rest(
         header, tail, model=op.name, header_given=header_length is not None, limits=limits
     )
+    check_named_model(request, op, version)
     planned = plan(op, request, limits, regions)
     if (
         key is not None
@@ -596,6 +599,31 @@ def run_to_host(
         run_into(backend, plan.call, loaded.inputs, out)
 
 
+def check_named_model(request: InferRequest, op: OperatorSpec, version: str | None) -> None:
+    """The model (and version) a REST body names beside its URL, as KServe's REST client
+    writes them: accepted when they are the URL's ``op`` and ``version`` (a URL without one
+    asks for the server's choice, ``MODEL_VERSION``), refused naming both when not: never
+    answered for another model than the one the caller meant."""
+    named = request.model_name
+    if named is not None and named != op.name:
+        raise InvalidRequest(
+            f"model_name '{named[:100]}' in the request body is not the model the URL names, "
+            f"'{op.name}'",
+            field="model_name",
+            rule="model_mismatch",
+        )
+    named = request.model_version
+    meant = MODEL_VERSION if version is None else version
+    if named is not None and named != meant:
+        where = "the URL names" if version is not None else "a URL without one asks for"
+        raise InvalidRequest(
+            f"model_version '{named[:40]}' in the request body is not the version {where}, "
+            f"'{meant[:40]}'",
+            field="model_version",
+            rule="model_mismatch",
+        )
+
+
 def resolve_model(name: str, version: str | None) -> OperatorSpec:
     """The operator a v2 model name (and optional version) names; 404 for any other."""
     op = get_operator(name)
@@ -614,6 +642,7 @@ __all__ = [
     "MODEL_VERSIONS",
     "Plan",
     "PlanTemplate",
+    "check_named_model",
     "execute",
     "plan",
     "plan_rest",

@@ -19,20 +19,20 @@ import logging
 import os
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from starlette.routing import Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tensorbits.logs import request_id_var
 from tensorbits.runtime import Runtime
-from tensorbits_protocol.operators import REGISTRY
+from tensorbits_protocol.operators import OPERATORS, REGISTRY
 
 logger = logging.getLogger("tensorbits.access")
 
@@ -312,6 +312,72 @@ class Metrics:
         """Publish this worker's figures now (a worker does once a second, and as it exits)."""
         if self.tally.share is not None:
             self.tally.share.publish()
+
+    def exposition(self, runtime: Runtime | None) -> bytes:
+        """What ``GET /metrics`` answers: the registry's metrics, then Triton's per-model ones
+        (``triton_exposition``) from ``runtime``'s statistics with the other workers' added in
+        (none before the runtime exists)."""
+        text = generate_latest(self.registry)
+        if runtime is None:
+            return text
+        models = (op.name for op in OPERATORS)
+        document = runtime.statistics.response(models, self.other_workers_statistics())
+        return text + triton_exposition(document["model_stats"])
+
+
+# Triton's per-model inference metrics, beside tensorbits' own, so that what scrapes Triton
+# (dashboards, alerts, autoscalers) reads this server unchanged: Triton's names, its labels
+# (model, version; failures also by reason) and units (durations in microseconds, successful
+# requests only), from the statistics extension's figures (statistics.py), every worker's.
+# Each: the name, its help, and where its value is in one model's ModelStatistics document.
+TRITON_COUNTERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("nv_inference_request_success", "Successful inference requests",
+     ("inference_stats", "success", "count")),
+    ("nv_inference_request_failure", "Failed inference requests (every failure here is "
+     "reason OTHER: refused, or failed while running)", ("inference_stats", "fail", "count")),
+    ("nv_inference_count", "Inferences performed (no model here batches: one per request)",
+     ("inference_count",)),
+    ("nv_inference_exec_count", "Model executions (one per request)", ("execution_count",)),
+    ("nv_inference_request_duration_us", "Time of the successful requests in the server, "
+     "microseconds", ("inference_stats", "success", "ns")),
+    ("nv_inference_queue_duration_us", "Time the successful requests waited for admission, "
+     "microseconds", ("inference_stats", "queue", "ns")),
+    ("nv_inference_compute_input_duration_us", "Time the successful requests took to decode "
+     "and check their inputs, microseconds", ("inference_stats", "compute_input", "ns")),
+    ("nv_inference_compute_infer_duration_us", "Time the successful requests took to compute, "
+     "microseconds", ("inference_stats", "compute_infer", "ns")),
+    ("nv_inference_compute_output_duration_us", "Time the successful requests took to hand "
+     "their outputs on, microseconds", ("inference_stats", "compute_output", "ns")),
+)  # fmt: skip
+# Triton labels a failure by why it failed; its catch-all is this one's every failure.
+FAILURE_REASON = "OTHER"
+
+
+def triton_exposition(model_stats: Iterable[Mapping[str, Any]]) -> bytes:
+    """Triton's per-model counters (``TRITON_COUNTERS``) in the Prometheus text format, from
+    the statistics extension's ``model_stats`` entries. Written here rather than through
+    prometheus_client, which would name each counter ``..._total``: Triton's names have no
+    suffix, and a scraper's queries name them as Triton writes them."""
+    stats = list(model_stats)
+    lines = []
+    for name, help_text, path in TRITON_COUNTERS:
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter"]
+        for entry in stats:
+            value: Any = entry
+            for key in path:
+                value = value[key]
+            if name.endswith("_us"):
+                value //= 1000  # nanoseconds counted, microseconds shown
+            labels = {"model": entry["name"], "version": entry["version"]}
+            if name == "nv_inference_request_failure":
+                labels["reason"] = FAILURE_REASON
+            text = ",".join(f'{key}="{_label_value(v)}"' for key, v in sorted(labels.items()))
+            lines.append(f"{name}{{{text}}} {value}")
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _label_value(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def _model_label(scope: Scope) -> str:

@@ -36,7 +36,9 @@ from tensorbits_protocol.v2 import (
     ModelStatisticsResponse,
     RepositoryIndexEntry,
     RepositoryIndexRequest,
+    ServerLiveResponse,
     ServerMetadataResponse,
+    ServerReadyResponse,
 )
 
 REPOSITORY_BODY_MAX_BYTES = 64 << 10
@@ -74,10 +76,18 @@ def _not_ready() -> JSONResponse:
     return JSONResponse(body.model_dump(exclude_none=True), status_code=503)
 
 
+# The health answers' bodies, encoded once: probes call them often. KServe's REST client reads
+# them; Triton's clients and Kubernetes read the status alone.
+_LIVE = ServerLiveResponse(live=True).model_dump_json().encode()
+_READY = ServerReadyResponse(ready=True).model_dump_json().encode()
+
+
 # The endpoint of the server's readiness route. No docstring on it or on the model readiness
 # endpoints below: FastAPI would print it as their description.
 async def _readiness(request: Request) -> Response:
-    return Response(status_code=200) if _is_ready(request) else _not_ready()
+    if _is_ready(request):
+        return Response(_READY, media_type="application/json")
+    return _not_ready()
 
 
 def _model_readiness(request: Request, op: OperatorSpec) -> Response:
@@ -109,11 +119,11 @@ async def server_metadata(runtime: RuntimeDep) -> ServerMetadataResponse:
 @router.get(
     "/health/live",
     response_class=Response,
-    responses=v2_openapi.EMPTY_OK,
-    summary="Liveness: 200 with an empty body while the process serves",
+    responses={200: {"model": ServerLiveResponse, "description": "Live"}},
+    summary='Liveness: 200 with {"live": true} while the process serves',
 )
 async def server_live() -> Response:
-    return Response(status_code=200)
+    return Response(_LIVE, media_type="application/json")
 
 
 router.add_api_route(
@@ -122,8 +132,12 @@ router.add_api_route(
     methods=["GET"],
     name="server_ready",
     response_class=Response,
-    responses={**v2_openapi.EMPTY_OK, **v2_openapi.errors(503)},
-    summary="Readiness: 200 once the backend is up, 503 before that and while draining",
+    responses={
+        200: {"model": ServerReadyResponse, "description": "Ready"},
+        **v2_openapi.errors(503),
+    },
+    summary='Readiness: 200 with {"ready": true} once the backend is up, 503 before that and '
+    "while draining",
 )
 
 

@@ -35,10 +35,16 @@ COMPUTE_INLINE_MAX_BYTES = 1 << 20
 
 
 async def run_inference(
-    op: OperatorSpec, runtime: Runtime, scope: Scope, receive: Receive, send: Send
+    op: OperatorSpec,
+    runtime: Runtime,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    version: str | None = None,
 ) -> None:
-    """One inference of ``op``, from the request's body to the response's last byte, counted in
-    ``runtime.statistics`` (statistics.py says what each phase's time is)."""
+    """One inference of ``op`` (at the URL's ``version``, if it names one), from the request's
+    body to the response's last byte, counted in ``runtime.statistics`` (statistics.py says
+    what each phase's time is)."""
     started = perf_counter_ns()
     try:
         exchange = AdmittedRequest(runtime, scope)
@@ -48,7 +54,7 @@ async def run_inference(
             json_bytes = len(body) if header_length is None else header_length
             plan = await offload(
                 json_bytes, JSON_INLINE_MAX_BYTES, inference.plan_rest, op, body, header_length,
-                runtime.limits, runtime.v2_plans, runtime.shared_memory,
+                runtime.limits, runtime.v2_plans, runtime.shared_memory, version,
             )  # fmt: skip
             exchange.grow(
                 plan.memory_needed(len(body), runtime.selection.backend),
@@ -80,12 +86,13 @@ class InferEndpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path_params"]
-        op = inference.resolve_model(path["model"], path.get("version"))
+        version = path.get("version")
+        op = inference.resolve_model(path["model"], version)
         runtime = runtime_of_app(scope["app"])
         # Before the body is read or admitted: an unloaded model costs the server nothing. Here
         # and not in the planner, whose cached plans (runtime.v2_plans) would skip the check.
         runtime.models.check_loaded(op.name)
-        await run_inference(op, runtime, scope, receive, send)
+        await run_inference(op, runtime, scope, receive, send, version)
 
 
 _ENDPOINT = InferEndpoint()

@@ -671,6 +671,31 @@ class ModelInferResponse(_message.Message):
 Global___ModelInferResponse: _TypeAlias = ModelInferResponse  # noqa: Y015
 
 @_typing.final
+class ModelStreamInferResponse(_message.Message):
+    """One answer of ModelStreamInfer: a response, or a request's error in words (the stream goes on)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    INFER_RESPONSE_FIELD_NUMBER: _builtins.int
+    error_message: _builtins.str
+    @_builtins.property
+    def infer_response(self) -> Global___ModelInferResponse: ...
+    def __init__(
+        self,
+        *,
+        error_message: _builtins.str = ...,
+        infer_response: Global___ModelInferResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["infer_response", b"infer_response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_message", b"error_message", "infer_response", b"infer_response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ModelStreamInferResponse: _TypeAlias = ModelStreamInferResponse  # noqa: Y015
+
+@_typing.final
 class ModelTensorReshape(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

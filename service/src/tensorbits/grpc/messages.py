@@ -14,7 +14,10 @@ their shared-memory region.
 
 ``execute`` runs a plan into the response's own bytes: the protobuf-built part (names, types,
 shapes), then the output as one entry of ``raw_output_contents`` written by the kernel in place
-(``wire.raw_field``).
+(``wire.raw_field``). An output written into shared memory still has its entry, empty, as
+Triton sends one per output whatever its place: Triton's C++ client (perf_analyzer) reads
+``raw_output_contents[i]`` for the i-th output unchecked. ``streamed``: the same response inside
+a ``ModelStreamInferResponse``, marked as its request's final one.
 """
 
 from __future__ import annotations
@@ -50,6 +53,14 @@ from tensorbits_protocol.v2 import InferenceRequest
 from tensorbits_protocol.validation import ResolvedCall
 
 WHAT = "ModelInferRequest"
+# ModelStreamInferResponse.infer_response: a streamed answer is the unary one, framed in it.
+STREAM_INFER_RESPONSE = 2
+# Appended to each ModelInferResponse of a stream: Triton marks every response of a stream with
+# triton_final_response, true on a request's last (every request here has one response). A
+# message's fields may come in any order, and map entries anywhere, so it follows the output.
+FINAL_RESPONSE = pb.ModelInferResponse(
+    parameters={"triton_final_response": pb.InferParameter(bool_param=True)}
+).SerializeToString()
 
 # Where a tensor's typed values travel (InferTensorContents): one field per data type; FP16 has
 # none, as in the protocol (raw contents only).
@@ -273,27 +284,37 @@ def execute(
     backend: Backend,
     regions: SharedMemoryRegions | None = None,
     head: bytes | None = None,
+    *,
+    streamed: bool = False,
 ) -> bytes:
     """Run ``plan`` into a serialized ``ModelInferResponse``: its one output's bytes, written by
     the kernel in place after ``head`` (``response_head``; given when a template knows it), as
     ``raw_output_contents[0]`` (grpcio sends only ``bytes``: the one copy of the output is that
     conversion; protobuf would have made two); or, for an output in shared memory, written into
-    its region and named by the output's parameters."""
+    its region, its entry of ``raw_output_contents`` empty and its parameters none, as Triton
+    answers (the caller named the region). ``streamed``: a ``ModelStreamInferResponse`` holding
+    that response, marked final (``FINAL_RESPONSE``), framed around it in the same buffer."""
     if plan.shared_output is not None:
         assert regions is not None  # inference.plan refused shared memory without regions
         inference.run_to_region(plan, backend, regions)
         response = _response(plan)
-        for key, value in plan.shared_output.parameters().items():
-            if isinstance(value, str):
-                response.outputs[0].parameters[key].string_param = value
-            else:
-                response.outputs[0].parameters[key].int64_param = value
-        return response.SerializeToString()
+        response.raw_output_contents.append(b"")
+        if not streamed:
+            return response.SerializeToString()
+        response.parameters["triton_final_response"].bool_param = True
+        return pb.ModelStreamInferResponse(infer_response=response).SerializeToString()
     call = plan.call
     head = response_head(plan) if head is None else head
-    body = bytearray(len(head) + plan.output_nbytes)
-    body[: len(head)] = head
-    out = np.frombuffer(body, wire_dtype(call.output_datatype), offset=len(head))
+    tail = FINAL_RESPONSE if streamed else b""
+    inner = len(head) + plan.output_nbytes + len(tail)
+    frame = wire.raw_field(STREAM_INFER_RESPONSE, inner) if streamed else b""
+    start = len(frame) + len(head)
+    body = bytearray(start + plan.output_nbytes + len(tail))
+    body[: len(frame)] = frame
+    body[len(frame) : start] = head
+    body[start + plan.output_nbytes :] = tail
+    count = math.prod(call.output_shape)
+    out = np.frombuffer(body, wire_dtype(call.output_datatype), count, start)
     inference.run_to_host(plan, backend, regions, out.reshape(call.output_shape))
     return bytes(body)
 
@@ -349,6 +370,7 @@ class PlanTemplate(NamedTuple):
 
 __all__ = [
     "CONTENTS_FIELD",
+    "FINAL_RESPONSE",
     "PlanTemplate",
     "execute",
     "infer_request",

@@ -12,7 +12,8 @@ drain, whichever process (or worker) runs the app. Its bounds are the HTTP side'
   with the rest (80 calls that never send their message would make ServerLive and the health
   service answer RESOURCE_EXHAUSTED). One connection carries at most ``MAX_STREAMS`` calls at
   once, and its metadata at most ``TENSORBITS_MAX_HEAD_BYTES`` (HTTP's head limit);
-* a message must arrive within ``TENSORBITS_TIMEOUT_BODY_READ`` (service.py).
+* a message must arrive within ``TENSORBITS_TIMEOUT_BODY_READ`` (service.py; on a stream, once
+  it has nothing in flight).
 
 TLS when the HTTP side has it (the same certificate and key). The health service
 (``grpc.health.v1.Health``, what Kubernetes' gRPC probes call) answers SERVING while the runtime
@@ -31,7 +32,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tensorbits.config import Settings
-from tensorbits.grpc.service import SERVICE_NAME, InferenceService
+from tensorbits.grpc.service import RPC_RULES, SERVICE_NAME, InferenceService
 from tensorbits.observability import Metrics
 from tensorbits.runtime import Runtime
 
@@ -120,7 +121,10 @@ def build(runtime: Runtime, metrics: Metrics | None = None) -> grpc.aio.Server:
         ],
     )
     handlers: dict[str, grpc.RpcMethodHandler[bytes, bytes]] = {
-        name: grpc.stream_unary_rpc_method_handler(service.rpc(name)) for name in service.handlers
+        name: grpc.stream_stream_rpc_method_handler(service.stream(name))
+        if RPC_RULES[name].streaming
+        else grpc.stream_unary_rpc_method_handler(service.rpc(name))
+        for name in service.handlers
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     health_pb2_grpc.add_HealthServicer_to_server(Health(runtime), server)

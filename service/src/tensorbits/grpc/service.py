@@ -10,12 +10,18 @@ does. An exception that is not a refusal is answered by ``refusals.refusal_of`` 
 it (out of memory: UNAVAILABLE, as HTTP's 503), or as INTERNAL with no internals named (a bug).
 
 Every call's capacity is bounded before its message is read, and probes share none of it
-(``RPC_RULES``): ModelInfer calls take a slot of the inference pool (this worker's share of
-TENSORBITS_MAX_INFLIGHT_REQUESTS), the other RPCs but the probes one of a small control pool,
-and each holds it until its answer; past either, UNAVAILABLE at once. ServerLive, ServerReady
-and ModelReady take no slot: a flood of stalled or oversized calls cannot make a liveness probe
-fail. A message must arrive within TENSORBITS_TIMEOUT_BODY_READ; every RPC but ModelInfer takes a
-message of at most ``SMALL_MESSAGE_BYTES`` (protobuf parses it on the event loop).
+(``RPC_RULES``): ModelInfer calls and ModelStreamInfer streams take a slot of the inference pool
+(this worker's share of TENSORBITS_MAX_INFLIGHT_REQUESTS), the other RPCs but the probes one of a
+small control pool, and each holds it until its answer (a stream: until its end); past either,
+UNAVAILABLE at once. ServerLive, ServerReady and ModelReady take no slot: a flood of stalled or
+oversized calls cannot make a liveness probe fail. A message must arrive within
+TENSORBITS_TIMEOUT_BODY_READ; every RPC but ModelInfer and ModelStreamInfer takes a message of at
+most ``SMALL_MESSAGE_BYTES`` (protobuf parses it on the event loop).
+
+ModelStreamInfer, the bidirectional stream, answers each of its messages as ModelInfer would, in
+the order they came, inside a ``ModelStreamInferResponse``; a refusal is an answer in the stream
+(``error_message``, as Triton sends it), and the stream goes on. It holds one inference slot for
+its life, and at most ``STREAM_MAX_IN_FLIGHT`` messages in flight (``stream``).
 
 Each RPC's handler takes the request's bytes and returns the response's (``server.py``
 registers them without (de)serializers): a malformed message is then an INVALID_ARGUMENT with
@@ -30,7 +36,7 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, NoReturn, TypeVar
 
 import grpc
 from google.protobuf import json_format
@@ -71,6 +77,9 @@ SMALL_MESSAGE_BYTES = 64 << 10
 # Calls of the control RPCs (metadata, configuration, statistics, repository, shared memory) in
 # progress at once, stalled ones included.
 CONTROL_SLOTS = 32
+# Messages of one ModelStreamInfer stream read and not yet answered. Past it the stream reads
+# nothing more until its oldest answer is sent: HTTP/2 flow control then holds the client back.
+STREAM_MAX_IN_FLIGHT = 8
 
 
 class Pool(enum.Enum):
@@ -84,6 +93,7 @@ class Pool(enum.Enum):
 class RpcRule(NamedTuple):
     pool: Pool
     max_message_bytes: int | None  # None: TENSORBITS_MAX_BODY_BYTES, grpcio's bound
+    streaming: bool = False  # a stream of requests and one of answers (``stream``), not unary
 
 
 _PROBE = RpcRule(Pool.NONE, SMALL_MESSAGE_BYTES)
@@ -95,6 +105,8 @@ RPC_RULES: Mapping[str, RpcRule] = {
     "ServerReady": _PROBE,
     "ModelReady": _PROBE,
     "ModelInfer": RpcRule(Pool.INFERENCE, None),
+    # One slot for the stream's life, however many messages it carries (``stream``).
+    "ModelStreamInfer": RpcRule(Pool.INFERENCE, None, streaming=True),
     **{
         rpc: _CONTROL
         for rpc in (
@@ -154,6 +166,7 @@ M = TypeVar("M", bound=Message)
 Context = grpc.aio.ServicerContext[Any, Any]
 Handler = Callable[[bytes], Awaitable[bytes]]
 Behaviour = Callable[[AsyncIterator[bytes], Context], Awaitable[bytes]]
+StreamBehaviour = Callable[[AsyncIterator[bytes], Context], AsyncIterator[bytes]]
 
 
 def _parse(message_type: type[M], data: bytes) -> M:
@@ -166,6 +179,47 @@ def _parse(message_type: type[M], data: bytes) -> M:
 
 def _version(version: str) -> str | None:
     return version or None  # the protocol's "no version": the server's choice
+
+
+async def _next(requests: AsyncIterator[bytes]) -> bytes | None:
+    return await anext(requests, None)
+
+
+class _Message:
+    """One message of a stream, in flight: its request's id once read (an error's answer
+    carries it) and whether it is admitted yet (the stream reads no further until then)."""
+
+    __slots__ = ("admitted", "id")
+
+    def __init__(self) -> None:
+        self.id = ""
+        self.admitted = asyncio.Event()
+
+
+class _Flight:
+    """A stream's messages in flight: their answers' tasks, queued in the order the messages
+    came (None: no more), bounded by ``room``; ``idle_since``: when the last answer went out."""
+
+    __slots__ = ("answers", "count", "idle_since", "room", "tasks")
+
+    def __init__(self, most: int) -> None:
+        self.answers: asyncio.Queue[asyncio.Task[bytes] | None] = asyncio.Queue()
+        self.room = asyncio.Semaphore(most)
+        self.tasks: set[asyncio.Task[bytes]] = set()
+        self.count = 0
+        self.idle_since = time.monotonic()
+
+    def started(self, task: asyncio.Task[bytes]) -> None:
+        self.count += 1
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        self.answers.put_nowait(task)
+
+    def answered(self) -> None:
+        self.count -= 1
+        self.room.release()
+        if not self.count:
+            self.idle_since = time.monotonic()
 
 
 class InferenceService:
@@ -194,7 +248,7 @@ class InferenceService:
         self.pools: dict[Pool, Slots] = {
             Pool.INFERENCE: Slots(
                 settings.worker_inflight_requests,
-                "ModelInfer",
+                "ModelInfer and ModelStreamInfer",
                 "TENSORBITS_MAX_INFLIGHT_REQUESTS"
                 + (f" shared by {settings.workers} workers" if settings.workers > 1 else ""),
             ),
@@ -283,6 +337,144 @@ class InferenceService:
                 field="message",
                 rule="protobuf",
             ) from None
+
+    def stream(self, name: str) -> StreamBehaviour:
+        """The stream-stream behaviour registered for a streaming RPC (ModelStreamInfer): each
+        message answered, in the order the messages came, as ``model_stream_infer`` answers it
+        (a refusal is an answer in the stream, as Triton sends one; the stream goes on).
+
+        The stream holds one slot of its pool from its start to its end (past the pool,
+        UNAVAILABLE at once, as a unary call) and its API key is checked once, at its start; a
+        refusal there ends the call with its status. Each message is admitted, counted in the
+        statistics and in /metrics under the stream's route, and logged, as a unary call is.
+        At most ``STREAM_MAX_IN_FLIGHT`` messages are in flight at once, and the next is read
+        only once the last one read is admitted or answered: like a unary call's slot, the
+        stream's holds at most one message not yet admitted. A stream with no message in flight
+        must send its next one within TENSORBITS_TIMEOUT_BODY_READ, or it ends with
+        DEADLINE_EXCEEDED: an idle stream holds its slot no longer than a stalled unary call."""
+        needs_key = self.keys is not None and name not in self.open_rpcs
+        route = f"/{SERVICE_NAME}/{name}"
+        slots = self.pools[RPC_RULES[name].pool]
+
+        async def behaviour(
+            requests: AsyncIterator[bytes], context: Context
+        ) -> AsyncIterator[bytes]:
+            started = time.perf_counter()
+            try:
+                slots.take()
+            except Overloaded as exc:
+                await self._refuse_call(context, route, exc, started)
+            flight = _Flight(STREAM_MAX_IN_FLIGHT)
+            reader: asyncio.Task[None] | None = None
+            try:
+                if needs_key:
+                    try:
+                        self._authenticate(context)
+                    except Unauthorized as exc:
+                        await self._refuse_call(context, route, exc, started)
+                reader = asyncio.create_task(self._read_stream(name, route, requests, flight))
+                while (answer := await flight.answers.get()) is not None:
+                    yield await answer
+                    flight.answered()
+                try:
+                    await reader  # its end: the client's, or the read deadline's
+                except RequestTimeout as exc:
+                    await self._refuse_call(context, route, exc, started)
+            finally:
+                if reader is not None:
+                    reader.cancel()
+                for task in list(flight.tasks):
+                    task.cancel()  # the client went away: what it sent is answered to no one
+                slots.give()
+
+        return behaviour
+
+    async def _read_stream(
+        self, name: str, route: str, requests: AsyncIterator[bytes], flight: _Flight
+    ) -> None:
+        """Read a stream's messages, each answered by a task of its own, queued in order on
+        ``flight.answers``; None queued at the end, whatever ends it."""
+        last: _Message | None = None
+        try:
+            while True:
+                await flight.room.acquire()
+                if last is not None:
+                    await last.admitted.wait()  # at most one message read and not admitted
+                data = await self._next_message(name, requests, flight)
+                if data is None:
+                    return  # the client half-closed: answer what is in flight, then end
+                last = _Message()
+                flight.started(asyncio.create_task(self._stream_answer(route, data, last)))
+        finally:
+            flight.answers.put_nowait(None)
+
+    async def _next_message(
+        self, name: str, requests: AsyncIterator[bytes], flight: _Flight
+    ) -> bytes | None:
+        """A stream's next message (None at its end). The read deadline runs only while the
+        stream has nothing in flight: a client may wait for its answers before it sends more."""
+        read: asyncio.Task[bytes | None] = asyncio.create_task(_next(requests))
+        try:
+            while True:
+                if flight.count:
+                    remaining = self.receive_timeout
+                else:
+                    remaining = self.receive_timeout - (time.monotonic() - flight.idle_since)
+                done, _ = await asyncio.wait((read,), timeout=max(remaining, 0))
+                if done:
+                    return read.result()
+                if (
+                    not flight.count
+                    and time.monotonic() - flight.idle_since >= self.receive_timeout
+                ):
+                    raise RequestTimeout(
+                        f"no {name} request message arrived in the {self.receive_timeout} s "
+                        "the stream sat idle, nothing in flight (TENSORBITS_TIMEOUT_BODY_READ)",
+                        field="message",
+                        rule="timeout_body_read",
+                    )
+        finally:
+            read.cancel()
+
+    async def _stream_answer(self, route: str, data: bytes, message: _Message) -> bytes:
+        """One message of a stream answered (``model_stream_infer``), counted and logged as a
+        unary call is, under the stream's route."""
+        started = time.perf_counter()
+        status, answer = 200, b""
+        try:
+            answer = await self._infer(data, message, streamed=True)
+        except Exception as exc:  # every exception is answered (a cancelled one is not one)
+            refusal = refusals.refusal_of(exc)
+            if refusal is None:
+                status = 500
+                logger.exception("unexpected error in %s", route)
+                words = "internal server error"
+            else:
+                status = refusal.status_code
+                refusals.forget_frames(exc)  # its frames hold the message (see the function)
+                words = refusal.message
+            # Triton's form: the words, and a response holding only the request's id, so that
+            # a client can tell which of its requests failed.
+            answer = pb.ModelStreamInferResponse(
+                error_message=words, infer_response=pb.ModelInferResponse(id=message.id)
+            ).SerializeToString()
+        except BaseException:
+            status = 499  # cancelled by the client or the server's stop
+            raise
+        finally:
+            message.admitted.set()  # refused or done: either way, no longer waiting to be
+            self._account(route, status, time.perf_counter() - started, len(data), len(answer))
+        return answer
+
+    async def _refuse_call(
+        self, context: Context, route: str, refusal: TensorbitsError, started: float
+    ) -> NoReturn:
+        """End a whole call with ``refusal``'s status, counted and logged as a call."""
+        self._account(route, refusal.status_code, time.perf_counter() - started, 0, 0)
+        await context.abort(
+            status_code(refusal), refusal.message, trailing_metadata=_error_metadata(refusal)
+        )
+        raise AssertionError("context.abort returned")  # it raises
 
     def _account(
         self, route: str, status: int, seconds: float, size_in: int, size_out: int
@@ -455,10 +647,22 @@ class InferenceService:
     # --- inference ----------------------------------------------------------------------------
 
     async def model_infer(self, data: bytes) -> bytes:
+        return await self._infer(data)
+
+    async def model_stream_infer(self, data: bytes) -> bytes:
+        """One message of a ModelStreamInfer stream, answered as the stream answers it: the
+        ModelInfer response, marked final, in a ``ModelStreamInferResponse``, or the refusal's
+        words in its ``error_message``."""
+        return await self._stream_answer(f"/{SERVICE_NAME}/ModelStreamInfer", data, _Message())
+
+    async def _infer(
+        self, data: bytes, message_state: _Message | None = None, *, streamed: bool = False
+    ) -> bytes:
         """One inference, admitted for its message before it is parsed, counted in
         ``runtime.statistics`` with the HTTP path's phases (statistics.py). A message planned
         before (the same bytes but the raw contents', of the same sizes) is planned from its
-        ``messages.PlanTemplate`` (``self.plans``), not parsed and checked again."""
+        ``messages.PlanTemplate`` (``self.plans``), not parsed and checked again. A stream's
+        message (``message_state``) learns its request's id and when it is admitted."""
         started = time.perf_counter_ns()
         runtime = self.runtime
         split = wire.split_infer_request(data, self.wire_limits)
@@ -476,7 +680,11 @@ class InferenceService:
                 len(split.message), JSON_INLINE_MAX_BYTES, _checked_request, split.message,
                 self.wire_limits,
             )  # fmt: skip
+            if message_state is not None:
+                message_state.id = message.id
             op = inference.resolve_model(message.model_name, _version(message.model_version))
+        if template is not None and message_state is not None:
+            message_state.id = template.request_id or ""
         runtime.models.check_loaded(op.name)  # every call: a template skips no state
         try:
             grant = runtime.admission.acquire(len(data))
@@ -501,10 +709,12 @@ class InferenceService:
                     "message, output",
                     "inputs",
                 )
+                if message_state is not None:
+                    message_state.admitted.set()
                 planned = time.perf_counter_ns()
                 response = await offload(
                     plan.work_bytes, COMPUTE_INLINE_MAX_BYTES, messages.execute, plan,
-                    runtime.selection.backend, runtime.shared_memory, head,
+                    runtime.selection.backend, runtime.shared_memory, head, streamed=streamed,
                 )  # fmt: skip
             finally:
                 grant.release()
@@ -574,6 +784,7 @@ __all__ = [
     "RPC_RULES",
     "SERVICE_NAME",
     "SMALL_MESSAGE_BYTES",
+    "STREAM_MAX_IN_FLIGHT",
     "InferenceService",
     "Pool",
     "RpcRule",
