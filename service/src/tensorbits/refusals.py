@@ -9,6 +9,8 @@ bug, answered as 500 / INTERNAL naming no internals, and logged by the front end
 
 from __future__ import annotations
 
+import logging
+
 from tensorbits_protocol.errors import BackendFailure, TensorbitsError
 
 OUT_OF_MEMORY = "the backend ran out of memory running this request; retry later or send less"
@@ -39,4 +41,18 @@ def refusal_of(exc: BaseException) -> TensorbitsError | None:
     return None
 
 
-__all__ = ["OUT_OF_MEMORY", "forget_frames", "refusal_of"]
+def answer_for(exc: BaseException, logger: logging.Logger, where: str) -> TensorbitsError:
+    """What ``exc``, raised while serving ``where``, is answered with: its refusal, its frames
+    let go (``forget_frames``); or, for a bug, an internal error naming nothing of it, the bug
+    logged with its traceback to ``logger``."""
+    refusal = refusal_of(exc)
+    if refusal is None:
+        logger.error("unexpected error in %s", where, exc_info=exc)
+        return TensorbitsError(INTERNAL)
+    forget_frames(exc)
+    return refusal
+
+
+INTERNAL = "internal server error"
+
+__all__ = ["INTERNAL", "OUT_OF_MEMORY", "answer_for", "forget_frames", "refusal_of"]

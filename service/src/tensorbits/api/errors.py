@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from tensorbits.refusals import forget_frames, refusal_of
+from tensorbits.refusals import INTERNAL, forget_frames, refusal_of
 from tensorbits_protocol.errors import Overloaded, TensorbitsError
 
 logger = logging.getLogger("tensorbits.http")
@@ -85,7 +85,7 @@ async def _out_of_memory(request: Request, exc: Exception) -> JSONResponse:
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     logger.exception("unexpected error on %s %s", request.method, request.url.path)
-    return JSONResponse({"error": "internal server error", "code": "internal"}, status_code=500)
+    return JSONResponse({"error": INTERNAL, "code": "internal"}, status_code=500)
 
 
 Handler = Callable[[Request, Exception], Awaitable[Response]]

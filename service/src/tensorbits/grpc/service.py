@@ -293,14 +293,8 @@ class InferenceService:
                 size_out = len(response)
                 return response
             except Exception as exc:  # every exception is answered (a cancelled call is not one)
-                refusal = refusals.refusal_of(exc)
-                if refusal is None:
-                    status = 500
-                    logger.exception("unexpected error in %s", route)
-                    await context.abort(grpc.StatusCode.INTERNAL, "internal server error")
-                    raise  # abort raises; this line is for the type checker
+                refusal = refusals.answer_for(exc, logger, route)
                 status = refusal.status_code
-                refusals.forget_frames(exc)  # its frames hold the message (see the function)
                 await context.abort(
                     status_code(refusal),
                     refusal.message,
@@ -444,15 +438,8 @@ class InferenceService:
         try:
             answer = await self._infer(data, message, streamed=True)
         except Exception as exc:  # every exception is answered (a cancelled one is not one)
-            refusal = refusals.refusal_of(exc)
-            if refusal is None:
-                status = 500
-                logger.exception("unexpected error in %s", route)
-                words = "internal server error"
-            else:
-                status = refusal.status_code
-                refusals.forget_frames(exc)  # its frames hold the message (see the function)
-                words = refusal.message
+            refusal = refusals.answer_for(exc, logger, route)
+            status, words = refusal.status_code, refusal.message
             # Triton's form: the words, and a response holding only the request's id, so that
             # a client can tell which of its requests failed.
             answer = pb.ModelStreamInferResponse(
