@@ -30,6 +30,7 @@ from typing import TypeAlias
 import grpc
 
 from tensorbits.grpc import inference_pb2 as pb
+from tensorbits.grpc import wire
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import free_port, wait_until_up
@@ -41,17 +42,7 @@ SERVICE = "/inference.GRPCInferenceService"
 NOT = "DML_OPERATOR_ELEMENT_WISE_BIT_NOT"
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+_field = wire.len_field
 
 
 HEAD = _field(1, NOT.encode())

@@ -38,15 +38,6 @@ LIMITS = wire.WireLimits.of(SMALL_LIMITS["max_tensors"], SMALL_LIMITS["max_json_
 MAX_MESSAGE = 1 << 22  # what one input may build: a few MiB, so a run does many
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def build(data: bytes) -> bytes:
     """The message the input describes: byte 0 even: the input itself; odd: a flood program
     (repeat count, unit length, nesting depth and field numbers, then unit, prefix, suffix)."""
@@ -63,7 +54,7 @@ def build(data: bytes) -> bytes:
     suffix = reader.rest()
     body = unit * min(count, MAX_MESSAGE // max(1, len(unit)))
     for number in reversed(numbers):  # innermost first
-        body = _varint(number << 3 | wire.LEN) + _varint(len(body)) + body
+        body = wire.len_field(number, body)
     return prefix + body + suffix
 
 

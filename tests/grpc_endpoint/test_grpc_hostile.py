@@ -93,23 +93,7 @@ def bystanders(server: GrpcServer) -> Iterator[GrpcBystander]:
     assert statistics.median(watcher.latencies) < 0.1, sorted(watcher.latencies)[-5:]
 
 
-def varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def field(number: int, payload: bytes) -> bytes:
-    """A length-delimited field."""
-    return varint(number << 3 | wire.LEN) + varint(len(payload)) + payload
-
-
-def scalar(number: int, value: int) -> bytes:
-    """A varint field."""
-    return varint(number << 3 | wire.VARINT) + varint(value)
+field, scalar = wire.len_field, wire.varint_field
 
 
 HEAD = field(1, NOT.encode())

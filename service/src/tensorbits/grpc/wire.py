@@ -399,7 +399,8 @@ def check_nested(message: bytes, limits: WireLimits) -> None:
         at += length
 
 
-def _encode_varint(value: int) -> bytes:
+def encode_varint(value: int) -> bytes:
+    """``value`` (non-negative) as a protobuf varint."""
     out = bytearray()
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)
@@ -410,7 +411,17 @@ def _encode_varint(value: int) -> bytes:
 
 def raw_field(number: int, length: int) -> bytes:
     """The tag and length that precede ``length`` bytes of a bytes field ``number``."""
-    return _encode_varint(number << 3 | LEN) + _encode_varint(length)
+    return encode_varint(number << 3 | LEN) + encode_varint(length)
+
+
+def len_field(number: int, payload: bytes) -> bytes:
+    """Field ``number`` holding ``payload`` (bytes, a string or an embedded message)."""
+    return raw_field(number, len(payload)) + payload
+
+
+def varint_field(number: int, value: int) -> bytes:
+    """Field ``number`` holding the varint ``value``."""
+    return encode_varint(number << 3 | VARINT) + encode_varint(value)
 
 
 __all__ = [
@@ -421,6 +432,9 @@ __all__ = [
     "SplitRequest",
     "WireLimits",
     "check_nested",
+    "encode_varint",
+    "len_field",
     "raw_field",
     "split_infer_request",
+    "varint_field",
 ]
