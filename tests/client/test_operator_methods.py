@@ -247,3 +247,22 @@ def test_mypy_sees_every_method_typed(tmp_path: Path) -> None:
     errors = [line for line in stdout.splitlines() if ": error: " in line]
     assert {int(line.split(":")[1]) for line in errors} == wrong, stdout + stderr
     assert all(line.endswith("[arg-type]") for line in errors), stdout
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["Client", "AsyncClient"])
+def test_a_wrong_call_names_the_method_called(asynchronous: bool) -> None:
+    """The TypeError of a call with an argument missing or unknown names the method the caller
+    wrote (``ONNX.bitwise_and()``), not the private function every method of its shape shares;
+    the call sends nothing."""
+    client: Client | AsyncClient = (
+        AsyncClient("http://127.0.0.1:1") if asynchronous else Client("http://127.0.0.1:1")
+    )
+    x = np.zeros(2, np.uint8)
+    with pytest.raises(TypeError, match=r"^ONNX\.bitwise_and\(\) missing 1 required positional"):
+        client.onnx.bitwise_and(x)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"^DML\.bit_not\(\) got an unexpected keyword argument"):
+        client.dml.bit_not(x, bogus=1)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"^OpenVINO\.bitwise_not\(\) missing 1 required"):
+        client.openvino.bitwise_not()  # type: ignore[call-arg]
+    # Each method keeps its own name; the shared shape is untouched.
+    assert client.onnx.bitwise_or.__qualname__ == "ONNX.bitwise_or"

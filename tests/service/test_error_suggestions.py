@@ -109,7 +109,10 @@ def test_v2_refusal_names_value_rule_and_suggestion(
 
 def test_v2_unknown_model_suggests_the_closest(v2: TestClient) -> None:
     body = v2_refusal(v2, f"{NOT}T", one(), status=404)
-    assert body["error"].startswith(f"unknown model or operator '{NOT}T' (GET ")
+    # The hint names each listing with the method that serves it.
+    assert body["error"].startswith(
+        f"unknown model or operator '{NOT}T' (POST /v2/repository/index or GET /v1/operators"
+    )
     assert body["error"].endswith(f"; did you mean '{NOT}'?")
 
 
@@ -244,3 +247,27 @@ def test_one_array_to_a_binary_operator_says_the_count_locally() -> None:
         "B: missing input of onnx.BitwiseAnd-18 (inputs: A, B); onnx.BitwiseAnd-18 takes 2 "
         "inputs (A, B), got 1"
     )
+
+
+def test_a_binary_body_without_its_header_length_is_told_what_is_missing(v2: TestClient) -> None:
+    """JSON then binary data, but no Inference-Header-Content-Length: the reader's own words
+    (not UTF-8, or data after the JSON) and then what to send."""
+    header = json.dumps(
+        {"inputs": [{"name": "InputTensor", "shape": [4], "datatype": "UINT8",
+                     "parameters": {"binary_data_size": 4}}]}
+    ).encode()  # fmt: skip
+    for tail, words in ((b"\xff\x00\x01\x02", "not UTF-8"), (b"1234", "Extra data")):
+        response = v2.post(f"/v2/models/{NOT}/infer", content=header + tail)
+        assert response.status_code == 400
+        error = response.json()["error"]
+        assert error.endswith(
+            "give the header's length in bytes as Inference-Header-Content-Length"
+        )
+        assert ("UTF-8" in error) if words == "not UTF-8" else (words in error)
+        # With the header, the same bytes are a valid request.
+        framed = v2.post(
+            f"/v2/models/{NOT}/infer",
+            content=header + tail,
+            headers={"Inference-Header-Content-Length": str(len(header))},
+        )
+        assert framed.status_code == 200, framed.text

@@ -19,7 +19,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping
 from functools import partial
-from types import MethodType
+from types import FunctionType, MethodType
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -82,13 +82,23 @@ class OperatorMethod(Generic[P]):
 
     def __set_name__(self, owner: type[Any], attr: str) -> None:
         self._attr = attr
+        qualname = f"{owner.__qualname__}.{attr}"
+        # The shape is shared by every method of its kind: each gets a copy of its function
+        # named as the method, because Python names the function, not the method, in the
+        # TypeError of a wrong call ("ONNX.bitwise_not() missing ... 'x'", not "_unary()").
+        send = self.send
+        assert isinstance(send, FunctionType)
+        own = FunctionType(
+            send.__code__, send.__globals__, attr, send.__defaults__, send.__closure__
+        )
+        own.__kwdefaults__ = send.__kwdefaults__
+        own.__annotations__ = send.__annotations__
+        own.__qualname__ = qualname
+        self._function = partial(own, self.spec)
         # What a bound method shows: ``<bound method DML.bit_and of ...>``, its docstring, and
         # (help()) its module.
         vars(self._function).update(
-            __name__=attr,
-            __qualname__=f"{owner.__qualname__}.{attr}",
-            __module__=owner.__module__,
-            __doc__=self.__doc__,
+            __name__=attr, __qualname__=qualname, __module__=owner.__module__, __doc__=self.__doc__
         )
 
     @overload

@@ -190,7 +190,19 @@ class InferRequest(NamedTuple):
         before it is parsed; the wire model; the framing; the tensor counts), in that order:
         every check that needs no operator. The tensors' bytes stay views of ``tail``."""
         what = "inference header" if header_given else "request body"
-        document = parse_json(header, limits.json, what)  # tensors counted before it is parsed
+        try:
+            document = parse_json(header, limits.json, what)  # tensors counted before parsing
+        except InvalidRequest as exc:
+            if header_given or exc.rule != "json":
+                raise
+            # A whole body that is not JSON is most often JSON followed by binary tensor data
+            # sent without the header that says where the JSON ends.
+            raise InvalidRequest(
+                f"{exc.message}; if the body is a JSON header followed by binary tensor data, "
+                "give the header's length in bytes as Inference-Header-Content-Length",
+                field=exc.field,
+                rule=exc.rule,
+            ) from None
         request = validate_document(InferenceRequest, document, what)
         check_parameters(request)
         frames = [_frame(tensor) for tensor in request.inputs]

@@ -288,7 +288,7 @@ def get_operator(name: str) -> OperatorSpec:
         return REGISTRY[name]
     except KeyError:
         raise OperatorNotFound(
-            f"unknown model or operator '{name[:200]}' (GET /v2/repository/index or "
+            f"unknown model or operator '{name[:200]}' (POST /v2/repository/index or "
             f"GET /v1/operators lists the {len(REGISTRY)} that exist)"
             f"{did_you_mean(name, REGISTRY)}",
             field="model_name",

@@ -16,6 +16,7 @@ error body as its example (``ERROR_EXAMPLES``, the server's own words).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import Path
@@ -24,7 +25,8 @@ from pydantic import BaseModel
 from tensorbits.api.fastpath import Operation
 from tensorbits.inference import MODEL_VERSIONS
 from tensorbits_protocol import codec
-from tensorbits_protocol.operators import OPERATORS, OperatorSpec
+from tensorbits_protocol.errors import TensorbitsError
+from tensorbits_protocol.operators import OPERATORS, OperatorSpec, get_operator
 from tensorbits_protocol.v2 import ErrorResponse, InferenceRequest, InferenceResponse
 
 TAG = "v2"
@@ -57,6 +59,15 @@ ERROR_DESCRIPTIONS = {
     413: "Over a size limit (body, tensor elements, tensor count, JSON data)",
     503: "Not ready, or overloaded (retry after `Retry-After` seconds)",
 }
+
+
+def _refusal_of(call: Callable[[], object]) -> dict[str, Any]:
+    """The JSON body of the refusal ``call`` raises: an example in the server's own words."""
+    try:
+        call()
+    except TensorbitsError as exc:
+        return exc.to_dict()
+    raise AssertionError("the example's call was not refused")
 
 
 # One real error body per status, as the server words it (tests/service/test_openapi.py sends
@@ -96,13 +107,7 @@ ERROR_EXAMPLES: dict[int, dict[str, dict[str, Any]]] = {
     404: {
         "unknown_operator": {
             "summary": "No such model",
-            "value": {
-                "error": "unknown model or operator 'sha256' (GET /v2/repository/index or "
-                f"GET /v1/operators lists the {len(OPERATORS)} that exist)",
-                "code": "not_found",
-                "field": "model_name",
-                "rule": "unknown_operator",
-            },
+            "value": _refusal_of(lambda: get_operator("sha256")),
         },
     },
     413: {
