@@ -332,19 +332,25 @@ def _unary_status(server: GrpcServer) -> grpc.StatusCode:
 
 
 @pytest.mark.integration
-def test_a_stream_holds_an_inference_slot_for_its_life(bounded: GrpcServer) -> None:
+def test_a_stream_holds_a_stream_slot_for_its_life(bounded: GrpcServer) -> None:
     with stream(bounded.grpc_url, WITH_KEY) as s:
         s.send(0)
-        s.result(0)  # started: its slot is the one the server has
-        assert _unary_status(bounded) == grpc.StatusCode.UNAVAILABLE
+        s.result(0)  # started: its slot is the one stream slot the server has
+        # An open stream leaves ModelInfer its own slot: a unary call is served.
+        assert _unary_status(bounded) == grpc.StatusCode.OK
         with stream(bounded.grpc_url, WITH_KEY) as other:  # refused at its start
             error = other.error()
         assert error.status() == "StatusCode.UNAVAILABLE"
-        assert "ModelInfer and ModelStreamInfer calls in progress" in str(error.message())
+        assert "ModelStreamInfer calls in progress" in str(error.message())
         s.send(2)  # the stream itself goes on
         s.result(2)
     deadline = time.monotonic() + 5
-    while _unary_status(bounded) != grpc.StatusCode.OK:  # given back as the stream ends
+    while True:  # given back as the stream ends: a new stream is served
+        with stream(bounded.grpc_url, WITH_KEY) as again:
+            again.send(3)
+            _, error = again.next()
+        if error is None:
+            break
         assert time.monotonic() < deadline, "the stream's slot was not given back"
         time.sleep(0.05)
 

@@ -10,18 +10,19 @@ does. An exception that is not a refusal is answered by ``refusals.refusal_of`` 
 it (out of memory: UNAVAILABLE, as HTTP's 503), or as INTERNAL with no internals named (a bug).
 
 Every call's capacity is bounded before its message is read, and probes share none of it
-(``RPC_RULES``): ModelInfer calls and ModelStreamInfer streams take a slot of the inference pool
-(this worker's share of TENSORBITS_MAX_INFLIGHT_REQUESTS), the other RPCs but the probes one of a
-small control pool, and each holds it until its answer (a stream: until its end); past either,
-UNAVAILABLE at once. ServerLive, ServerReady and ModelReady take no slot: a flood of stalled or
+(``RPC_RULES``): ModelInfer calls take a slot of the inference pool (this worker's share of
+TENSORBITS_MAX_INFLIGHT_REQUESTS), ModelStreamInfer streams one of a stream pool of the same
+size, the other RPCs but the probes one of a small control pool, and each holds it until its
+answer (a stream: until its end); past any, UNAVAILABLE at once. ServerLive, ServerReady and ModelReady take no slot: a flood of stalled or
 oversized calls cannot make a liveness probe fail. A message must arrive within
 TENSORBITS_TIMEOUT_BODY_READ; every RPC but ModelInfer and ModelStreamInfer takes a message of at
 most ``SMALL_MESSAGE_BYTES`` (protobuf parses it on the event loop).
 
 ModelStreamInfer, the bidirectional stream, answers each of its messages as ModelInfer would, in
 the order they came, inside a ``ModelStreamInferResponse``; a refusal is an answer in the stream
-(``error_message``, as Triton sends it), and the stream goes on. It holds one inference slot for
-its life, and at most ``STREAM_MAX_IN_FLIGHT`` messages in flight (``stream``).
+(``error_message``, as Triton sends it), and the stream goes on. It holds one stream slot for
+its life (open streams never take ModelInfer's slots: each of their messages is admitted
+for its work, as any request is), and at most ``STREAM_MAX_IN_FLIGHT`` messages in flight.
 
 Each RPC's handler takes the request's bytes and returns the response's (``server.py``
 registers them without (de)serializers): a malformed message is then an INVALID_ARGUMENT with
@@ -87,6 +88,10 @@ class Pool(enum.Enum):
 
     NONE = "none"  # probes: never refused for capacity
     INFERENCE = "inference"  # this worker's share of TENSORBITS_MAX_INFLIGHT_REQUESTS
+    # Open ModelStreamInfer streams: as many as the inference pool, apart from it, so that idle
+    # streams (one message a minute keeps one open) never leave ModelInfer without a slot; each
+    # message is admitted for its work like any request.
+    STREAMS = "streams"
     CONTROL = "control"  # CONTROL_SLOTS
 
 
@@ -106,7 +111,7 @@ RPC_RULES: Mapping[str, RpcRule] = {
     "ModelReady": _PROBE,
     "ModelInfer": RpcRule(Pool.INFERENCE, None),
     # One slot for the stream's life, however many messages it carries (``stream``).
-    "ModelStreamInfer": RpcRule(Pool.INFERENCE, None, streaming=True),
+    "ModelStreamInfer": RpcRule(Pool.STREAMS, None, streaming=True),
     **{
         rpc: _CONTROL
         for rpc in (
@@ -245,13 +250,12 @@ class InferenceService:
         self.handlers: dict[str, Handler] = {rpc: getattr(self, method) for rpc, method in RPCS}
         missing = set(self.handlers) ^ set(RPC_RULES)
         assert not missing, f"RPC_RULES does not match inference.proto: {sorted(missing)}"
+        inflight = "TENSORBITS_MAX_INFLIGHT_REQUESTS" + (
+            f" shared by {settings.workers} workers" if settings.workers > 1 else ""
+        )
         self.pools: dict[Pool, Slots] = {
-            Pool.INFERENCE: Slots(
-                settings.worker_inflight_requests,
-                "ModelInfer and ModelStreamInfer",
-                "TENSORBITS_MAX_INFLIGHT_REQUESTS"
-                + (f" shared by {settings.workers} workers" if settings.workers > 1 else ""),
-            ),
+            Pool.INFERENCE: Slots(settings.worker_inflight_requests, "ModelInfer", inflight),
+            Pool.STREAMS: Slots(settings.worker_inflight_requests, "ModelStreamInfer", inflight),
             Pool.CONTROL: Slots(CONTROL_SLOTS, "metadata and control", "the server's"),
         }
         self.wire_limits = wire.WireLimits.of(
