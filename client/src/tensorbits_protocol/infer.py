@@ -62,6 +62,13 @@ UNSUPPORTED_OUTPUT_PARAMETERS = {
 }
 
 
+# What a v2 request body that is not JSON is told besides the JSON reader's words.
+HEADER_LENGTH_HINT = (
+    "; if the body is a JSON header followed by binary tensor data, give the header's length in "
+    "bytes as Inference-Header-Content-Length"
+)
+
+
 @dataclass(frozen=True, slots=True)
 class RequestLimits:
     """The bounds a decoded request is held to before any tensor is read (the server's
@@ -198,10 +205,7 @@ class InferRequest(NamedTuple):
             # A whole body that is not JSON is most often JSON followed by binary tensor data
             # sent without the header that says where the JSON ends.
             raise InvalidRequest(
-                f"{exc.message}; if the body is a JSON header followed by binary tensor data, "
-                "give the header's length in bytes as Inference-Header-Content-Length",
-                field=exc.field,
-                rule=exc.rule,
+                exc.message + HEADER_LENGTH_HINT, field=exc.field, rule=exc.rule
             ) from None
         request = validate_document(InferenceRequest, document, what)
         check_parameters(request)
@@ -447,6 +451,7 @@ def check_sizes(frames: Sequence[codec.TensorFrame], limits: RequestLimits) -> N
 
 
 __all__ = [
+    "HEADER_LENGTH_HINT",
     "UNSUPPORTED_OUTPUT_PARAMETERS",
     "HostArray",
     "InferRequest",
