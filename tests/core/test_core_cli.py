@@ -152,6 +152,26 @@ def test_sigterm_turns_readiness_false_before_the_server_stops() -> None:
         assert client.get("/v2/health/live").status_code == 200
 
 
+def test_the_drain_stops_accepting_once_in_the_order_registered() -> None:
+    """The delay's end runs the endpoints' hooks (gRPC's stop) once, however often it is told."""
+    drain, calls = Drain(), []
+    drain.on_stop_accepting(lambda: calls.append("grpc"))
+    drain.on_stop_accepting(lambda: calls.append("other"))
+    drain.begin()
+    assert calls == []  # not ready is not "not accepting": the delay comes between
+    drain.stop_accepting()
+    drain.stop_accepting()
+    assert calls == ["grpc", "other"]
+
+
+@pytest.mark.parametrize("taken", ["port", "grpc_port"])
+def test_the_metrics_port_needs_a_port_of_its_own(taken: str) -> None:
+    ports = {"port": 9000, "grpc_port": 9001}
+    with pytest.raises(ValueError, match="metrics_port 9"):
+        Settings(backend="numpy", **ports, metrics_port=ports[taken])
+    assert Settings(backend="numpy", **ports, metrics_port=9002).metrics_port == 9002
+
+
 def test_the_protocol_gets_the_head_limits_from_the_settings() -> None:
     settings = Settings(backend="numpy", max_head_bytes=4096, timeout_header_read=2.5)
     kwargs = cli._uvicorn_kwargs(settings)
@@ -160,3 +180,19 @@ def test_the_protocol_gets_the_head_limits_from_the_settings() -> None:
     make = pickle.loads(pickle.dumps(kwargs["http"]))
     assert make.func is GuardedHttpProtocol
     assert make.keywords == {"max_head_bytes": 4096, "header_timeout": 2.5}
+
+
+@pytest.mark.parametrize("json_flag", [[], ["--json"]], ids=["text", "json"])
+def test_operators_to_a_reader_that_stops_early_exits_quietly(json_flag: list[str]) -> None:
+    """``tensorbits operators | head -1``: the reader closes the pipe after one line; the command
+    exits 0 with nothing on stderr (it once ended in a BrokenPipeError traceback)."""
+    command = [sys.executable, "-m", "tensorbits.cli", "operators", *json_flag]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as writer:
+        assert writer.stdout is not None
+        assert writer.stderr is not None
+        first = writer.stdout.readline()
+        writer.stdout.close()  # what head does once it has its line
+        errors = writer.stderr.read()
+        assert writer.wait(timeout=60) == 0, errors
+    assert first.strip()
+    assert errors == b""

@@ -46,7 +46,9 @@ def started(monkeypatch: pytest.MonkeyPatch, clean_environment: None) -> list[An
         def run(self) -> None:
             configs.append(self.config)
 
-    monkeypatch.setattr(cli, "draining_server", lambda config, drain: NotServing(config))
+    monkeypatch.setattr(
+        cli, "draining_server", lambda config, drain, delay_s=0.0: NotServing(config)
+    )
     monkeypatch.setattr(logs, "configure_logging", lambda level, json_lines: None)
     monkeypatch.setattr(memory, "tune_allocator", lambda: None)
     return configs

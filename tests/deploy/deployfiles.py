@@ -319,3 +319,16 @@ def k8s_resource(kind: str) -> dict[str, Any]:
 def env_list(container: dict[str, Any]) -> dict[str, str]:
     """A Kubernetes container's literal env values by name."""
     return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+
+
+def k8s_named(kind: str, name: str) -> dict[str, Any]:
+    """The one resource of ``kind`` named ``name`` under docker/k8s/ (for kinds there are
+    several of, such as Service)."""
+    found = [
+        doc
+        for _, doc in k8s_resources()
+        if doc.get("kind") == kind and doc.get("metadata", {}).get("name") == name
+    ]
+    if len(found) != 1:
+        raise LookupError(f"expected one {kind} {name!r} under docker/k8s/, found {len(found)}")
+    return found[0]

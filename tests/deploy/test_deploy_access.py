@@ -20,6 +20,7 @@ from tensorbits.config import Settings
 
 SECRET_NAME = "tensorbits-api-keys"
 CLIENT_LABEL = {"tensorbits/client": "true"}
+MONITORING = {"kubernetes.io/metadata.name": "monitoring"}
 
 
 def _deployment_pod() -> tuple[dict[str, Any], dict[str, Any]]:
@@ -78,7 +79,7 @@ def _manifest_settings(
     container: dict[str, Any], keys: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Settings:
     """The container's TENSORBITS_* settings, with its key file replaced by ``keys``, the
-    backend by NumPy and gRPC off; nothing from this process's environment."""
+    backend by NumPy, gRPC and the metrics port off; nothing from this process's environment."""
     for name in list(os.environ):
         if name.startswith("TENSORBITS_"):
             monkeypatch.delenv(name)
@@ -88,6 +89,7 @@ def _manifest_settings(
     monkeypatch.setenv("TENSORBITS_API_KEYS_FILE", str(keys))
     monkeypatch.setenv("TENSORBITS_BACKEND", "numpy")
     monkeypatch.setenv("TENSORBITS_GRPC_PORT", "0")  # HTTP is what these tests drive
+    monkeypatch.setenv("TENSORBITS_METRICS_PORT", "0")  # the main port's /metrics is the one
     return Settings()
 
 
@@ -100,8 +102,15 @@ def test_the_probes_reach_open_routes_and_the_rest_is_closed(
     keys.write_text("deployed-key\n")
     settings = _manifest_settings(container, keys, monkeypatch)
     assert [k.get_secret_value() for k in settings.accepted_api_keys] == ["deployed-key"]
-    probes = [container[p]["httpGet"]["path"] for p in container if p.endswith("Probe")]
+    probes = [
+        container[p]["httpGet"]["path"]
+        for p in container
+        if p.endswith("Probe") and "httpGet" in container[p]
+    ]
     assert probes
+    # The gRPC probes ask the standard health service, which never wants a key (service.py).
+    for probe in (container[p] for p in container if p.endswith("Probe")):
+        assert set(probe) & {"httpGet", "grpc"}, probe
     with TestClient(create_app(settings)) as client:
         for path in probes:
             assert client.get(path).status_code == 200, path  # the kubelet sends no key
@@ -130,16 +139,20 @@ def _admitted(policy: dict[str, Any]) -> list[dict[str, str]]:
 
 
 def test_the_network_policy_admits_labelled_namespaces_on_the_served_ports() -> None:
-    """The container's named ports, HTTP and gRPC, and nothing else."""
+    """Clients: the HTTP and gRPC ports and nothing else. The monitoring namespace: the metrics
+    port alone. Together, every port the container has."""
     policy = _network_policy(K8S / "networkpolicy.yaml")
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= _pod_labels().items()
     assert policy["spec"]["policyTypes"] == ["Ingress"]
-    assert _admitted(policy) == [CLIENT_LABEL]
-    (rule,) = policy["spec"]["ingress"]
+    assert _admitted(policy) == [CLIENT_LABEL, MONITORING]
+    clients, monitoring = policy["spec"]["ingress"]
     _, container = _deployment_pod()
-    assert {p["protocol"] for p in rule["ports"]} == {"TCP"}
-    assert sorted(p["port"] for p in rule["ports"]) == sorted(p["name"] for p in container["ports"])
-    assert sorted(p["port"] for p in rule["ports"]) == ["grpc", "http"]
+    for rule in (clients, monitoring):
+        assert {p["protocol"] for p in rule["ports"]} == {"TCP"}
+    assert sorted(p["port"] for p in clients["ports"]) == ["grpc", "http"]
+    assert [p["port"] for p in monitoring["ports"]] == ["metrics"]
+    every = sorted(p["port"] for rule in (clients, monitoring) for p in rule["ports"])
+    assert every == sorted(p["name"] for p in container["ports"])
 
 
 def test_the_kserve_network_policy_admits_the_gateway_knative_and_labelled_namespaces() -> None:

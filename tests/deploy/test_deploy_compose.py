@@ -124,7 +124,7 @@ def test_docker_compose_config_accepts_the_file(profiles: list[str], tmp_path: P
     )
     assert result.returncode == 0, result.stderr
     resolved = json.loads(result.stdout)
-    expected = {"tensorbits-gpu"} | ({"tensorbits-cpu"} if profiles else set())
+    expected = {"tensorbits-gpu", "tensorbits-lb"} | ({"tensorbits-cpu"} if profiles else set())
     assert set(resolved["services"]) == expected
 
 
@@ -187,7 +187,9 @@ def test_services_are_healthchecked_hardened_and_env_driven(service: str) -> Non
     env = spec["environment"]
     assert env["TENSORBITS_PORT"] == image.env()["TENSORBITS_PORT"]
     assert VARIABLE.fullmatch(env["TENSORBITS_LOG_LEVEL"])
-    http, grpc = spec["ports"]
+    # The GPU service scales: the balancer publishes its ports (test_the_gpu_service_scales_...).
+    published = _compose()["services"]["tensorbits-lb"] if service == "tensorbits-gpu" else spec
+    http, grpc = published["ports"]
     assert http.endswith(":" + env["TENSORBITS_PORT"])
     assert grpc.endswith(":8001"), "gRPC at TENSORBITS_GRPC_PORT's default"
     assert "TENSORBITS_GRPC_PORT" not in env
@@ -198,12 +200,71 @@ def test_services_are_healthchecked_hardened_and_env_driven(service: str) -> Non
 
 def test_default_host_ports_do_not_collide() -> None:
     """Both services up at once (`--profile cpu up`) publish four distinct host ports by
-    default: the GPU service's HTTP and gRPC (8000, 8001), the CPU service's (8002, 8003)."""
+    default: the GPU service's HTTP and gRPC (8000, 8001, through the balancer), the CPU
+    service's (8002, 8003)."""
     published = []
     for spec in _compose()["services"].values():
-        for port in spec["ports"]:
+        for port in spec.get("ports", []):
             # "${ADDRESS:-127.0.0.1}:${HOST_PORT:-8000}:8000": the second variable's default.
             address, host_port = VARIABLE.finditer(port)
             assert address.group("name") == "TENSORBITS_PUBLISH_ADDRESS"
             published.append(host_port.group("default"))
     assert sorted(published) == ["8000", "8001", "8002", "8003"]
+
+
+# ---- scaling behind the balancer ------------------------------------------------------------------
+
+HAPROXY_CONFIG = DOCKER / "haproxy.cfg"
+
+
+def _seconds(value: str) -> float:
+    match = re.fullmatch(r"(\d+)(ms|s|m)", value)
+    assert match, value
+    return int(match.group(1)) * {"ms": 0.001, "s": 1, "m": 60}[match.group(2)]
+
+
+def test_the_gpu_service_scales_behind_the_balancer() -> None:
+    """`--scale tensorbits-gpu=N` needs replicas without fixed host ports and a balancer that
+    finds them all: haproxy resolving the service's name with Docker's DNS, for HTTP and gRPC,
+    health-checked on readiness; a stopping replica serves on past the balancer's check, and
+    the stop fits the grace period."""
+    services = _compose()["services"]
+    gpu, balancer = services["tensorbits-gpu"], services["tensorbits-lb"]
+    assert "ports" not in gpu, "a fixed host port allows one replica"
+    assert "tensorbits-gpu" in balancer["depends_on"]
+    assert balancer["image"].startswith("haproxy:2."), "a pinned major version"
+    assert balancer["read_only"] is True
+    assert balancer["cap_drop"] == ["ALL"]
+    (mount,) = balancer["volumes"]
+    source, target, mode = mount.split(":")
+    assert (DOCKER / source).resolve() == HAPROXY_CONFIG
+    assert (target, mode) == ("/usr/local/etc/haproxy/haproxy.cfg", "ro")
+    config = HAPROXY_CONFIG.read_text()
+    env = gpu["environment"]
+    assert f"server-template replica 16 tensorbits-gpu:{env['TENSORBITS_PORT']} check" in config
+    assert "tensorbits-gpu:8001 proto h2 check port 8000 check-proto h1" in config
+    assert config.count("http-check send meth GET uri /v2/health/ready") == 2
+    assert "nameserver dns 127.0.0.11:53" in config
+    inter = {_seconds(v) for v in re.findall(r"inter (\S+) fall 1", config)}
+    assert len(inter) == 1
+    delay = float(env["TENSORBITS_DRAIN_DELAY"])
+    assert delay >= 2 * inter.pop(), "the balancer must see the readiness turn before the close"
+    graceful = float(env.get("TENSORBITS_TIMEOUT_GRACEFUL_SHUTDOWN", 30))
+    assert _seconds(gpu["stop_grace_period"]) > delay + graceful
+
+
+def test_haproxy_accepts_the_balancer_configuration() -> None:
+    """The configuration as the real haproxy parses it (Debian's; the image runs 2.8)."""
+    binary = find_tool("haproxy") or next(
+        (p for p in ("/usr/sbin/haproxy",) if Path(p).is_file()), None
+    )
+    if binary is None:
+        pytest.skip("haproxy is not installed (.ci/run installs it)")
+    result = subprocess.run(
+        [binary, "-c", "-f", str(HAPROXY_CONFIG)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -365,8 +365,9 @@ def test_port_health_and_exec_form_start_command(kind: str) -> None:
     env = final.env()
     expose = final.last("EXPOSE")
     assert expose is not None
-    assert expose.rest.split() == ["8000", "8001"], "HTTP, and gRPC's default port"
+    assert expose.rest.split() == ["8000", "8001", "8002"], "HTTP, gRPC's default, metrics"
     assert env["TENSORBITS_PORT"] == "8000"
+    assert env["TENSORBITS_METRICS_PORT"] == "8002", "Prometheus' port, as Triton's"
     assert env["TENSORBITS_HOST"] == "0.0.0.0"
     assert env["TENSORBITS_WORKERS"] == "1", "one worker per container (per GPU)"
     assert env["TENSORBITS_BACKEND"] == ("cupy" if kind == "gpu" else "numpy")

@@ -22,6 +22,7 @@ from deploy.deployfiles import (
     dockerfile,
     env_list,
     k8s_manifest_paths,
+    k8s_named,
     k8s_resource,
     k8s_resources,
 )
@@ -69,8 +70,12 @@ def _label(path: Path) -> str:
     return path.relative_to(K8S).as_posix()
 
 
+# Custom resources, not in the Kubernetes schemas: checked field by field below.
+CRD_GROUPS = ("serving.kserve.io/", "monitoring.coreos.com/")
+
+
 def _plain_resources() -> list[tuple[Path, dict[str, Any]]]:
-    return [(p, d) for p, d in k8s_resources() if not d["apiVersion"].startswith("serving.kserve")]
+    return [(p, d) for p, d in k8s_resources() if not d["apiVersion"].startswith(CRD_GROUPS)]
 
 
 # ---- schema validation ----------------------------------------------------------------------------
@@ -85,7 +90,9 @@ def test_manifests_are_present() -> None:
         "NetworkPolicy",  # the plain Deployment's
         "NetworkPolicy",  # the InferenceService's (kserve/)
         "PodDisruptionBudget",
-        "Service",
+        "Service",  # one address, HTTP, gRPC and metrics
+        "Service",  # headless, for gRPC's client-side round robin
+        "ServiceMonitor",  # the Prometheus Operator's
     ]
     assert all(p.suffix == ".yaml" for p in k8s_manifest_paths())
 
@@ -207,10 +214,10 @@ def test_deployment_asks_for_one_gpu_in_limits() -> None:
 def test_deployment_probes_map_to_the_v2_health_endpoints() -> None:
     container = _container()
     port = int(env_list(container)["TENSORBITS_PORT"])
+    # (The start-up probe asks the gRPC health service: test_startup_probe_asks_the_grpc_...)
     for probe, path in (
         ("livenessProbe", "/v2/health/live"),
         ("readinessProbe", "/v2/health/ready"),
-        ("startupProbe", "/v2/health/live"),
     ):
         get = container[probe]["httpGet"]
         assert get["path"] == path, probe
@@ -261,10 +268,10 @@ def test_service_hpa_and_pdb_point_at_the_deployment() -> None:
     assert deployment["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
     assert "replicas" not in deployment["spec"], "the HPA owns the replica count"
 
-    service = k8s_resource("Service")
+    service = k8s_named("Service", "tensorbits")
     assert service["spec"]["selector"].items() <= pod_labels.items()
     ports = {p["name"]: p for p in service["spec"]["ports"]}
-    assert set(ports) == {"http", "grpc"}
+    assert set(ports) == {"http", "grpc", "metrics"}
     assert _port_number(_container(), ports["http"]["targetPort"]) == 8000
     # gRPC at TENSORBITS_GRPC_PORT's default (the manifest leaves it unset).
     assert _port_number(_container(), ports["grpc"]["targetPort"]) == 8001
@@ -331,3 +338,161 @@ def test_inference_service_probes_resources_and_security() -> None:
     assert {cache_dir, "/tmp"} <= _writable_mounts(predictor, container)
     assert 1 <= predictor["minReplicas"] <= predictor["maxReplicas"], "no scale-to-zero"
     assert predictor["scaleMetric"] == "concurrency"
+
+
+# ---- stopping, probes, metrics, gRPC balancing ----------------------------------------------------
+
+
+def _setting(container: dict[str, Any], name: str) -> float:
+    """A setting as the container's server reads it: its env value, else the Settings default."""
+    from tensorbits.config import Settings
+
+    env = env_list(container)
+    variable = f"TENSORBITS_{name.upper()}"
+    if variable in env:
+        return float(env[variable])
+    default = Settings.model_fields[name].default
+    assert isinstance(default, int | float)
+    return float(default)
+
+
+def _prestop_seconds(container: dict[str, Any]) -> float:
+    """The preStop hook's sleep: ``sleep: {seconds: N}`` or ``exec: [sleep, N]``."""
+    hook = container["lifecycle"]["preStop"]
+    if "sleep" in hook:
+        return float(hook["sleep"]["seconds"])
+    command = hook["exec"]["command"]
+    assert command[0] == "sleep", command
+    assert len(command) == 2, command
+    return float(command[1])
+
+
+def test_the_stop_fits_the_grace_period() -> None:
+    """The kubelet's SIGKILL comes terminationGracePeriodSeconds after the stop began, the
+    preStop hook included: the hook's sleep, the server's drain delay and its graceful timeout
+    must all fit, with a margin, or requests still in flight are cut."""
+    pod, container = _pod_spec(), _container()
+    prestop = _prestop_seconds(container)
+    delay = _setting(container, "drain_delay")
+    drain = _setting(container, "timeout_graceful_shutdown")
+    grace = pod["terminationGracePeriodSeconds"]
+    assert prestop >= 5, "the endpoint removal takes seconds to reach every proxy"
+    assert grace > prestop + delay + drain, (grace, prestop, delay, drain)
+    assert drain >= 10, "the requests in flight need time to finish"
+
+
+def test_startup_probe_asks_the_grpc_health_service() -> None:
+    """A `grpc:` probe: on the container's gRPC port (a number: Kubernetes takes no name there),
+    for a service the server's health service knows (an unknown one would never pass)."""
+    from tensorbits.grpc.service import SERVICE_NAME
+
+    container = _container()
+    probe = container["startupProbe"]["grpc"]
+    assert probe["port"] == _port_number(container, "grpc") == _setting(container, "grpc_port")
+    assert probe.get("service", "") in ("", SERVICE_NAME)
+    assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+
+
+def test_the_grpc_health_service_serves_the_probed_name() -> None:
+    """The name the probe sends, asked of the real health service over a real runtime: SERVING
+    while ready, NOT_SERVING once the drain begins (what takes the pod out)."""
+    from grpc_health.v1 import health_pb2
+
+    from tensorbits.config import Settings
+    from tensorbits.grpc.server import Health
+    from tensorbits.runtime import Runtime
+
+    service = _container()["startupProbe"]["grpc"].get("service", "")
+    runtime = Runtime.start(Settings(backend="numpy", grpc_port=0))
+    try:
+        health = Health(runtime)
+        assert health._status(service) == health_pb2.HealthCheckResponse.SERVING
+        runtime.drain.begin()
+        assert health._status(service) == health_pb2.HealthCheckResponse.NOT_SERVING
+    finally:
+        runtime.close()
+
+
+def _exposed(kind: str) -> set[int]:
+    ports: set[int] = set()
+    for instruction in dockerfile(kind).final.all("EXPOSE"):
+        ports.update(int(word.split("/")[0]) for word in instruction.rest.split())
+    return ports
+
+
+def test_ports_agree_across_the_image_and_the_manifests() -> None:
+    """HTTP 8000, gRPC 8001, metrics 8002: the images' EXPOSE and ENV, the Deployment's
+    container ports and env, the Service, the NetworkPolicy's named ports, the ServiceMonitor,
+    the pod annotations, the InferenceService's annotations and env."""
+    container = _container()
+    numbers = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert numbers == {"http": 8000, "grpc": 8001, "metrics": 8002}
+    for kind in ("cpu", "gpu"):
+        assert _exposed(kind) == set(numbers.values()), kind
+        image_env = dockerfile(kind).final.env()
+        assert int(image_env["TENSORBITS_PORT"]) == numbers["http"], kind
+        assert int(image_env["TENSORBITS_METRICS_PORT"]) == numbers["metrics"], kind
+    assert _setting(container, "port") == numbers["http"]
+    assert _setting(container, "grpc_port") == numbers["grpc"]
+    assert _setting(container, "metrics_port") == numbers["metrics"]
+
+    service = k8s_named("Service", "tensorbits")
+    for port in service["spec"]["ports"]:
+        assert port["targetPort"] in numbers, port
+        assert port["port"] == numbers[port["targetPort"]], port
+
+    annotations = k8s_resource("Deployment")["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert int(annotations["prometheus.io/port"]) == numbers["metrics"]
+    assert annotations["prometheus.io/path"] == "/metrics"
+
+    monitor = k8s_resource("ServiceMonitor")
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert endpoint["port"] == "metrics"
+    assert endpoint["path"] == "/metrics"
+
+    isvc = k8s_resource("InferenceService")
+    isvc_env = env_list(_isvc_container())
+    assert (
+        isvc["metadata"]["annotations"]["prometheus.kserve.io/port"]
+        == isvc_env["TENSORBITS_METRICS_PORT"]
+    )
+    assert isvc["metadata"]["annotations"]["prometheus.kserve.io/path"] == "/metrics"
+    assert isvc_env["TENSORBITS_METRICS_PORT"] not in (isvc_env["TENSORBITS_PORT"], "8001")
+
+
+def test_the_service_monitor_selects_the_metrics_service_only() -> None:
+    monitor = k8s_resource("ServiceMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert set(monitor["spec"]) <= {"selector", "endpoints", "namespaceSelector", "jobLabel"}
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    services = [d for _, d in k8s_resources() if d["kind"] == "Service"]
+    chosen = [s for s in services if selector.items() <= s["metadata"]["labels"].items()]
+    assert [s["metadata"]["name"] for s in chosen] == ["tensorbits"]
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert set(endpoint) <= {"port", "path", "scheme", "interval", "scrapeTimeout"}, endpoint
+    assert endpoint["scheme"] == "http"
+
+
+def test_the_headless_service_publishes_every_ready_pod_for_grpc() -> None:
+    headless = k8s_named("Service", "tensorbits-grpc")
+    pod_labels = k8s_resource("Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["selector"].items() <= pod_labels.items()
+    assert headless["spec"].get("publishNotReadyAddresses", False) is False
+    (port,) = headless["spec"]["ports"]
+    assert (port["name"], port["targetPort"], port["appProtocol"]) == ("grpc", "grpc", "grpc")
+    assert port["port"] == _port_number(_container(), "grpc")
+
+
+def test_the_inference_service_lands_on_gpu_nodes_as_the_deployment_does() -> None:
+    predictor = k8s_resource("InferenceService")["spec"]["predictor"]
+    pod = _pod_spec()
+    for key in ("tolerations", "nodeSelector", "runtimeClassName"):
+        assert predictor[key] == pod[key], key
+    assert pod["runtimeClassName"] == "nvidia"
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]

@@ -32,7 +32,7 @@ LOOPBACK = "127.0.0.1"
 def _image_environment(kind: str, port: int) -> dict[str, str]:
     """The container's environment: the image's ENV over this process's, with the venv's bin/
     where the image has /opt/venv/bin, loopback:port in place of 0.0.0.0:8000 and a free port in
-    place of gRPC's 8001."""
+    place of gRPC's 8001 and the metrics port's 8002."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TENSORBITS_")}
     for key, value in dockerfile(kind).final.env().items():
         if key == "PATH":
@@ -44,6 +44,7 @@ def _image_environment(kind: str, port: int) -> dict[str, str]:
     env["TENSORBITS_HOST"] = LOOPBACK
     env["TENSORBITS_PORT"] = str(port)
     env["TENSORBITS_GRPC_PORT"] = str(free_port())  # in place of 8001, which may be taken here
+    env["TENSORBITS_METRICS_PORT"] = str(free_port())  # and of the metrics port's 8002
     return env
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -11,7 +12,7 @@ from fastapi.routing import APIRoute
 from fastapi_offline import FastAPIOffline
 
 from tensorbits import __version__, auth
-from tensorbits.api import fastpath, openapi_doc, routers
+from tensorbits.api import fastpath, metrics_endpoint, openapi_doc, routers
 from tensorbits.api.errors import register_exception_handlers
 from tensorbits.api.head import HeadAsGetMiddleware
 from tensorbits.api.metrics import router as metrics_router
@@ -55,16 +56,34 @@ def create_app(settings: Settings | None = None, *, drain: Drain | None = None) 
             len(OPERATORS),
         )
         logger.info(message, extra=fields)
-        grpc_server = None
+        grpc_stopped: asyncio.Task[None] | None = None
+        metrics_listener = None
         try:
+            if settings.metrics_port:
+                metrics_listener = await metrics_endpoint.start(settings, metrics, runtime)
             if settings.grpc_port:
                 from tensorbits.grpc import server as grpc_endpoint  # grpcio only when it serves
 
                 grpc_server = await grpc_endpoint.start(runtime, metrics)
+                grace = settings.timeout_graceful_shutdown
+
+                def stop_grpc() -> None:
+                    # As the HTTP listener closes (the drain's delay over): gRPC refuses new
+                    # calls from then on too, and its calls in flight finish alongside HTTP's.
+                    nonlocal grpc_stopped
+                    if grpc_stopped is None:
+                        grpc_stopped = asyncio.ensure_future(grpc_endpoint.stop(grpc_server, grace))
+
+                runtime.drain.on_stop_accepting(stop_grpc)
             yield
         finally:
-            if grpc_server is not None:
-                await grpc_endpoint.stop(grpc_server, settings.timeout_graceful_shutdown or 0)
+            # A stop without the drain (an app in a test, a failed start-up): gRPC's stop now.
+            runtime.drain.stop_accepting()
+            if grpc_stopped is not None:
+                await grpc_stopped
+            if metrics_listener is not None:
+                # Last: a scrape during the drain still sees the server's final figures.
+                await metrics_endpoint.stop(metrics_listener)
             runtime.close()
 
     app = FastAPIOffline(

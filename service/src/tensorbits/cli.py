@@ -62,9 +62,24 @@ def _list_operators(args: argparse.Namespace) -> int:
         return 2
     body = listing([REGISTRY[name] for name in args.names] if args.names else OPERATORS)
     if args.json:
-        print(body.model_dump_json(indent=2))  # the GET /v1/operators body, byte for byte the model
+        text = body.model_dump_json(indent=2)  # the GET /v1/operators body, byte for byte
     else:
-        print("\n\n".join(_describe_operator(info) for info in body.operators))
+        text = "\n\n".join(_describe_operator(info) for info in body.operators)
+    return _print_to_a_reader(text)
+
+
+def _print_to_a_reader(text: str) -> int:
+    """Print ``text``; a reader that stops early (``tensorbits operators | head``) is no error:
+    the rest is dropped quietly, as other command-line tools drop it (exit 0)."""
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Python would report the pipe again when it flushes stdout at exit: point stdout at
+        # /dev/null first (the recipe of Python's signal documentation).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
     return 0
 
 
@@ -159,6 +174,9 @@ def _uvicorn_kwargs(
 
 PORT_CHOICE = "choose another port with TENSORBITS_PORT=<port> or --port <port>"
 GRPC_PORT_CHOICE = "choose another port with TENSORBITS_GRPC_PORT=<port> (0 switches gRPC off)"
+METRICS_PORT_CHOICE = (
+    "choose another port with TENSORBITS_METRICS_PORT=<port> (0 switches the metrics port off)"
+)
 
 
 def _bind_problem(host: str, port: int, choice: str = PORT_CHOICE) -> str | None:
@@ -232,7 +250,11 @@ def _serve(args: argparse.Namespace) -> int:
         for line in settings_errors(exc):
             print(f"tensorbits: invalid settings: {line}", file=sys.stderr)
         return 2
-    for port, choice in ((settings.port, PORT_CHOICE), (settings.grpc_port, GRPC_PORT_CHOICE)):
+    for port, choice in (
+        (settings.port, PORT_CHOICE),
+        (settings.grpc_port, GRPC_PORT_CHOICE),
+        (settings.metrics_port, METRICS_PORT_CHOICE),
+    ):
         # One plain line, not a log record: nothing started yet. (A gRPC port of 0 is "off",
         # which the probe passes like the HTTP side's "any free port".)
         if (problem := _bind_problem(settings.host, port, choice)) is not None:
@@ -250,33 +272,74 @@ def _serve(args: argparse.Namespace) -> int:
 
         return Supervisor(settings).run()
     drain = Drain()
-    draining_server(uvicorn.Config(**_uvicorn_kwargs(settings, drain)), drain).run()
+    config = uvicorn.Config(**_uvicorn_kwargs(settings, drain))
+    draining_server(config, drain, settings.drain_delay).run()
     return 0
 
 
-def draining_server(config: uvicorn.Config, drain: Drain) -> uvicorn.Server:
-    """A uvicorn server that, on SIGTERM/SIGINT, turns readiness false first (``drain``, which
-    the app's runtime was given), then lets uvicorn finish in-flight requests. The class is
-    made here, not at import, because subclassing uvicorn.Server imports uvicorn."""
+def draining_server(config: uvicorn.Config, drain: Drain, delay_s: float = 0.0) -> uvicorn.Server:
+    """A uvicorn server that stops in the order load balancers route. On SIGTERM/SIGINT:
+    readiness false at once (``drain``, which the app's runtime was given); for ``delay_s``
+    (``TENSORBITS_DRAIN_DELAY``) every listener still accepts and serves, so that whatever
+    routes here stops before a connection is refused; then the listeners close (HTTP here, gRPC
+    through ``drain``'s hooks) and uvicorn finishes the requests in flight within its graceful
+    timeout. A second signal during the delay ends it; SIGINT once stopping forces the exit, as
+    in uvicorn. The class is made here, not at import, because subclassing uvicorn.Server
+    imports uvicorn."""
+    import asyncio
     import contextvars
     import logging
     import signal
 
     import uvicorn
 
+    logger = logging.getLogger("tensorbits")
+
+    def log(message: str, **fields: Any) -> None:
+        # One line per process (each of --workers N drains its own requests), in a context of
+        # its own: a signal handler runs in whatever task the signal interrupted, and that
+        # request's id is not this line's.
+        contextvars.Context().run(logger.info, message, extra={"pid": os.getpid(), **fields})
+
     class DrainingServer(uvicorn.Server):
+        delay_cut = False
+
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             if not drain.begun:
                 drain.begin()
-                # One line per process (each of --workers N drains its own requests), in a
-                # context of its own: the handler runs in whatever task the signal interrupted,
-                # and that request's id is not this line's.
-                contextvars.Context().run(
-                    logging.getLogger("tensorbits").info,
-                    "draining: not ready from now on; finishing the requests in flight",
-                    extra={"pid": os.getpid(), "signal": signal.Signals(sig).name},
-                )
+                if delay_s > 0:
+                    log(
+                        f"draining: not ready from now on; still accepting for {delay_s:g} s, "
+                        "then finishing the requests in flight",
+                        signal=signal.Signals(sig).name,
+                        drain_delay=delay_s,
+                    )
+                else:
+                    log(
+                        "draining: not ready from now on; finishing the requests in flight",
+                        signal=signal.Signals(sig).name,
+                    )
+            elif not self.delay_cut:
+                self.delay_cut = True  # told twice: stop accepting now
             super().handle_exit(sig, frame)
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            if drain.begun and delay_s > 0:
+                # The main loop has ended: keep its tick (the Date header) while the listeners,
+                # still open, serve whatever the load balancers have not yet routed elsewhere.
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + delay_s
+                counter = 0
+                while not (self.delay_cut or self.force_exit):
+                    left = deadline - loop.time()
+                    if left <= 0:
+                        break
+                    await asyncio.sleep(min(left, 0.1))
+                    counter += 1
+                    await self.on_tick(counter)
+                log("draining: no longer accepting; finishing the requests in flight")
+            drain.stop_accepting()
+            await super().shutdown(sockets)
 
     return DrainingServer(config)
 

@@ -78,6 +78,13 @@ class Settings(BaseSettings):
         description="port of the gRPC endpoint (the Open Inference Protocol's "
         "GRPCInferenceService and the gRPC health service), on TENSORBITS_HOST; 0: no gRPC",
     )
+    metrics_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="port of a listener serving GET /metrics alone, without an API key (for "
+        "Prometheus; inference stays behind the keys), on TENSORBITS_HOST; 0: none",
+    )
     workers: int = Field(
         1,
         ge=1,
@@ -159,7 +166,18 @@ class Settings(BaseSettings):
         60.0, gt=0, description="seconds a client may take to send a request body (408 past it)"
     )
     timeout_graceful_shutdown: int = Field(
-        30, ge=1, description="seconds in-flight requests get to finish on SIGTERM"
+        30,
+        ge=1,
+        description="seconds in-flight requests get to finish on SIGTERM, once the server has "
+        "stopped accepting (after TENSORBITS_DRAIN_DELAY)",
+    )
+    drain_delay: float = Field(
+        0.0,
+        ge=0,
+        le=3600,
+        description="seconds the server keeps accepting after SIGTERM, not ready meanwhile, so "
+        "that load balancers stop routing to it first (0: none; in Kubernetes a preStop sleep "
+        "does this)",
     )
 
     # --- Access control and TLS (auth.py, tls.py; docs/reliability.md) -------------------------
@@ -262,6 +280,11 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"grpc_port and port are both {self.port}: the gRPC and HTTP endpoints need "
                 "ports of their own (grpc_port 0 switches gRPC off)"
+            )
+        if self.metrics_port != 0 and self.metrics_port in (self.port, self.grpc_port):
+            raise ValueError(
+                f"metrics_port {self.metrics_port} is also the HTTP or gRPC port: the metrics "
+                "listener needs a port of its own (metrics_port 0 switches it off)"
             )
         return self
 

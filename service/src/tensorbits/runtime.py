@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tensorbits.backends import Selection, select_backend
@@ -100,14 +101,21 @@ class Grant:
 
 
 class Drain:
-    """Whether the server has been told to stop (SIGTERM): begun by the server that was handed
-    it (``cli.DrainingServer``), read by the runtime's readiness, which turns false first, so a
-    load balancer stops sending work while the requests already in flight finish."""
+    """Whether the server has been told to stop (SIGTERM), in the order load balancers route.
 
-    __slots__ = ("_begun",)
+    ``begin`` (the signal, ``cli.DrainingServer``) turns the runtime's readiness false first,
+    while every listener still accepts: a load balancer or a Kubernetes Service, which only
+    learns of the stop from failing probes (or the endpoint's removal, seconds later), stops
+    sending work before any connection is refused. ``stop_accepting`` (after
+    ``TENSORBITS_DRAIN_DELAY``) runs the hooks the endpoints registered (gRPC's stop), as the
+    HTTP listener closes; the requests in flight then finish within the graceful timeout."""
+
+    __slots__ = ("_begun", "_on_stop", "_stopping")
 
     def __init__(self) -> None:
         self._begun = threading.Event()  # set from a signal handler, read on the event loop
+        self._stopping = False
+        self._on_stop: list[Callable[[], object]] = []
 
     def begin(self) -> None:
         self._begun.set()
@@ -115,6 +123,18 @@ class Drain:
     @property
     def begun(self) -> bool:
         return self._begun.is_set()
+
+    def on_stop_accepting(self, hook: Callable[[], object]) -> None:
+        """Call ``hook`` (on the event loop) when the server stops accepting new work."""
+        self._on_stop.append(hook)
+
+    def stop_accepting(self) -> None:
+        """The end of the delay: every registered hook, once, in the order registered."""
+        if self._stopping:
+            return
+        self._stopping = True
+        for hook in self._on_stop:
+            hook()
 
 
 class ModelStates:

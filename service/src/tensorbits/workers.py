@@ -225,7 +225,7 @@ def run_worker(index: int, port: int, folder: str, supervisor: int) -> None:
             # Before serving: the next worker would fail the same way. The supervisor stops.
             logger.exception("worker %d could not start", index)
             sys.exit(STARTUP_FAILURE)
-        server = cli.draining_server(config, drain)
+        server = cli.draining_server(config, drain, settings.drain_delay)
         if not stop.hand_to(server):
             sock.close()
             logger.info("worker %d: stopped before it started serving", index)
@@ -309,13 +309,15 @@ class Supervisor:
             self.workers[index] = self._start(index, port, folder)
 
     def _stop_all(self) -> None:
-        """SIGTERM to every worker (each turns not ready, finishes what is in flight, exits),
-        then wait for them: the graceful timeout and a margin, then SIGKILL."""
+        """SIGTERM to every worker (each turns not ready, keeps accepting for the drain delay,
+        finishes what is in flight, exits), then wait for them: the delay, the graceful timeout
+        and a margin, then SIGKILL."""
         for process in self.workers:
             if process.pid is not None and process.is_alive():
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(process.pid, signal.SIGTERM)
-        deadline = time.monotonic() + self.settings.timeout_graceful_shutdown + 10
+        settings = self.settings
+        deadline = time.monotonic() + settings.drain_delay + settings.timeout_graceful_shutdown + 10
         for process in self.workers:
             process.join(max(0.0, deadline - time.monotonic()))
             if process.is_alive():

@@ -1,0 +1,104 @@
+"""The metrics port (``TENSORBITS_METRICS_PORT``) on a live server with API keys: ``/metrics``
+there answers without a key, the same figures as the main port's (which wants a key), every
+worker's summed with ``--workers 2``; nothing else is served on it."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import numpy as np
+import pytest
+from support.live import free_port, serve
+from support.rawhttp import ask, read_response
+from support.v2 import NOT
+
+from tensorbits.api.metrics_endpoint import MAX_HEAD_BYTES
+
+pytestmark = pytest.mark.integration
+
+KEY = "tb-metrics-port-key-6c1e0d"
+
+
+def _raw(port: int, head: bytes) -> tuple[int, dict[str, str], bytes]:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(head)
+        return read_response(sock)
+
+
+def _samples(port: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        assert response.status == 200
+        assert response.headers["content-type"].startswith("text/plain")
+        text = response.read().decode()
+    found = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            found[name] = float(value)
+    return found
+
+
+def _infer_request(data: np.ndarray[Any, Any]) -> bytes:
+    tensor = {"name": "InputTensor", "shape": [data.size], "datatype": "UINT8"}
+    body = json.dumps({"inputs": [{**tensor, "data": data.tolist()}]}).encode()
+    return (
+        f"POST /v2/models/{NOT}/infer HTTP/1.1\r\nHost: x\r\nX-API-Key: {KEY}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_metrics_port_serves_metrics_without_a_key(workers: int) -> None:
+    metrics_port = free_port()
+    env = {
+        "TENSORBITS_API_KEYS": KEY,
+        "TENSORBITS_METRICS_PORT": str(metrics_port),
+        "TENSORBITS_WORKERS": str(workers),
+    }
+    with serve(env) as server:
+        # The main port keeps its keys: /metrics and inference need one.
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"{server.base_url}/metrics", timeout=10)
+        assert refused.value.code == 401
+        refused.value.close()
+        data = np.arange(8, dtype=np.uint8)
+        for _ in range(6):  # a new connection each: with two workers, both get some
+            reply = ask(server, _infer_request(data))
+            assert reply.status == 200, reply.body[:300]
+        key = (
+            f'tensorbits_requests_total{{model="{NOT}",'
+            'route="/v2/models/{model}/infer",status="200"}'
+        )
+        # Every worker publishes its counts once a second: wait for the sum, bounded.
+        deadline = time.monotonic() + 15
+        samples = _samples(metrics_port)
+        while samples.get(key) != 6 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            samples = _samples(metrics_port)
+        assert samples.get(key) == 6, {k: v for k, v in samples.items() if "requests" in k}
+        assert samples[f'nv_inference_request_success{{model="{NOT}",version="1"}}'] == 6
+        # Nothing but /metrics on that port.
+        status, _, _ = _raw(metrics_port, b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert status == 404
+        status, headers, _ = _raw(metrics_port, b"POST /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert (status, headers.get("allow")) == (405, "GET, HEAD")
+        status, _, _ = _raw(
+            metrics_port, b"GET /metrics HTTP/1.1\r\nX: " + b"a" * MAX_HEAD_BYTES + b"\r\n\r\n"
+        )
+        assert status == 431
+
+
+def test_metrics_port_taken_is_reported_before_start() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with serve({"TENSORBITS_METRICS_PORT": str(port)}, ready=None, stderr=-1) as server:
+            _, stderr = server.proc.communicate(timeout=60)
+    assert server.proc.returncode == 1
+    assert b"TENSORBITS_METRICS_PORT" in stderr
