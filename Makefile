@@ -89,7 +89,7 @@ images_only = $(if $(IMAGES),--only $(IMAGES))
 images: $(UV) ## build the CPU and GPU images (buildah; IMAGES="cpu gpu-cuda12 gpu-cuda13" to choose)
 	$(PYTHON) scripts/images.py build $(images_only) $(if $(CA_BUNDLE),--ca-bundle $(CA_BUNDLE))
 
-image-test: install ## start the built images through buildah and check them (see docker/README.md)
+image-test: install ## start the built images through buildah, the CPU one under podman too, and check them (see docker/README.md)
 	$(BIN)/python scripts/image_test.py $(images_only) --self-check
 
 clean:

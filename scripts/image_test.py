@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""`make image-test`: start each built image through `buildah run` and check what it promises.
+"""`make image-test`: start each built image through `buildah run` and check what it promises;
+then the CPU image through podman, as the Kubernetes Deployment runs it.
 
     .venv/bin/python scripts/image_test.py [--only cpu gpu-cuda12 ...] [--sabotage KIND]
 
 Every image, as its own user (the image's USER) with its own CMD and environment; only the
-listening address moves (TENSORBITS_HOST=127.0.0.1 and free TENSORBITS_PORT/TENSORBITS_GRPC_PORT,
+listening address moves (TENSORBITS_HOST=127.0.0.1 and free TENSORBITS_PORT/GRPC_PORT/METRICS_PORT,
 as a platform moves the port), since `buildah run` shares this machine's network:
   - it serves: /v2/health/ready answers 200 within READY_TIMEOUT_S;
   - the serving process runs as the image's numeric non-root USER (read from /proc);
@@ -21,17 +22,36 @@ environment, NVRTC compiles the service's kernels, TENSORBITS_BACKEND=auto falls
 and is driven like the CPU image), TENSORBITS_BACKEND=cupy exits non-zero with a message naming
 the setting, and the kernel cache (CUPY_CACHE_DIR) is writable by the image's user.
 
+Then, where podman is installed, the CPU image once more as an orchestrator runs it (podman,
+runc, the same containers/storage as buildah's, so nothing is exported): the Deployment's
+container (docker/k8s/deployment.yaml) as far as one machine can play it. A read-only root
+filesystem with tmpfs on exactly its writable paths, the image's USER, no capabilities, no
+privilege escalation, the Deployment's env (the ports moved) and its API-key Secret mounted
+read-only. Kubernetes' order: the startup probe until it passes, then the liveness and readiness
+probes, each as the kubelet sends it (httpGet, grpc: the gRPC health service, exec: `podman exec`);
+the image's HEALTHCHECK through `podman exec`; keyed inferences over HTTP (tritonclient.http) and
+gRPC (tritonclient.grpc), a keyless one refused; the metrics port without a key; the preStop
+hook (`podman exec`) while it still serves; then `podman stop` (SIGTERM to PID 1, SIGKILL after
+terminationGracePeriodSeconds): exit 0 within the grace period, the drain in the log. Without
+podman this stage says "podman: not installed, skipped" and the run does not fail for it.
+
 --sabotage shows that the checks can fail: `root` runs the server as root, `no-serve` replaces
 the CMD with one that never listens, `healthcheck` points the health check at a port nobody
-serves, `write` writes a file under /opt while the server runs. Each must end in FAILED;
---self-check (in `make image-test`) runs them all on the CPU image after the real checks.
+serves, `write` writes a file under /opt while the server runs; under podman, `podman-writable`
+leaves the root filesystem writable and `podman-kill` stops with no grace period (SIGKILL at
+once). Each must end in FAILED; --self-check (in `make image-test`) runs them all on the CPU
+image after the real checks.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
+import resource
+import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -46,8 +66,10 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import grpc
 import images  # scripts/images.py: the image table and buildah's settings
 import yaml  # type: ignore[import-untyped]
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 REPO = images.REPO
 READY_TIMEOUT_S = float(os.environ.get("TENSORBITS_IMAGE_READY_TIMEOUT", "90"))
@@ -64,7 +86,11 @@ SABOTAGE_FAILURES = {
     "no-serve": "/v2/health/ready not 200 within",
     "healthcheck": "HEALTHCHECK failed while serving",
     "write": "wrote outside",
+    "podman-writable": "podman: the root filesystem is writable",
+    "podman-kill": "no drain in the log",
 }
+# Those of the podman stage (skipped, with the stage, where podman is not installed).
+PODMAN_SABOTAGES = ("podman-writable", "podman-kill")
 SABOTAGES = tuple(SABOTAGE_FAILURES)
 
 
@@ -243,6 +269,7 @@ class Server:
     process: subprocess.Popen[bytes]
     log_path: Path
     port: int
+    metrics_port: int = 0
 
     @property
     def url(self) -> str:
@@ -294,11 +321,13 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def listen_env(port: int) -> dict[str, str]:
+def listen_env(port: int, metrics_port: int | None = None) -> dict[str, str]:
     return {
         "TENSORBITS_HOST": "127.0.0.1",
         "TENSORBITS_PORT": str(port),
         "TENSORBITS_GRPC_PORT": str(free_port()),
+        # The image's 8002 may be taken here.
+        "TENSORBITS_METRICS_PORT": str(metrics_port or free_port()),
     }
 
 
@@ -310,14 +339,15 @@ def started(
     argv: Sequence[str] | None = None,
     user: str | None = None,
 ) -> Iterator[Server]:
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     log_path = workdir / f"{container.image.name}-{port}.log"
-    command = container.command(argv or container.config["Cmd"], {**listen_env(port), **env}, user)
+    listen = listen_env(port, metrics_port)
+    command = container.command(argv or container.config["Cmd"], {**listen, **env}, user)
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             command, env=images.buildah_env(), stdout=log, stderr=subprocess.STDOUT
         )
-    server = Server(process, log_path, port)
+    server = Server(process, log_path, port, metrics_port)
     try:
         yield server
     finally:
@@ -390,6 +420,20 @@ def check_site_packages(container: Container) -> None:
     say(container.image, f"no dev tools in site-packages ({len(names)} entries); CuPy: {has_cupy}")
 
 
+def check_metrics_port(metrics_port: int) -> None:
+    """The image's metrics port (TENSORBITS_METRICS_PORT, moved to a free one) serves the
+    Prometheus text without an API key."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    url = f"http://127.0.0.1:{metrics_port}/metrics"
+    try:
+        with opener.open(url, timeout=10) as response:
+            body = response.read()
+    except OSError as exc:
+        raise Failed(f"{url}: {exc!r}") from exc
+    if b"tensorbits_" not in body:
+        raise Failed(f"{url} answered without tensorbits' metrics: {body[:200]!r}")
+
+
 def drive(image: images.Image, server: Server) -> None:
     """tests/deploy/image/ against the server: tritonclient.http and the SDK."""
     result = subprocess.run(
@@ -434,6 +478,8 @@ def serve_and_check(
         if check.returncode != 0:
             raise Failed(f"HEALTHCHECK failed while serving: {check.stderr.strip()[-400:]}")
         say(image, f"HEALTHCHECK {healthcheck_argv(container)} passes")
+        check_metrics_port(server.metrics_port)
+        say(image, f"GET /metrics on the metrics port ({server.metrics_port}) answers, no key")
         if sabotage == "write":
             container.run(["sh", "-c", "echo x > /opt/venv/sabotage"], user="0:0")
         drive(image, server)
@@ -478,6 +524,461 @@ def check_gpu_image(container: Container, workdir: Path, writable: Sequence[str]
     say(image, f"TENSORBITS_BACKEND=auto: {reason[0][:200]}")
 
 
+# ---- podman: the CPU image as an orchestrator runs it ----------------------------------------------
+
+# The Deployment's port names and the settings that move them to free ports here.
+PORT_SETTINGS = {
+    "http": "TENSORBITS_PORT",
+    "grpc": "TENSORBITS_GRPC_PORT",
+    "metrics": "TENSORBITS_METRICS_PORT",
+}
+# The Deployment's env the CPU image does not take here: the backend (the Deployment runs the GPU
+# image; the CPU image keeps its NumPy) and the address (host network: loopback, not every
+# interface of this machine).
+NOT_TAKEN = ("TENSORBITS_BACKEND", "TENSORBITS_HOST")
+PROBE_KINDS = ("startupProbe", "livenessProbe", "readinessProbe")
+# What the server logs when SIGTERM reaches it (cli.py's draining_server): a drain, not a kill.
+DRAIN_LOGGED = "draining: not ready from now on"
+# podman asks runc for its own defaults (open files, processes), which a root without
+# CAP_SYS_RESOURCE cannot grant: the container gets this process's open-file limit and a process
+# (thread) limit that one server never nears.
+NPROC_LIMIT = 4096
+INFERENCES = 16  # a protocol, keyed; each checked against NumPy
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One of the Deployment's probes as the kubelet sends it: ``kind`` httpGet, grpc or exec;
+    ``port`` the container port's name; ``target`` the path, the gRPC service or the command."""
+
+    name: str
+    kind: str
+    port: str
+    target: tuple[str, ...]
+    period_s: float
+    timeout_s: float
+    failure_threshold: int
+
+
+def deployment_container(deployment: Mapping[str, Any]) -> dict[str, Any]:
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return dict(container)
+
+
+def port_name(container: Mapping[str, Any], port: int | str) -> str:
+    """A probe's port (a name, or a number: a `grpc:` probe takes only numbers) as the name of
+    the container port, one of PORT_SETTINGS (the ports this test moves)."""
+    for entry in container.get("ports", []):
+        if (
+            port in (entry.get("name"), entry["containerPort"])
+            and entry.get("name") in PORT_SETTINGS
+        ):
+            return str(entry["name"])
+    raise Failed(f"{DEPLOYMENT.name}: probe port {port!r} is not one of the container's ports")
+
+
+def declared_probes(deployment: Mapping[str, Any]) -> list[Probe]:
+    """The container's probes, startup first (Kubernetes runs the others once it has passed)."""
+    container = deployment_container(deployment)
+    found = []
+    for name in PROBE_KINDS:
+        if (spec := container.get(name)) is None:
+            continue
+        timing = (
+            float(spec.get("periodSeconds", 10)),
+            float(spec.get("timeoutSeconds", 1)),
+            int(spec.get("failureThreshold", 3)),
+        )
+        if get := spec.get("httpGet"):
+            if get.get("scheme", "HTTP") != "HTTP":
+                raise Failed(f"{DEPLOYMENT.name}: {name} over {get['scheme']}: not played here")
+            port = port_name(container, get["port"])
+            found.append(Probe(name, "httpGet", port, (get.get("path", "/"),), *timing))
+        elif grpc_probe := spec.get("grpc"):
+            port = port_name(container, grpc_probe["port"])
+            found.append(Probe(name, "grpc", port, (grpc_probe.get("service", ""),), *timing))
+        elif command := spec.get("exec", {}).get("command"):
+            found.append(Probe(name, "exec", "", tuple(command), *timing))
+        else:
+            raise Failed(f"{DEPLOYMENT.name}: {name} is neither httpGet, grpc nor exec")
+    if not found:
+        raise Failed(f"{DEPLOYMENT.name}: the container declares no probe")
+    return found
+
+
+def orchestrated_env(deployment: Mapping[str, Any], ports: Mapping[str, int]) -> dict[str, str]:
+    """The container's env as the Deployment gives it, with the ports moved to ``ports`` (by
+    port name) and without what the CPU image does not take here (NOT_TAKEN)."""
+    env: dict[str, str] = {}
+    for entry in deployment_container(deployment).get("env", []):
+        if "value" not in entry:
+            raise Failed(f"{DEPLOYMENT.name}: env {entry['name']} is not a literal value")
+        if entry["name"] not in NOT_TAKEN:
+            env[entry["name"]] = str(entry["value"])
+    env["TENSORBITS_HOST"] = "127.0.0.1"
+    for name, setting in PORT_SETTINGS.items():
+        env[setting] = str(ports[name])
+    return env
+
+
+def secret_mounts(deployment: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+    """The container's Secret volumes: mount path -> the files in it (the items' paths). Each
+    must be mounted read-only."""
+    pod = deployment["spec"]["template"]["spec"]
+    volumes = {v["name"]: v["secret"] for v in pod.get("volumes", []) if "secret" in v}
+    mounts: dict[str, tuple[str, ...]] = {}
+    for mount in deployment_container(deployment).get("volumeMounts", []):
+        if (secret := volumes.get(mount["name"])) is None:
+            continue
+        if not mount.get("readOnly"):
+            raise Failed(f"{DEPLOYMENT.name}: the Secret {mount['name']} is mounted writable")
+        mounts[mount["mountPath"]] = tuple(item["path"] for item in secret.get("items", []))
+    return mounts
+
+
+def grace_period_s(deployment: Mapping[str, Any]) -> float:
+    return float(deployment["spec"]["template"]["spec"].get("terminationGracePeriodSeconds", 30))
+
+
+def pre_stop_command(deployment: Mapping[str, Any]) -> list[str] | None:
+    hook = deployment_container(deployment).get("lifecycle", {}).get("preStop", {})
+    command = hook.get("exec", {}).get("command")
+    return list(command) if command else None
+
+
+def podman_run_args(
+    name: str,
+    ref: str,
+    user: str,
+    writable: Sequence[str],
+    env: Mapping[str, str],
+    binds: Mapping[str, str],
+    grace_s: float,
+    nofile: tuple[int, int],
+    read_only: bool = True,
+) -> list[str]:
+    """`podman run` for the Deployment's container: read-only root filesystem and tmpfs on the
+    writable paths alone, the image's user, every capability dropped, no privilege escalation,
+    the Secret's folders bound read-only (``binds``: here -> there), host network."""
+    args = [
+        "run", "--detach", "--name", name, "--network", "host", f"--read-only={read_only}".lower(),
+        "--read-only-tmpfs=false", "--user", user, "--cap-drop", "all",
+        "--security-opt", "no-new-privileges", "--stop-timeout", f"{grace_s:.0f}",
+        "--ulimit", f"nofile={nofile[0]}:{nofile[1]}",
+        "--ulimit", f"nproc={NPROC_LIMIT}:{NPROC_LIMIT}",
+        # podman's own health-check timer needs systemd; the check runs the command itself.
+        "--no-healthcheck",
+    ]  # fmt: skip
+    for path in writable:
+        args += ["--tmpfs", path]
+    for here, there in binds.items():
+        args += ["--volume", f"{here}:{there}:ro"]
+    for key, value in env.items():
+        args += ["--env", f"{key}={value}"]
+    return [*args, ref]
+
+
+def podman_stop_problem(returncode: int, log: str, elapsed_s: float, grace_s: float) -> str | None:
+    """After `podman stop`: within the grace period (else SIGKILL ended it), the drain and
+    uvicorn's clean shutdown in the log, exit 0."""
+    if elapsed_s >= grace_s:
+        return f"stopped after {elapsed_s:.1f} s, not within the grace period ({grace_s:g} s)"
+    if DRAIN_LOGGED not in log:
+        return f"exit {returncode}: no drain in the log ({DRAIN_LOGGED!r})"
+    if "Finished server process" not in log:
+        return f"exit {returncode} without uvicorn's clean shutdown"
+    if returncode != 0:
+        return f"exit {returncode} after the shutdown"
+    return None
+
+
+def runc() -> str | None:
+    """Debian's runc (in /usr/sbin, which a non-root PATH may lack); None: podman's default."""
+    found = shutil.which("runc") or "/usr/sbin/runc"
+    return found if os.access(found, os.X_OK) else None
+
+
+def podman_command(*args: str) -> list[str]:
+    """podman on buildah's own storage (scripts/images.py: the same vfs root and runroot, so the
+    image is there as buildah built it), with runc and cgroupfs (no systemd here)."""
+    return [
+        "podman", "--storage-driver", "vfs", "--root", str(images.CACHE / "storage"),
+        "--runroot", str(images.CACHE / "run"), "--cgroup-manager", "cgroupfs",
+        *(["--runtime", runtime] if (runtime := runc()) else []), *args,
+    ]  # fmt: skip
+
+
+def podman(
+    *args: str, timeout: float = 120, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        podman_command(*args),
+        env=images.buildah_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if check and result.returncode != 0:
+        raise Failed(
+            f"podman {' '.join(args[:2])}: exit {result.returncode}: {result.stderr[-800:]}"
+        )
+    return result
+
+
+def grpc_health_status(port: int, service: str, timeout: float) -> str:
+    """What the gRPC health service says for ``service``, as the kubelet's `grpc:` probe asks."""
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        request = health_pb2.HealthCheckRequest(service=service)
+        try:
+            stub: Any = health_pb2_grpc.HealthStub(channel)  # grpcio's stubs are untyped
+            reply = stub.Check(request, timeout=timeout)
+        except grpc.RpcError as exc:
+            return str(exc.code().name)
+    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+
+
+def probe_problem(probe: Probe, ports: Mapping[str, int], name: str) -> str | None:
+    """None when ``probe`` passes against the container ``name``, else what it saw."""
+    timeout = max(probe.timeout_s, 1.0)
+    if probe.kind == "httpGet":
+        url = f"http://127.0.0.1:{ports[probe.port]}{probe.target[0]}"
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        try:
+            with opener.open(url, timeout=timeout) as response:
+                status = response.status
+        except urllib.error.HTTPError as exc:
+            status = exc.code
+        except OSError as exc:
+            return f"{url}: {exc!r}"
+        return None if 200 <= status < 400 else f"{url}: {status}"
+    if probe.kind == "grpc":
+        status = grpc_health_status(ports[probe.port], probe.target[0], timeout)
+        return None if status == "SERVING" else f"gRPC health {probe.target[0]!r}: {status}"
+    result = podman("exec", name, *probe.target, timeout=timeout + 10, check=False)
+    return None if result.returncode == 0 else f"exit {result.returncode}: {result.stderr[-300:]}"
+
+
+def podman_probe(probe: Probe, ports: Mapping[str, int], name: str) -> None:
+    if problem := probe_problem(probe, ports, name):
+        raise Failed(f"{probe.name} ({probe.kind}) failed while serving: {problem}")
+
+
+def wait_started(probe: Probe, ports: Mapping[str, int], name: str) -> float:
+    """The startup probe until it passes (polled faster than its period, within the time the
+    Deployment allows it); the seconds it took."""
+    started_at = time.monotonic()
+    allowed = min(probe.period_s * probe.failure_threshold, READY_TIMEOUT_S)
+    problem: str | None = "not asked"
+    while time.monotonic() - started_at < allowed:
+        if (problem := probe_problem(probe, ports, name)) is None:
+            return time.monotonic() - started_at
+        state = podman("inspect", "--format", "{{.State.Status}}", name, check=False)
+        if state.stdout.strip() not in ("running", "created", "configured"):
+            log = podman("logs", name, check=False)
+            raise Failed(f"exited before serving ({state.stdout.strip()}):\n{log.stderr[-2000:]}")
+        time.sleep(0.3)
+    raise Failed(f"{probe.name} ({probe.kind}) not passing within {allowed:.0f} s: {problem}")
+
+
+def infer_both(ports: Mapping[str, int], key: str, count: int = INFERENCES) -> None:
+    """Keyed inferences over HTTP (tritonclient.http, bit NOT) and gRPC (tritonclient.grpc, bit
+    XOR), each checked against NumPy; the same without a key refused (401, UNAUTHENTICATED)."""
+    import numpy as np
+    import tritonclient.grpc as triton_grpc
+    import tritonclient.http as triton_http
+    from tritonclient.utils import InferenceServerException
+
+    rng = np.random.default_rng(7)
+    bearer = f"Bearer {key}"
+    http = triton_http.InferenceServerClient(f"127.0.0.1:{ports['http']}", network_timeout=30)
+    rpc = triton_grpc.InferenceServerClient(f"127.0.0.1:{ports['grpc']}")
+    try:
+        for i in range(count):
+            a = rng.integers(0, 256, size=(4, 1 + 97 * i), dtype=np.uint8)
+            b = rng.integers(0, 256, size=a.shape, dtype=np.uint8)
+            x = triton_http.InferInput("InputTensor", list(a.shape), "UINT8")
+            x.set_data_from_numpy(a, binary_data=True)
+            got = http.infer(
+                "DML_OPERATOR_ELEMENT_WISE_BIT_NOT", [x], headers={"Authorization": bearer}
+            )
+            if not np.array_equal(got.as_numpy("OutputTensor"), ~a):
+                raise Failed(f"HTTP bit NOT of {a.shape}: a wrong answer")
+            pair = [
+                triton_grpc.InferInput(n, list(a.shape), "UINT8") for n in ("ATensor", "BTensor")
+            ]
+            pair[0].set_data_from_numpy(a)
+            pair[1].set_data_from_numpy(b)
+            got = rpc.infer(
+                "DML_OPERATOR_ELEMENT_WISE_BIT_XOR", pair, headers={"authorization": bearer}
+            )
+            if not np.array_equal(got.as_numpy("OutputTensor"), a ^ b):
+                raise Failed(f"gRPC bit XOR of {a.shape}: a wrong answer")
+        for protocol in ("HTTP", "gRPC"):
+            try:
+                if protocol == "HTTP":
+                    http.infer("DML_OPERATOR_ELEMENT_WISE_BIT_NOT", [x])
+                else:
+                    rpc.infer("DML_OPERATOR_ELEMENT_WISE_BIT_XOR", pair)
+            except InferenceServerException as exc:
+                if str(exc.status()) not in ("401", "StatusCode.UNAUTHENTICATED"):
+                    raise Failed(f"{protocol} without a key: {exc.status()}, not refused") from exc
+            else:
+                raise Failed(f"{protocol} answered without an API key")
+    finally:
+        http.close()
+        rpc.close()
+
+
+def check_podman_writes(name: str, user: str, writable: Sequence[str]) -> None:
+    """Root cannot write outside the tmpfs mounts (a read-only root filesystem, not permissions:
+    root owns the image's files), the image's user can write in them."""
+    outside = podman("exec", "--user", "0:0", name, "touch", "/opt/.image-test", check=False)
+    if outside.returncode == 0 or "Read-only file system" not in outside.stderr:
+        raise Failed(f"podman: the root filesystem is writable (touch /opt: {outside.stderr!r})")
+    for path in writable:
+        inside = podman("exec", name, "touch", f"{path}/.image-test", check=False)
+        if inside.returncode != 0:
+            raise Failed(f"podman: {path} is not writable by {user}: {inside.stderr.strip()}")
+
+
+def drain_message(log: str) -> str:
+    """The drain's line of the server's JSON log, its message alone."""
+    for line in log.splitlines():
+        if DRAIN_LOGGED in line:
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                return str(json.loads(line)["message"])
+            return line.strip()
+    return ""
+
+
+def podman_check(container: Container, workdir: Path, sabotage: str | None = None) -> None:
+    """The CPU image under podman as the Deployment's container (the module's docstring)."""
+    image = container.image
+    if not shutil.which("podman"):
+        say(image, "podman: not installed, skipped")
+        return
+    started_at = time.monotonic()
+    deployment = images_yaml(DEPLOYMENT)
+    writable = declared_writable_paths(deployment)
+    probes = declared_probes(deployment)
+    grace = grace_period_s(deployment)
+    ports = {name: free_port() for name in PORT_SETTINGS}
+    env = orchestrated_env(deployment, ports)
+    key = secrets.token_urlsafe(32)
+    binds: dict[str, str] = {}
+    secrets_here = Path(tempfile.mkdtemp(dir=workdir, prefix="secrets."))  # one run's own
+    for number, (there, files) in enumerate(secret_mounts(deployment).items()):
+        here = secrets_here / str(number)
+        here.mkdir()
+        # Readable by the image's user, as the Secret's 0440 and the pod's fsGroup make it there.
+        here.chmod(0o755)
+        for item in files:
+            (here / item).write_text(key + "\n")
+            (here / item).chmod(0o444)
+        binds[str(here)] = there
+    name = f"tensorbits-image-test-{ports['http']}"
+    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)
+    run_args = podman_run_args(
+        name,
+        image.ref,
+        container.user,
+        writable,
+        env,
+        binds,
+        grace,
+        nofile,
+        read_only=sabotage != "podman-writable",
+    )
+    podman(*run_args)
+    try:
+        took = wait_started(probes[0], ports, name)
+        say(
+            image,
+            f"podman: read-only root, tmpfs {', '.join(writable)}, --user {container.user}, "
+            f"no capabilities, the Deployment's env and Secret; {probes[0].name} "
+            f"({probes[0].kind} {ports[probes[0].port]} {probes[0].target[0]}) passed in {took:.1f} s",
+        )
+        for probe in probes[1:]:
+            podman_probe(probe, ports, name)
+        say(
+            image,
+            "podman: "
+            + ", ".join(f"{p.name} ({p.kind} {' '.join(p.target)})" for p in probes)
+            + " pass",
+        )
+        pid = int(podman("inspect", "--format", "{{.State.Pid}}", name).stdout)
+        uid = None
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("Uid:"):
+                    uid = int(line.split()[2])
+        if problem := user_problem(container.user, uid):
+            raise Failed(f"podman: {problem}")
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        say(image, f"podman: PID 1 is {b' '.join(argv).decode().strip()!r}, uid {uid}")
+        check_podman_writes(name, container.user, writable)
+        say(
+            image,
+            f"podman: root cannot write under /opt; {container.user} can in {', '.join(writable)}",
+        )
+        check = podman("exec", name, *healthcheck_argv(container), check=False)
+        if check.returncode != 0:
+            raise Failed(f"podman: HEALTHCHECK failed while serving: {check.stderr.strip()[-400:]}")
+        say(image, f"podman: HEALTHCHECK {healthcheck_argv(container)} passes (podman exec)")
+        infer_started = time.monotonic()
+        infer_both(ports, key)
+        say(
+            image,
+            f"podman: {INFERENCES} HTTP + {INFERENCES} gRPC keyed inferences right "
+            f"({time.monotonic() - infer_started:.1f} s), keyless ones refused",
+        )
+        check_metrics_port(ports["metrics"])
+        say(image, f"podman: GET /metrics on the metrics port ({ports['metrics']}) answers, no key")
+        if hook := pre_stop_command(deployment):
+            # The kubelet runs the hook, then sends SIGTERM: the pod serves through it.
+            hook_started = time.monotonic()
+            running = subprocess.Popen(
+                podman_command("exec", name, *hook),
+                env=images.buildah_env(),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
+            time.sleep(0.5)
+            for probe in probes[1:]:
+                podman_probe(probe, ports, name)
+            infer_both(ports, key, count=2)
+            _, hook_err = running.communicate(timeout=grace)
+            if running.returncode != 0:
+                raise Failed(
+                    f"podman: preStop {hook} exit {running.returncode}: {hook_err[-300:]!r}"
+                )
+            say(
+                image,
+                f"podman: preStop {hook} (podman exec) ran {time.monotonic() - hook_started:.1f} s, "
+                "probes and inferences served through it",
+            )
+        stop_started = time.monotonic()
+        stop_time = 0 if sabotage == "podman-kill" else grace
+        podman("stop", "--time", f"{stop_time:.0f}", name, timeout=grace + 30)
+        elapsed = time.monotonic() - stop_started
+        code = int(podman("inspect", "--format", "{{.State.ExitCode}}", name).stdout)
+        logs = podman("logs", name, check=False)
+        log = logs.stdout + logs.stderr
+        (workdir / f"{name}.log").write_text(log)
+        if problem := podman_stop_problem(code, log, elapsed, grace):
+            tail_lines = "\n".join("    " + line for line in log.splitlines()[-15:])
+            raise Failed(f"podman stop (SIGTERM): {problem}:\n{tail_lines}")
+        say(
+            image,
+            f"podman stop (SIGTERM): exit {code} in {elapsed:.1f} s (grace {grace:g} s), logged: "
+            f"{drain_message(log)!r}",
+        )
+    finally:
+        podman("rm", "--force", "--time", "0", name, check=False)
+    say(image, f"podman: passed ({time.monotonic() - started_at:.0f} s)")
+
+
 def test_image(image: images.Image, workdir: Path, sabotage: str | None) -> None:
     if not images.image_exists(image.ref):
         raise Failed(f"{image.ref} is not built (make images)")
@@ -487,7 +988,10 @@ def test_image(image: images.Image, workdir: Path, sabotage: str | None) -> None
         if image.gpu:
             check_gpu_image(container, workdir, writable)
         else:
-            serve_and_check(container, workdir, writable, sabotage=sabotage)
+            if sabotage not in PODMAN_SABOTAGES:
+                serve_and_check(container, workdir, writable, sabotage=sabotage)
+            if sabotage is None or sabotage in PODMAN_SABOTAGES:
+                podman_check(container, workdir, sabotage)
 
 
 def images_yaml(path: Path) -> dict[str, Any]:
@@ -501,6 +1005,9 @@ def self_check(workdir: Path) -> int:
     cpu = images.selected(["cpu"])[0]
     missed = 0
     for sabotage, expected in SABOTAGE_FAILURES.items():
+        if sabotage in PODMAN_SABOTAGES and not shutil.which("podman"):
+            print(f"image-test self-check {sabotage}: podman: not installed, skipped", flush=True)
+            continue
         try:
             test_image(cpu, workdir, sabotage)
         except (Failed, images.Failed, subprocess.TimeoutExpired) as exc:

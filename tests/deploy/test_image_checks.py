@@ -153,9 +153,153 @@ def test_every_sabotage_names_a_failure_the_checks_raise() -> None:
     """--self-check matches each sabotage's failure by these words: each must be words a check
     above really says (user_problem, wait_ready, the health check, writes_outside)."""
     source = (REPO / "scripts" / "image_test.py").read_text()
-    assert set(image_test.SABOTAGES) == {"root", "no-serve", "healthcheck", "write"}
+    assert set(image_test.SABOTAGES) == {
+        "root",
+        "no-serve",
+        "healthcheck",
+        "write",
+        "podman-writable",
+        "podman-kill",
+    }
+    assert set(image_test.PODMAN_SABOTAGES) < set(image_test.SABOTAGES)
     for words in image_test.SABOTAGE_FAILURES.values():
         assert source.count(words) >= 2, f"{words!r}: no check says it"
+
+
+# ---- the podman stage: the Deployment's container, read from the manifest -------------------------
+
+
+def test_the_probes_are_read_as_the_kubelet_sends_them() -> None:
+    """Startup first; each probe's port (a name, or a number for `grpc:`) as the port's name."""
+    probes = image_test.declared_probes(k8s_resource("Deployment"))
+    assert [(p.name, p.kind, p.port, p.target) for p in probes] == [
+        ("startupProbe", "grpc", "grpc", ("inference.GRPCInferenceService",)),
+        ("livenessProbe", "httpGet", "http", ("/v2/health/live",)),
+        ("readinessProbe", "httpGet", "http", ("/v2/health/ready",)),
+    ]
+    assert probes[0].period_s * probes[0].failure_threshold == 120
+
+
+def _container(deployment: dict[str, Any]) -> dict[str, Any]:
+    """The Deployment's one container, itself (edits change the Deployment)."""
+    container: dict[str, Any] = deployment["spec"]["template"]["spec"]["containers"][0]
+    return container
+
+
+def test_probes_of_every_kind_and_their_mistakes() -> None:
+    deployment = copy.deepcopy(k8s_resource("Deployment"))
+    container = _container(deployment)
+    container["livenessProbe"] = {"exec": {"command": ["tensorbits-healthcheck"]}}
+    container["readinessProbe"] = {"httpGet": {"path": "/metrics", "port": 8002}}
+    probes = image_test.declared_probes(deployment)
+    assert (probes[1].kind, probes[1].port, probes[1].target) == (
+        "exec",
+        "",
+        ("tensorbits-healthcheck",),
+    )
+    assert (probes[2].port, probes[2].period_s, probes[2].failure_threshold) == ("metrics", 10, 3)
+    for wrong in (
+        {"httpGet": {"path": "/", "port": "nope"}},
+        {"grpc": {"port": 9999}},
+        {"tcpSocket": {"port": 8000}},
+        {"httpGet": {"path": "/", "port": 8000, "scheme": "HTTPS"}},
+    ):
+        container["readinessProbe"] = wrong
+        with pytest.raises(image_test.Failed):
+            image_test.declared_probes(deployment)
+
+
+def test_the_deployments_env_with_the_ports_moved() -> None:
+    deployment = k8s_resource("Deployment")
+    env = image_test.orchestrated_env(deployment, {"http": 1, "grpc": 2, "metrics": 3})
+    assert (env["TENSORBITS_PORT"], env["TENSORBITS_GRPC_PORT"]) == ("1", "2")
+    assert (env["TENSORBITS_METRICS_PORT"], env["TENSORBITS_HOST"]) == ("3", "127.0.0.1")
+    assert "TENSORBITS_BACKEND" not in env  # the GPU image's: the CPU image keeps numpy
+    declared = {e["name"]: e["value"] for e in _container(deployment)["env"]}
+    for name in ("TENSORBITS_DRAIN_DELAY", "TENSORBITS_TIMEOUT_GRACEFUL_SHUTDOWN"):
+        assert env[name] == declared[name]
+    # The Secret's file is where the env says the keys are.
+    mounts = image_test.secret_mounts(deployment)
+    files = [f"{there}/{item}" for there, items in mounts.items() for item in items]
+    assert files == [env["TENSORBITS_API_KEYS_FILE"]]
+    from_ref = copy.deepcopy(deployment)
+    _container(from_ref)["env"].append({"name": "X", "valueFrom": {"fieldRef": {}}})
+    with pytest.raises(image_test.Failed, match="not a literal"):
+        image_test.orchestrated_env(from_ref, {"http": 1, "grpc": 2, "metrics": 3})
+    writable_secret = copy.deepcopy(deployment)
+    for mount in _container(writable_secret)["volumeMounts"]:
+        mount.pop("readOnly", None)
+    with pytest.raises(image_test.Failed, match="mounted writable"):
+        image_test.secret_mounts(writable_secret)
+
+
+def test_podman_runs_the_deployments_container() -> None:
+    deployment = k8s_resource("Deployment")
+    grace = image_test.grace_period_s(deployment)
+    assert (grace, image_test.pre_stop_command(deployment)) == (45, ["sleep", "10"])
+    args = image_test.podman_run_args(
+        "c",
+        "localhost/tensorbits:x-cpu",
+        "10001:10001",
+        image_test.declared_writable_paths(deployment),
+        {"TENSORBITS_PORT": "1"},
+        {"/here": "/etc/tensorbits/api-keys"},
+        grace,
+        (1024, 4096),
+    )
+    assert args[0] == "run"
+    assert args[-1] == "localhost/tensorbits:x-cpu"
+    joined = " ".join(args)
+    for part in (
+        "--read-only=true",
+        "--read-only-tmpfs=false",
+        "--tmpfs /tmp --tmpfs /var/cache/cupy",
+        "--user 10001:10001",
+        "--cap-drop all",
+        "--security-opt no-new-privileges",
+        "--stop-timeout 45",
+        "--network host",
+        "--volume /here:/etc/tensorbits/api-keys:ro",
+        "--env TENSORBITS_PORT=1",
+        "--ulimit nofile=1024:4096",
+    ):
+        assert part in joined
+    assert args.count("--tmpfs") == 2
+    writable = image_test.podman_run_args("c", "i", "1:1", [], {}, {}, 1, (1, 1), read_only=False)
+    assert "--read-only=false" in writable
+
+
+DRAINED = (
+    '{"message": "draining: not ready from now on; finishing the requests in flight"}\n'
+    '{"message": "Finished server process [1]"}'
+)
+
+
+@pytest.mark.parametrize(
+    ("code", "log", "elapsed", "problem"),
+    [
+        (0, DRAINED, 0.4, None),
+        (0, DRAINED, 45.0, "not within the grace period"),
+        (137, '{"message": "Finished server process [1]"}', 0.1, "no drain"),
+        (137, DRAINED.splitlines()[0], 45.2, "grace period"),
+        (0, DRAINED.splitlines()[0], 1.0, "clean shutdown"),
+        (143, DRAINED, 1.0, "exit 143 after the shutdown"),
+    ],
+)
+def test_the_podman_stop_check(code: int, log: str, elapsed: float, problem: str | None) -> None:
+    found = image_test.podman_stop_problem(code, log, elapsed, 45)
+    assert (found is None) if problem is None else (found is not None and problem in found)
+    if problem is None:
+        message = "draining: not ready from now on; finishing the requests in flight"
+        assert image_test.drain_message(log) == message
+
+
+def test_without_podman_the_stage_says_so_and_passes(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    monkeypatch.setattr(image_test.shutil, "which", lambda name: None)
+    image_test.podman_check(image_test.Container(images.IMAGES[0]), tmp_path)
+    assert capsys.readouterr().out == "image-test cpu: podman: not installed, skipped\n"
 
 
 def test_the_image_table_matches_the_dockerfiles() -> None:
