@@ -60,6 +60,34 @@ def test_the_scan_finds_what_a_parser_finds(document: dict[str, Any], separators
             assert found.members[name] <= 1  # an empty array or a scalar: at most 1
 
 
+def _widest(value: Any) -> int:
+    """The most keys of any one object in ``value``."""
+    if isinstance(value, list):
+        return max(map(_widest, value), default=0)
+    if isinstance(value, dict):
+        return max([len(value), *map(_widest, value.values())])
+    return 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(DOCUMENTS, st.sampled_from([(",", ":"), (", ", ": ")]))
+def test_the_scan_finds_the_widest_object(document: dict[str, Any], separators: Any) -> None:
+    raw = json.dumps(document, separators=separators).encode()
+    assert scan(raw, NAMES).widest == _widest(document)
+
+
+@pytest.mark.parametrize("offset", range(0, 6))
+def test_an_object_is_counted_across_blocks(offset: int) -> None:
+    # Two objects of 70,000 keys each, one crossing the first block boundary at each offset,
+    # among shallower and deeper ones: each counted whole, never the two as one.
+    keys = {f"k{i}": [1, {"x": 2}] for i in range(70_000)}
+    pad = "p" * ((offset * 7) % 13)
+    document = {pad: {"a": 1}, "one": keys, "two": dict(keys), "three": {"b": {"c": 3}}}
+    raw = json.dumps(document, separators=(",", ":")).encode()
+    assert len(raw) > jsondata._SCAN_BLOCK
+    assert scan(raw).widest == 70_000
+
+
 def _strings(value: Any) -> list[str]:
     if isinstance(value, str):
         return [value]

@@ -105,7 +105,10 @@ class JsonLimits:
     # Arrays of data may be long; a document's objects are few and small, but a parser builds a
     # dict entry per key, so a flood of keys in one object costs far more than its bytes.
     max_keys: int | None = None
-    keys_words: str = ""  # what ``max_keys`` allows, for the refusal
+    keys_words: str = ""  # what ``max_keys`` and ``max_object_keys`` allow, for the refusal
+    # The keys of any one object (None: unbounded but for the above): a document of many small
+    # objects may have many keys in all, never one object of thousands.
+    max_object_keys: int | None = None
     # Derived once (every document is checked against them): the tightest count bound.
     fewest_values: int = field(init=False, repr=False, compare=False)
 
@@ -125,12 +128,14 @@ class Structure:
     """What ``scan`` found so far: the nesting depth, an upper bound on the number of values
     (each value after the first of an array or object needs a comma: commas + 1), the keys of
     every object together (each needs a colon), and the elements of each counted member (exact
-    for a valid document; an empty array counts 1)."""
+    for a valid document; an empty array counts 1); and the keys of the object that has the most
+    (exact for a valid document)."""
 
     depth: int
     values: int
     members: dict[str, int]
     keys: int = 0
+    widest: int = 0  # the most keys of any one object
 
 
 @dataclass(slots=True)
@@ -141,6 +146,8 @@ class _Carry:
     level: int = 0  # nesting depth at the end of the last block
     owner: int = 0  # marker of the top-level member open at its end (0: an uncounted one)
     last: int = 0  # the last byte of its structure
+    # Keys so far of the object open at each depth at its end (depths with none open left out).
+    open_keys: dict[int, int] = field(default_factory=dict)
 
 
 @lru_cache(maxsize=16)
@@ -197,6 +204,33 @@ def _count_members(
     return counts
 
 
+def _widest_object(
+    structure: np.ndarray[Any, Any], level: np.ndarray[Any, Any], carry: _Carry
+) -> int:
+    """The most keys of one object in this block's ``structure`` (its keys in earlier blocks
+    counted too, ``carry.open_keys``), and what is open at its end carried on.
+
+    A key is a colon, and a colon at depth ``d`` belongs to the object of depth ``d`` it stands
+    in: two colons at depth ``d`` are keys of one object exactly when no byte between them is of
+    a lower depth (the object's closing brace is, and so is whatever precedes the opening brace
+    of the next one). So the keys of each object are the colons at ``d`` between two bytes of a
+    lower depth: a ``searchsorted`` of each colon among those bytes names its object."""
+    colons = np.flatnonzero(structure == _COLON)
+    colon_depths = level[colons]
+    depths = set(np.unique(colon_depths).tolist()) | set(carry.open_keys)
+    widest, open_keys = 0, {}
+    for depth in depths:
+        lower = np.flatnonzero(level < depth)
+        here = colons[colon_depths == depth]
+        counts = np.bincount(np.searchsorted(lower, here), minlength=lower.size + 1)
+        counts[0] += carry.open_keys.get(depth, 0)  # before any lower byte: the object goes on
+        widest = max(widest, int(counts.max()))
+        if counts[lower.size]:  # the object open at the block's end
+            open_keys[depth] = int(counts[lower.size])
+    carry.open_keys = open_keys
+    return widest
+
+
 def scan_blocks(doc: bytes, names: tuple[str, ...] = ()) -> Iterator[Structure]:
     """The structure of ``doc`` so far, after each block: byte passes and vectorised NumPy, no
     recursion, no per-byte or per-string Python, no object built for anything in the document.
@@ -204,7 +238,7 @@ def scan_blocks(doc: bytes, names: tuple[str, ...] = ()) -> Iterator[Structure]:
     skeleton = np.frombuffer(_skeleton(doc, tuple(name.encode() for name in names)), np.uint8)
     counts = np.zeros(len(names) + 1, np.int64)
     carry = _Carry()
-    depth, values, keys = 0, 1, 0
+    depth, values, keys, widest = 0, 1, 0, 0
     for start in range(0, max(skeleton.size, 1), _SCAN_BLOCK):
         structure = _structure(skeleton[start : start + _SCAN_BLOCK], carry)
         if structure.size:
@@ -214,11 +248,12 @@ def scan_blocks(doc: bytes, names: tuple[str, ...] = ()) -> Iterator[Structure]:
             depth = max(depth, int(level.max()))
             values += int(np.count_nonzero(structure == _COMMA))
             keys += int(np.count_nonzero(structure == _COLON))
+            widest = max(widest, _widest_object(structure, level, carry))
             if names:
                 counts += _count_members(structure, level, carry, len(names))
             carry.last = int(structure[-1])
         members = {name: int(counts[i]) for i, name in enumerate(names, 1)}
-        yield Structure(depth, values, members, keys)
+        yield Structure(depth, values, members, keys, widest)
 
 
 def scan(doc: bytes, names: tuple[str, ...] = ()) -> Structure:
@@ -250,7 +285,10 @@ def check_structure(doc: bytes, limits: JsonLimits, what: str = "body") -> None:
     # larger document goes straight to the scan: three passes over it would cost a third of it.)
     if len(doc) <= _SMALL_DOCUMENT or limits.members_parsed_below:
         opens, commas = doc.count(b"[") + doc.count(b"{"), doc.count(b",")
-        few_keys = limits.max_keys is None or doc.count(b":") <= limits.max_keys
+        colons = doc.count(b":")
+        few_keys = (limits.max_keys is None or colons <= limits.max_keys) and (
+            limits.max_object_keys is None or colons <= limits.max_object_keys
+        )
         if opens <= limits.max_depth and commas + 1 <= limits.fewest_values and few_keys:
             return
         counted = max(commas, opens) >= limits.members_parsed_below
@@ -285,6 +323,13 @@ def _raise_past_limits(found: Structure, limits: JsonLimits, what: str) -> None:
             raise member.refusal(what, count, exact=False)
     # After the members: a list of too many tensors is refused as that, though its objects'
     # keys are too many too.
+    if limits.max_object_keys is not None and found.widest > limits.max_object_keys:
+        raise PayloadTooLarge(
+            f"{what}: a JSON object has more than {limits.max_object_keys} keys "
+            f"({limits.keys_words})",
+            field=what,
+            rule="max_object_keys",
+        )
     if limits.max_keys is not None and found.keys > limits.max_keys:
         raise PayloadTooLarge(
             f"{what}: JSON document has more than {limits.max_keys} keys in its objects "

@@ -34,6 +34,12 @@ MAX_PARAMETERS = 64
 protocol's own keys and an operator's are a handful; this bounds what a decoder builds."""
 
 
+MAX_OBJECT_KEYS = MAX_PARAMETERS + 8
+"""Keys of any one JSON object of a request document (v2 or /v1): a parameter map, or an object's
+own members (a tensor's name, shape, datatype, data, parameters; a KServe body's model_name ...)
+with room to spare. Counted on the document's bytes, before it is parsed (jsondata)."""
+
+
 def too_many(field: str) -> PayloadTooLarge:
     """The refusal of a parameter map at ``field`` with more than ``MAX_PARAMETERS`` entries."""
     return PayloadTooLarge(

@@ -31,6 +31,7 @@ from tensorbits_protocol.dtypes import DataType, parse_datatype
 from tensorbits_protocol.errors import InvalidRequest, OperatorNotFound, PayloadTooLarge
 from tensorbits_protocol.jsondata import JsonLimits, MemberLimit, check_length
 from tensorbits_protocol.operators import OPERATORS, OperatorSpec, did_you_mean, get_operator
+from tensorbits_protocol.parameters import MAX_OBJECT_KEYS, MAX_PARAMETERS
 from tensorbits_protocol.plain import PlainDict
 from tensorbits_protocol.v1_codec import decode_request, encode_response
 from tensorbits_protocol.validation import (
@@ -227,6 +228,10 @@ class BatchLimits:
             bytes_setting="TENSORBITS_MAX_BATCH_HEADER_BYTES",
             members=members,
             members_parsed_below=MEMBERS_PARSED_BELOW,
+            # No object of a batch header (a dispatch, its bindings, a descriptor, a parameter
+            # map) has more keys than a v2 request's: one bound on one object's keys, both APIs.
+            max_object_keys=MAX_OBJECT_KEYS,
+            keys_words=f"{MAX_PARAMETERS} parameters per map",
         )
         # Zero-filled buffers cost no body bytes, so they get the body's limit of their own.
         return cls(header, settings.max_body_bytes, settings.max_tensor_elements)

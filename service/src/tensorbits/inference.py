@@ -41,7 +41,7 @@ from tensorbits_protocol.infer import (
 )
 from tensorbits_protocol.jsondata import JsonLimits, MemberLimit, encode_data, require_json_form
 from tensorbits_protocol.operators import OperatorSpec, get_operator
-from tensorbits_protocol.parameters import MAX_PARAMETERS
+from tensorbits_protocol.parameters import MAX_OBJECT_KEYS, MAX_PARAMETERS
 from tensorbits_protocol.validation import ResolvedCall, TensorSpec, validate_call
 
 MODEL_VERSION = "1"
@@ -50,9 +50,12 @@ MODEL_VERSIONS = (MODEL_VERSION,)
 # parameters; per request its id and parameters. max_json_elements then bounds the data itself.
 ENVELOPE_VALUES = 64
 ENVELOPE_VALUES_PER_TENSOR = 64
-# The keys a v2 document's request or one of its tensors may hold: its own members (id, name,
-# shape, datatype, data, parameters, a KServe body's model_name ...) and its parameter map.
-OBJECT_KEYS = 8 + MAX_PARAMETERS
+# The keys a v2 document's request or one of its tensors may hold.
+OBJECT_KEYS = MAX_OBJECT_KEYS
+KEYS_WORDS = (
+    f"{MAX_PARAMETERS} parameters per map, for the request and each of TENSORBITS_MAX_TENSORS "
+    "inputs and outputs"
+)
 # JSON output costs far more per element than its binary bytes; this weighs it for offloading.
 JSON_BYTES_PER_ELEMENT = 8
 # A run from system regions to a system region streams pieces of this many bytes (of its widest
@@ -81,8 +84,8 @@ def request_limits(settings: Settings) -> RequestLimits:
                 ),
             ),
             max_keys=OBJECT_KEYS + OBJECT_KEYS * settings.max_tensors,
-            keys_words=f"{MAX_PARAMETERS} parameters per map, for the request and each of "
-            "TENSORBITS_MAX_TENSORS inputs and outputs",
+            max_object_keys=OBJECT_KEYS,
+            keys_words=KEYS_WORDS,
         ),
     )
 
