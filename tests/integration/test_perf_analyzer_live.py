@@ -99,14 +99,17 @@ def run(tmp_path: Path, *args: str) -> Run:
 
 
 def assert_succeeded(result: Run) -> None:
-    """Exit 0, every request answered (the client's count and the server's, as perf_analyzer
-    read it from the statistics extension), a throughput, and no error reported."""
+    """Exit 0, every request answered (the client's count: perf_analyzer reports a failed one as
+    an error), the server's count as perf_analyzer read it from the statistics extension, a
+    throughput, and no error reported."""
     assert result.returncode == 0, result.output
     assert "error" not in result.output.lower(), result.output
     assert re.search(rf"^\s+Request count: {REQUESTS}$", result.output, re.MULTILINE), result.output
     served = re.search(r"^\s+Successful request count: (\d+)$", result.output, re.MULTILINE)
     assert served is not None, result.output
-    assert int(served.group(1)) >= REQUESTS, result.output
+    # perf_analyzer reads the server's statistics before and after its window, while its first
+    # request may already be answered: one request can fall outside (seen: 199 of 200).
+    assert int(served.group(1)) >= REQUESTS - 1, result.output
     assert result.throughput > 0, result.output
     assert result.p99_us > 0, result.output
 
