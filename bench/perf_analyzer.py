@@ -41,7 +41,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._harness import BIN, ROOT, free_port, note, wait_until_up
+from bench import grpc_vs_triton
+from bench._harness import ROOT, note
 from bench._triton_peer import PeerUnavailable, stop_on_signals, triton_peer
 
 SCRIPT = ROOT / "scripts" / "perf_analyzer.sh"
@@ -122,22 +123,9 @@ def perf_analyzer(server: Server, protocol: str, case: Case, stability: int) -> 
 
 @contextlib.contextmanager
 def tensorbits() -> Iterator[Server]:
-    """``tensorbits serve`` with gRPC too, as bench/grpc_vs_triton.py starts it."""
-    http_port, grpc_port = free_port(), free_port()
-    env = {
-        **os.environ,
-        "TENSORBITS_BACKEND": "numpy",
-        "TENSORBITS_LOG_LEVEL": "warning",
-        "TENSORBITS_GRPC_PORT": str(grpc_port),
-    }
-    argv = [str(BIN / "tensorbits"), "serve", "--port", str(http_port)]
-    proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
-    try:
-        wait_until_up(f"http://127.0.0.1:{http_port}/v2/health/ready", proc=proc)
-        yield Server("tensorbits", f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    """``tensorbits serve`` with gRPC too, started as bench/grpc_vs_triton.py starts it."""
+    with grpc_vs_triton.tensorbits() as started:
+        yield Server("tensorbits", f"127.0.0.1:{started.http_port}", started.grpc_target)
 
 
 @contextlib.contextmanager

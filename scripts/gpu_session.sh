@@ -61,8 +61,8 @@ import gpu_wheels; print(gpu_wheels.CUDA_BINDINGS)')" || return 1
     echo "device-prep: $(ls "$WHEELS"/*.whl | wc -l) wheels, $((bytes / 1024 / 1024)) MiB in" \
         "$WHEELS/ (the working tree travels too: 64 MiB in all)"
     git check-ignore -q "$WHEELS/" || { echo "gpu_session.sh: $WHEELS/ is not git-ignored" >&2; return 1; }
-    echo "device-prep: then the device tool's run with carry [\"$WHEELS\"], timeout_s 360 and"
-    echo "    bash scripts/gpu_session.sh quick"
+    echo "device-prep: then, on the GPU machine, in the working tree with $WHEELS/ copied beside"
+    echo "    it and about 6 minutes allowed: bash scripts/gpu_session.sh quick"
 }
 
 # --- the steps --------------------------------------------------------------------------------

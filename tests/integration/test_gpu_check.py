@@ -48,7 +48,7 @@ LOGS = {
     "bench-shared-memory-cupy.log",
     "summary.txt",
 }
-MAX_FILES_BACK = 8  # what the device tool returns from $OUT
+MAX_FILES_BACK = 8  # the logs a run leaves in $OUT: few, so all of them can be copied back
 
 
 def cupy_backend_works() -> bool:
