@@ -9,18 +9,22 @@ machine hits all of them alike. The two regions are device memory made by stock
   cuda-shm-http  input and output in the CUDA regions, through tritonclient.http: no tensor byte
                  on the socket; the server runs the kernel on this process's device memory
   cuda-shm-grpc  the same request through tritonclient.grpc
+  cuda-shm-{http,grpc}-4k  the same requests on the first 4 KiB of the regions: what a request
+                 costs beyond its kernel, whatever its size (the protocol, the server's Python)
   http-binary    the same request with the tensors in host memory: v2 binary over HTTP
                  (tritonclient.http), the bytes over the socket and host<->device in the server
   d2d-copy       ``out[...] = in`` between the same two regions (CuPy, synchronized): read N
                  bytes and write N, what the kernel itself has to move
   d2d-in-out     two such copies, a staged tensor into the input region and the output region
                  out to a buffer: 2x the bytes, what a client copying through regions would pay
-  cupy-not       ``cupy.invert(in, out=out)`` in this process (synchronized): the kernel alone
+  cupy-not       ``cupy.invert(in, out=out)`` in this process (synchronized): CuPy's kernel alone
+  core-not       the server's own operator core in this process (the CuPy backend's run of the
+                 validated call, synchronized) on the same regions: the server's kernel alone
 
 GB/s is bytes read plus bytes written over time. Ratios printed: cuda-shm-{http,grpc} / d2d-copy
-and / d2d-in-out (the question is the round trip against a device-to-device copy; no target is
-set), http-binary / cuda-shm-http, and the server's time per request beyond the kernel
-(cuda-shm - cupy-not). Where there is no CuPy, no CUDA device or no
+(target: at most 2x) and / d2d-in-out, http-binary / cuda-shm-http, the server's time per request
+beyond its kernel (cuda-shm - core-not), the fixed cost of a request (the 4 KiB rows), and the
+server's kernel against the copy and against CuPy's own. Where there is no CuPy, no CUDA device or no
 ``tritonclient.utils.cuda_shared_memory`` (it needs cuda-bindings), prints ``skipped: <reason>``
 and exits 0. Usage (docs/gpu.md: how a GPU session runs it):
 
@@ -51,6 +55,7 @@ MiB = 1 << 20
 GiB = 1 << 30
 NOT = "DML_OPERATOR_ELEMENT_WISE_BIT_NOT"
 DEVICE = 0
+SMALL = 4096  # bytes: the small request, whose time is the fixed cost of one
 START_TIMEOUT_S = 180.0  # a fresh GPU machine compiles the backend's probe kernels first
 
 
@@ -125,16 +130,23 @@ class Contestants:
         self.x.set(self.x_host)
         self.staged = self.x.copy()  # d2d-in-out copies it in: the input region keeps its bytes
         self.copied_out = cupy.empty_like(self.y)
+        from tensorbits.backends import select_backend
+        from tensorbits.engine import validate_arrays
+
+        self.core = select_backend("cupy", device_id=DEVICE).backend
+        stack.callback(self.core.close)
+        self.core_call = validate_arrays(NOT, {"InputTensor": self.x_host}, None)
         self.requests: dict[str, tuple[Any, list[Any], list[Any]]] = {}
         for label, module, client in (
             ("http", triton, self.http),
             ("grpc", triton_grpc, self.grpc),
         ):
-            tensor = module.InferInput("InputTensor", [n], "UINT8")
-            tensor.set_shared_memory("bench_in", n)
-            output = module.InferRequestedOutput("OutputTensor")
-            output.set_shared_memory("bench_out", n)
-            self.requests[label] = (client, [tensor], [output])
+            for suffix, size in (("", n), ("-4k", SMALL)):
+                tensor = module.InferInput("InputTensor", [size], "UINT8")
+                tensor.set_shared_memory("bench_in", size)
+                output = module.InferRequestedOutput("OutputTensor")
+                output.set_shared_memory("bench_out", size)
+                self.requests[label + suffix] = (client, [tensor], [output])
         self.host_input = triton.InferInput("InputTensor", [n], "UINT8")
         self.host_input.set_data_from_numpy(self.x_host, binary_data=True)
         self.host_output = triton.InferRequestedOutput("OutputTensor", binary_data=True)
@@ -174,6 +186,10 @@ class Contestants:
         self.cupy.invert(self.x, out=self.y)
         self.sync()
 
+    def core_not(self) -> None:
+        self.core.run(self.core_call, [self.x], self.y)
+        self.sync()
+
     def check(self) -> None:
         """Each server contestant writes the right bytes (the output cleared before each)."""
         import numpy as np
@@ -183,19 +199,51 @@ class Contestants:
             self.y.fill(0)
             self.sync()
             self.shm(label)()
-            if not bool(self.cupy.array_equal(self.y, want)):
+            size = SMALL if label.endswith("-4k") else self.n
+            if not bool(self.cupy.array_equal(self.y[:size], want[:size])):
                 raise SystemExit(f"cuda-shm-{label}: wrong result")
         if not np.array_equal(self.http_binary(), ~self.x_host):
             raise SystemExit("http-binary: wrong result")
+        self.y.fill(0)
+        self.core_not()
+        if not bool(self.cupy.array_equal(self.y, want)):
+            raise SystemExit("core-not: wrong result")
+
+    def phases(self, label: str, requests: int = 7) -> str:
+        """Where a request's time goes in the server: the model's statistics over ``requests``
+        more of them, per request (queue, decode and plan, run, encode), beside the time the
+        client saw."""
+        import time
+
+        def totals() -> dict[str, int]:
+            stats = self.http.get_inference_statistics(NOT)["model_stats"][0]
+            return {k: int(v["ns"]) for k, v in stats["inference_stats"].items()}
+
+        once = self.shm(label)
+        before = totals()
+        started = time.perf_counter()
+        for _ in range(requests):
+            once()
+        seen_ms = (time.perf_counter() - started) * 1e3 / requests
+        after = totals()
+        ms = {k: (after[k] - before[k]) / requests / 1e6 for k in after}
+        return (
+            f"cuda-shm-{label:<8} client {seen_ms:6.2f} ms; server: success {ms['success']:.2f}, "
+            f"queue {ms['queue']:.2f}, compute_input {ms['compute_input']:.2f}, "
+            f"compute_infer {ms['compute_infer']:.2f}, compute_output {ms['compute_output']:.2f} ms"
+        )
 
     def rows(self) -> dict[str, Callable[[], object]]:
         return {
             "cuda-shm-http": self.shm("http"),
             "cuda-shm-grpc": self.shm("grpc"),
+            "cuda-shm-http-4k": self.shm("http-4k"),
+            "cuda-shm-grpc-4k": self.shm("grpc-4k"),
             "http-binary": self.http_binary,
             "d2d-copy": self.d2d_copy,
             "d2d-in-out": self.d2d_in_out,
             "cupy-not": self.cupy_not,
+            "core-not": self.core_not,
         }
 
 
@@ -230,7 +278,11 @@ def main() -> int:
         contestants = Contestants(stack, urls, n)
         contestants.check()
         best = interleaved_best(contestants.rows(), args.rounds)
-    moved = {name: (4 if name == "d2d-in-out" else 2) * n for name in best}
+        phases = [contestants.phases(label) for label in contestants.requests]
+    moved = {
+        name: (SMALL if name.endswith("-4k") else n) * (4 if name == "d2d-in-out" else 2)
+        for name in best
+    }
     width = max(map(len, best))
     for name, seconds in best.items():
         rate = moved[name] / seconds / 1e9
@@ -239,9 +291,15 @@ def main() -> int:
         shm_s = best[f"cuda-shm-{label}"]
         print(f"cuda-shm-{label} / d2d-copy    {shm_s / best['d2d-copy']:7.2f}x")
         print(f"cuda-shm-{label} / d2d-in-out  {shm_s / best['d2d-in-out']:7.2f}x")
-        overhead = (shm_s - best["cupy-not"]) * 1e3
-        print(f"cuda-shm-{label} - cupy-not    {overhead:7.2f} ms per request beyond the kernel")
+        overhead = (shm_s - best["core-not"]) * 1e3
+        print(f"cuda-shm-{label} - core-not    {overhead:7.2f} ms per request beyond the kernel")
+        fixed = best[f"cuda-shm-{label}-4k"] * 1e3
+        print(f"cuda-shm-{label}-4k            {fixed:7.2f} ms per request whatever its size")
     print(f"http-binary / cuda-shm-http {best['http-binary'] / best['cuda-shm-http']:7.2f}x")
+    print(f"core-not / d2d-copy         {best['core-not'] / best['d2d-copy']:7.2f}x")
+    print(f"cupy-not / core-not         {best['cupy-not'] / best['core-not']:7.2f}x")
+    print("# per request, mean of 7 more (the model's statistics, GET /v2/models/.../stats):")
+    print("\n".join(phases))
     return 0
 
 

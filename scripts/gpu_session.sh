@@ -184,7 +184,7 @@ PY
     fi
 }
 
-# bench/shared_memory.py against a CuPy server, or one 'skipped:' line where no CuPy backend
+# bench/shared_memory.py against a CuPy server, then a NumPy one, or one 'skipped:' line where no CuPy backend
 # starts here (as the other benchmarks say it), instead of a server that exits at start-up.
 shared_memory_on_cupy() {
     local reason
@@ -195,6 +195,10 @@ select_backend("cupy").backend.close()' 2>&1); then
     fi
     "$PYTHON" bench/shared_memory.py --mib 64 --repeat 7 --no-triton \
         --server-env TENSORBITS_BACKEND=cupy
+    # The same requests on the NumPy backend, on the same machine: what the GPU changes for a
+    # tensor that travels over HTTP.
+    "$PYTHON" bench/shared_memory.py --mib 64 --repeat 7 --no-triton \
+        --server-env TENSORBITS_BACKEND=numpy
 }
 
 steps_install() {

@@ -14,9 +14,10 @@ from core.bitref import OP_TYPES, SPECIAL_BITS, cases, check, from_bits, np_dtyp
 from gpu.gpu_support import cupy_backend_or_skip
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.wide_kernel_cases import cases as wide_cases
 
-from tensorbits.backends import Backend
-from tensorbits.engine import compute
+from tensorbits.backends import Backend, select_backend
+from tensorbits.engine import compute, validate_arrays
 from tensorbits_protocol.dtypes import DTYPES, DataType
 from tensorbits_protocol.operators import get_operator
 
@@ -133,3 +134,45 @@ def test_over_one_mib(cupy_backend: Backend, model: str) -> None:
     got = compute(cupy_backend, model, arrays)
     want = np.bitwise_xor(x, y) if "XOR" in model else np.right_shift(x, y)
     np.testing.assert_array_equal(got, want)
+
+
+WIDE_CASES = list(wide_cases())
+
+
+def test_wide_kernels_serve_every_case_and_match_numpy(cupy_backend: Any) -> None:
+    """The wide kernels on the device, on the cases the host build of their source passes
+    (tests/service/test_wide_kernels.py): each must run wide and give NumPy's bytes."""
+    cupy = cupy_backend.xp
+    wrong = []
+    for case in WIDE_CASES:
+        operands = [cupy.asarray(x) for x in case.operands]
+        out = cupy.empty(case.out.shape, case.out.dtype)
+        if not cupy_backend.wide.run(case.function, case.left, operands, out):
+            wrong.append(f"{case.name}: not run wide")
+        elif not np.array_equal(out.get(), case.want):
+            wrong.append(f"{case.name}: wrong result")
+    assert not wrong, wrong[:20]
+
+
+@pytest.mark.parametrize("offset", [0, 1, 8])
+@pytest.mark.parametrize(
+    "model", [DML + "BIT_NOT", DML + "BIT_XOR", "openvino.BitwiseLeftShift-15", DML + "BIT_COUNT"]
+)
+def test_wide_and_element_wise_kernels_agree_at_any_alignment(
+    cupy_backend: Any, model: str, offset: int
+) -> None:
+    """An operand offset from 16 bytes runs element-wise, an aligned one wide: the same bytes."""
+    cupy = cupy_backend.xp
+    op = get_operator(model)
+    rng = np.random.default_rng(offset)
+    count = (1 << 20) + 13
+    host = {name: rng.integers(0, 256, count + 16, np.uint8) for name in op.inputs}
+    if "Shift" in model:
+        host[op.inputs[1]] %= 10
+    arrays = {name: x[offset : offset + count] for name, x in host.items()}
+    want = compute(select_backend("numpy").backend, model, arrays)
+    device = {name: cupy.asarray(x)[offset : offset + count] for name, x in host.items()}
+    call = validate_arrays(model, arrays, None)
+    out = cupy.empty(call.output_shape, want.dtype)
+    cupy_backend.run(call, [device[name] for name in op.inputs], out)
+    np.testing.assert_array_equal(out.get(), want)

@@ -14,9 +14,11 @@ from typing import Any
 import numpy as np
 
 from tensorbits.backends.base import BackendUnavailable
+from tensorbits.backends.cupy_wide import WideKernels
 from tensorbits.cuda_ipc import CupyDeviceMemory
 from tensorbits.kernels import BitOps, DeviceArray, as_kernel_operands, run_kernel
 from tensorbits.shared_memory import DeviceMemory
+from tensorbits_protocol.operators import Function
 from tensorbits_protocol.validation import ResolvedCall
 
 logger = logging.getLogger("tensorbits.backend")
@@ -78,6 +80,8 @@ class CupyBackend:
                 "T x, T y", "T z", SHIFT_BODY.replace("LEFT", "false"), "tensorbits_shr"
             )
             self._popcount = cupy.ElementwiseKernel("T x", "O z", POPCOUNT_BODY, "tensorbits_popc")
+            # Public: tests/gpu runs the wide kernels on their own, beside the whole backend.
+            self.wide = WideKernels(cupy, SHIFT_BODY, POPCOUNT_BODY)
             self.xp: Any = cupy
             self._cupy = cupy
             self.device = f"cuda:{device_id} {name}"
@@ -90,7 +94,24 @@ class CupyBackend:
             raise BackendUnavailable(f"CuPy is installed but no CUDA device works: {exc}") from exc
 
     def _probe(self) -> None:
-        """Run the shift and popcount kernels on known values; refuse the device if they differ."""
+        """Run the shift and popcount kernels, element-wise and wide, on known values; refuse
+        the device if they differ."""
+        # The wide kernels: 37 values are two whole vectors and a tail of five.
+        x = np.arange(-18, 19, dtype=np.int8)
+        counts = np.resize(np.array([1, 9, -1, 2, 0, 7], np.int8), x.size)
+        wide_not, wide_shift = self.empty(x.shape, x.dtype), self.empty(x.shape, x.dtype)
+        ran = self.wide.run(Function.NOT, None, [self.asarray(x)], wide_not) and self.wide.run(
+            Function.SHIFT_RIGHT, False, [self.asarray(x), self.asarray(counts)], wide_shift
+        )
+        want_shift = np.where(
+            (counts < 0) | (counts >= 8), np.where(x < 0, -1, 0), x >> counts.clip(0, 7)
+        )
+        if not (
+            ran
+            and np.array_equal(self.to_host(wide_not), ~x)
+            and np.array_equal(self.to_host(wide_shift), want_shift.astype(np.int8))
+        ):
+            raise BackendUnavailable("the CUDA probe kernels returned wrong results (wide)")
         x = np.array([-16, 1, -1, 5], dtype=np.int8)
         y = np.array([1, 9, -1, 2], dtype=np.int8)
         got = np.empty_like(x)
@@ -132,7 +153,8 @@ class CupyBackend:
     def run(self, call: ResolvedCall, inputs: Sequence[DeviceArray], out: DeviceArray) -> None:
         operands, target = as_kernel_operands(call, inputs, out)
         with self._device:
-            run_kernel(self._cupy, self.ops, call, operands, target)
+            if not self.wide.run(call.op.function, call.shift_left, operands, target):
+                run_kernel(self._cupy, self.ops, call, operands, target)
 
     def synchronize(self) -> None:
         with self._device:

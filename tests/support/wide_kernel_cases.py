@@ -1,0 +1,132 @@
+"""The cases the CuPy backend's wide kernels are checked on, on the host (compiled with a shim)
+and on a device: every function and integer type, sizes with and without a tail, a second
+operand of one element; operands 16-byte aligned, as the kernels require."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from tensorbits.backends.cupy_wide import VECTOR_BYTES
+from tensorbits_protocol.operators import Function
+
+INTEGERS = [np.dtype(t) for t in ("u1", "i1", "u2", "i2", "u4", "i4", "u8", "i8")]
+UNSIGNED = [t for t in INTEGERS if t.kind == "u"]
+SIZES = [1, 3, 15, 16, 17, 37, 100, 257]
+BITWISE = {
+    Function.AND: np.bitwise_and,
+    Function.OR: np.bitwise_or,
+    Function.XOR: np.bitwise_xor,
+}
+
+
+def aligned(count: int, dtype: np.dtype[Any], offset: int = 0) -> np.ndarray[Any, Any]:
+    """``count`` elements whose first lies ``offset`` bytes past a 16-byte boundary."""
+    raw = np.empty(count * dtype.itemsize + 2 * VECTOR_BYTES, np.uint8)
+    start = -raw.ctypes.data % VECTOR_BYTES + offset
+    return raw[start : start + count * dtype.itemsize].view(dtype)
+
+
+def random(count: int, dtype: np.dtype[Any], rng: np.random.Generator) -> np.ndarray[Any, Any]:
+    out = aligned(count, dtype)
+    out[...] = rng.integers(0, 256, count * dtype.itemsize, np.uint8).view(dtype)
+    return out
+
+
+def shift_counts(
+    count: int, dtype: np.dtype[Any], rng: np.random.Generator
+) -> np.ndarray[Any, Any]:
+    """Counts inside the width, at it, past it, and negative where the type is signed."""
+    width = 8 * dtype.itemsize
+    low = -width - 2 if dtype.kind == "i" else 0
+    high = min(2 * width + 2, int(np.iinfo(dtype).max))
+    out = aligned(count, dtype)
+    out[...] = rng.integers(low, high + 1, count).astype(dtype)
+    return out
+
+
+class Case(NamedTuple):
+    name: str
+    function: Function
+    left: bool | None
+    operands: list[np.ndarray[Any, Any]]
+    out: np.ndarray[Any, Any]
+    want: np.ndarray[Any, Any]
+
+
+def cases() -> Iterator[Case]:
+    rng = np.random.default_rng(7)
+    for dtype in INTEGERS:
+        for size in SIZES:
+            a, b = random(size, dtype, rng), random(size, dtype, rng)
+            one = random(1, dtype, rng)
+            for function, ufunc in BITWISE.items():
+                yield Case(
+                    f"{function.name}-{dtype}-{size}",
+                    function,
+                    None,
+                    [a, b],
+                    aligned(size, dtype),
+                    ufunc(a, b),
+                )
+                yield Case(
+                    f"{function.name}-{dtype}-{size}-scalar",
+                    function,
+                    None,
+                    [a, one],
+                    aligned(size, dtype),
+                    ufunc(a, one),
+                )
+            yield Case(f"NOT-{dtype}-{size}", Function.NOT, None, [a], aligned(size, dtype), ~a)
+            counts = shift_counts(size, dtype, rng)
+            scalar = np.array([rng.integers(0, 8 * dtype.itemsize + 3)], dtype)
+            scalar_in = aligned(1, dtype)
+            scalar_in[...] = scalar
+            for function, left in [
+                (Function.SHIFT_LEFT, True),
+                (Function.SHIFT_RIGHT, False),
+                (Function.SHIFT, True),
+                (Function.SHIFT, False),
+            ]:
+                shift = np.left_shift if left else np.right_shift
+                for tag, by in (("", counts), ("-scalar", scalar_in)):
+                    yield Case(
+                        f"{function.name}-{left}-{dtype}-{size}{tag}",
+                        function,
+                        left,
+                        [a, by],
+                        aligned(size, dtype),
+                        shift(a, by),
+                    )
+            if dtype == np.uint8:
+                # BOOL: the logical operations, any nonzero byte true (NumPy's rules).
+                p, q = a.view(np.bool_), b.view(np.bool_)
+                for function, ufunc in BITWISE.items():
+                    yield Case(
+                        f"{function.name}-bool-{size}",
+                        function,
+                        None,
+                        [p, q],
+                        aligned(size, np.dtype(np.bool_)),
+                        ufunc(p, q),
+                    )
+                yield Case(
+                    f"NOT-bool-{size}",
+                    Function.NOT,
+                    None,
+                    [p],
+                    aligned(size, np.dtype(np.bool_)),
+                    ~p,
+                )
+            if dtype in UNSIGNED:
+                for out_type in (np.dtype(np.uint8), np.dtype(np.uint32)):
+                    yield Case(
+                        f"COUNT-{dtype}-{out_type}-{size}",
+                        Function.COUNT,
+                        None,
+                        [a],
+                        aligned(size, out_type),
+                        np.bitwise_count(a).astype(out_type),
+                    )
