@@ -5,17 +5,18 @@ UV := .tools/bin/uv
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install install-serve serve test check lint typecheck unit bench openapi proto clean images image-test device-prep
+.PHONY: install install-serve serve test check lint typecheck unit bench openapi proto clean images image-test device-prep gpu-check
 
 $(UV):
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check --target .tools uv==$(UV_VERSION)
 
-# One .venv/, two stamps. Serving needs the runtime only (the service, the client and their
-# dependencies: --no-dev), so a first `make serve` does not pay for mypy, schemathesis or
-# tritonclient; that sync is --inexact so that it never uninstalls the dev tools a `make install`
-# put there. `make install` syncs exactly (runtime and dev group) and marks both stamps: after
-# it `make serve` syncs nothing, and after `make serve` it installs what is missing.
-LOCK_INPUTS := pyproject.toml service/pyproject.toml client/pyproject.toml uv.lock
+# One .venv/, two stamps. Serving needs the runtime only (the service, the client, the protocol
+# they share and their dependencies: --no-dev), so a first `make serve` does not pay for mypy,
+# schemathesis or tritonclient; that sync is --inexact so that it never uninstalls the dev tools
+# a `make install` put there. `make install` syncs exactly (runtime and dev group) and marks both
+# stamps: after it `make serve` syncs nothing, and after `make serve` it installs what is missing.
+LOCK_INPUTS := pyproject.toml service/pyproject.toml client/pyproject.toml protocol/pyproject.toml \
+	uv.lock
 SYNC := UV_PYTHON_DOWNLOADS=never PYTHONPATH=.tools $(UV) sync --all-packages --locked --python $(PYTHON)
 
 $(VENV)/.runtime: $(UV) $(LOCK_INPUTS)
@@ -26,11 +27,11 @@ $(VENV)/.installed: $(UV) $(LOCK_INPUTS)
 	$(SYNC)
 	touch $@ $(VENV)/.runtime
 
-install: $(VENV)/.installed ## create .venv/ with the service, the client and the dev tools
+install: $(VENV)/.installed ## create .venv/ with the service, the client, the protocol and the dev tools
 
-install-serve: $(VENV)/.runtime ## create .venv/ with the service and the client only (what serve runs)
+install-serve: $(VENV)/.runtime ## create .venv/ with the service, the client and the protocol only (what serve runs)
 
-uv.lock: pyproject.toml service/pyproject.toml client/pyproject.toml
+uv.lock: pyproject.toml service/pyproject.toml client/pyproject.toml protocol/pyproject.toml
 	PYTHONPATH=.tools $(UV) lock
 
 # --host/--port only when HOST=/PORT= are given on make's command line: otherwise the server
@@ -49,15 +50,22 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# Then the GPU tests, the GPU benchmarks and the GPU session's scripts, which no CI machine runs:
+# Then the GPU tests, the GPU benchmarks and the GPU check's scripts, which no CI machine runs:
 # typed here so that a slip shows before a device does. They import the tests' helpers
 # (support.*, core.*) from tests/, named relative to MYPYPATH (pyproject.toml: which are checked).
 GPU_TYPED := tests/gpu bench/gpu_ops.py bench/cuda_shared_memory.py scripts/gpu_preflight.py \
 	scripts/gpu_wheels.py
 
+# With them, the whole of tests/. The folders the tests put on sys.path themselves go on MYPYPATH
+# too: tests/fuzz (its targets import fuzz_support) and scripts/ (images, image_test, gpu_wheels).
+# tests/client is checked in a call of its own, with its folder on MYPYPATH (its tests import
+# client_support): in one call with the rest, its conftest.py and tests/conftest.py would both be
+# the module conftest.
 typecheck: install
 	$(BIN)/mypy
-	MYPYPATH=tests $(BIN)/mypy --explicit-package-bases $(GPU_TYPED)
+	MYPYPATH=tests:tests/fuzz:scripts $(BIN)/mypy --explicit-package-bases \
+		--exclude '^tests/client/' tests $(filter-out tests/%,$(GPU_TYPED))
+	MYPYPATH=tests/client:tests $(BIN)/mypy --explicit-package-bases tests/client
 
 unit: install
 	$(BIN)/pytest
@@ -66,10 +74,17 @@ check: lint typecheck
 
 test: check unit ## every check: lint, types, the whole test suite
 
-bench: install ## operator core on the CPU; bench/http_service.py, bench/in_process.py, bench/client.py and bench/load.py measure the rest
+bench: install ## operator core on the CPU; bench/http_service.py, bench/small_request_in_process.py, bench/client.py and bench/load.py measure the rest
 	$(BIN)/python bench/ops.py
 
-device-prep: install ## wheels for a GPU session into .whl/ (git-ignored): all but NumPy, pinned by uv.lock (docs/gpu.md)
+# The GPU check on this machine's GPU, from a clone with network: .venv with the gpu extra (the
+# lock's CuPy), then the preflight, tests/gpu in GPU mode and the GPU benchmarks, each step's log
+# and a summary at the end (docs/gpu.md). MODE=quick (no benchmarks), bench or full (the default).
+gpu-check: $(UV) ## the GPU check on this machine's NVIDIA GPU (MODE=quick|bench|full): preflight, tests/gpu, GPU benchmarks, a report
+	$(SYNC) --all-extras
+	NO_WHEELS=1 PYTHON=$(BIN)/python bash scripts/gpu_session.sh $(or $(MODE),full)
+
+device-prep: install ## wheels for the GPU check into .whl/ (git-ignored; carry them to a GPU machine without network): all but NumPy, pinned by uv.lock (docs/gpu.md)
 	bash scripts/gpu_session.sh prep
 
 openapi: install ## regenerate openapi/openapi.json from the app

@@ -21,8 +21,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-# Run as a script, bench/ is sys.path[0], where bench/http.py would shadow the standard library's
-# http package (httpx imports http.client): import from the repository root instead.
+# Run as a script, bench/ is sys.path[0], where a bench module could shadow the standard library
+# or a package (httpx imports http.client): import from the repository root instead.
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.path.insert(0, str(_HERE.parent))
@@ -37,7 +37,7 @@ from typing import Any  # noqa: E402
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench._harness import PlainClient, interleaved_best, note, tensorbits_server  # noqa: E402
+from bench.harness import PlainClient, interleaved_best, note, tensorbits_server  # noqa: E402
 from tensorbits_client import Client  # noqa: E402
 from tensorbits_client._codec import Framed, encode_infer  # noqa: E402
 

@@ -49,7 +49,7 @@ import platform  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402
 from typing import Any  # noqa: E402
 
-from bench._harness import free_port, interleaved_best, server  # noqa: E402
+from bench.harness import free_port, interleaved_best, server  # noqa: E402
 
 MiB = 1 << 20
 GiB = 1 << 30

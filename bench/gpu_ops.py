@@ -75,15 +75,19 @@ from bench.ops import (  # noqa: E402
     MIB,
     Case,
     Inputs,
+    Measured,
+    Timing,
+    add_row_options,
     best_times,
-    cases,
     plain_call,
     plain_ufunc_name,
+    selected_cases,
+    target_lines,
 )
 from tensorbits.backends import Backend, BackendUnavailable, select_backend  # noqa: E402
 from tensorbits.engine import validate_arrays  # noqa: E402
 from tensorbits.kernels import as_kernel_operands  # noqa: E402
-from tensorbits_protocol.dtypes import DTYPES, DataType  # noqa: E402
+from tensorbits_protocol.dtypes import DTYPES  # noqa: E402
 from tensorbits_protocol.operators import Function  # noqa: E402
 
 TARGET_MIB = 64  # the targets apply at this size and above (below, the L2 cache flatters)
@@ -161,20 +165,10 @@ def nvidia_driver() -> str:
 
 
 @dataclass
-class Row:
-    label: str
-    datatype: DataType
-    mib: int
-    ours: float  # GB/s
-    plain: float | None  # None: the namespace has no plain call for it
-    copy: float
-    rounds: int
+class Row(Measured):
+    plain: float | None  # GB/s; None: the namespace has no plain call for it
     call: str  # the plain call's name
     same: bool | None  # ours and the plain call wrote the same bytes (None: no plain call)
-
-    @property
-    def vs_copy(self) -> float:
-        return self.ours / self.copy
 
     @property
     def vs_plain(self) -> float | None:
@@ -207,7 +201,7 @@ class Row:
         return " ".join(words)
 
 
-class Measurement:
+class Measurement(Timing):
     """One row: ours, the plain call and the copy, on the same device arrays."""
 
     def __init__(self, stand: Stand, case: Case, data: Inputs, copy_dst: Any, mib: int) -> None:
@@ -254,17 +248,7 @@ class Measurement:
         self.rounds += rounds
         t_ours, t_copy = self.best[0], self.best[-1]
         plain = self.moved / self.best[1] / 1e9 if self.same is not None else None
-        return Row(
-            self.case.label,
-            self.case.datatype,
-            self.mib,
-            self.moved / t_ours / 1e9,
-            plain,
-            self.copied / t_copy / 1e9,
-            self.rounds,
-            self.call,
-            self.same,
-        )
+        return self.row(Row, t_ours, t_copy, plain=plain, call=self.call, same=self.same)
 
 
 def header(name: str) -> str:
@@ -310,30 +294,18 @@ def summary(rows: list[Row], name: str) -> list[str]:
     for r in different:
         lines.append(f"DIFFERENT RESULT: {r.label} {r.datatype} {r.mib} MiB: ours != {r.call}")
     judged = [r for r in rows if r.judged]
-    if judged:
-        met = sum(r.meets() for r in judged)
-        lines.append(f"targets at >= {TARGET_MIB} MiB: {met}/{len(judged)} rows meet them")
-        for r in judged:
-            if not r.meets():
-                lines.append(
-                    f"  miss: {r.label} {r.datatype} {r.mib} MiB "
-                    f"(/copy {r.vs_copy:.2f}, /{name} {figure(r.vs_plain, '.2f')})"
-                )
+    lines += target_lines(
+        judged,
+        TARGET_MIB,
+        "them",
+        lambda r: f"/copy {r.vs_copy:.2f}, /{name} {figure(r.vs_plain, '.2f')}",
+    )
     return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", default=None, help="MiB of one input (default 16,64,256)")
-    parser.add_argument("--ops", default=None, help="comma-separated substrings of operator names")
-    parser.add_argument("--dtypes", default=None, help="comma-separated data types (e.g. UINT8)")
-    parser.add_argument("--repeat", type=int, default=None, help="timed rounds per row (default 7)")
-    parser.add_argument(
-        "--retries",
-        type=int,
-        default=None,
-        help="extra rounds for a row that misses a target (default 2, --quick 1)",
-    )
+    add_row_options(parser, "16,64,256", "that misses a target (default 2, --quick 1)")
     parser.add_argument(
         "--clock",
         choices=("events", "wall"),
@@ -352,11 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(s) for s in (args.sizes or default_sizes).split(",")]
     repeat = args.repeat or (3 if args.quick else 7)
     retries = args.retries if args.retries is not None else (1 if args.quick else 2)
-    ops = args.ops.split(",") if args.ops else None
-    dtypes = [d.strip().upper() for d in args.dtypes.split(",")] if args.dtypes else None
-    selected = list(cases(ops, dtypes, args.quick))
-    if not selected:
-        parser.error("no operator/data type matches --ops/--dtypes")
+    selected = selected_cases(parser, args)
     try:
         stand = Stand(args.xp, args.clock)
     except BackendUnavailable as exc:  # no CuPy, no device, no driver: said, not failed

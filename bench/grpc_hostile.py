@@ -32,9 +32,9 @@ import grpc
 from tensorbits.grpc import inference_pb2 as pb
 from tensorbits.grpc import wire
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import free_port, wait_until_up
-from _rss import vm
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.harness import free_port, wait_until_up
+from bench.harness.memory import vm
 
 MiB = 1 << 20
 Unary: TypeAlias = "grpc.UnaryUnaryMultiCallable[bytes, bytes]"

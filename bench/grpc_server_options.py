@@ -22,7 +22,7 @@ the event loop; small ones on it.
 Measured in one run, every comparison interleaved (rounds in rotated order), all servers up
 together, one measured at a time:
 
-1. small calls (16 elements): ``bench/_grpc_load.py``'s aio driver (``--streams`` over
+1. small calls (16 elements): ``bench.harness.grpc_load``'s aio driver (``--streams`` over
    ``--channels``, ``--seconds`` a round, after a 0.5 s warm-up), requests/s and the server's
    CPU seconds per call (``/proc/<pid>/stat`` utime + stime of its processes, before and after);
    medians over ``--rounds``;
@@ -59,7 +59,13 @@ from tritonclient.grpc import service_pb2
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._grpc_load import CHANNEL_OPTIONS, MAX_MESSAGE_BYTES, Load, _aio, model_infer_request
+from bench.harness.grpc_load import (
+    CHANNEL_OPTIONS,
+    MAX_MESSAGE_BYTES,
+    Load,
+    _aio,
+    model_infer_request,
+)
 
 SERVICE = "inference.GRPCInferenceService"
 INFER = f"/{SERVICE}/ModelInfer"
@@ -567,7 +573,7 @@ def report(rows: dict[str, Row], args: argparse.Namespace) -> None:
             )
     print(
         f"\n{args.rounds} small rounds of {args.seconds:g} s ({args.streams} streams over "
-        f"{args.channels} connections, bench/_grpc_load.py's aio driver), medians; "
+        f"{args.channels} connections, bench.harness.grpc_load's aio driver), medians; "
         f"{args.big_calls} 64 MiB calls, {args.stall_calls} 250 MiB calls per configuration "
         "and method; probe maxima: the median of the calls' maxima."
     )

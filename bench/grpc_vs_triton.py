@@ -1,21 +1,21 @@
 """gRPC against HTTP, and tensorbits against a real Triton Inference Server, in one run.
 
 Starts ``tensorbits serve`` (NumPy backend, HTTP and gRPC on free 127.0.0.1 ports) and the Triton
-peer (``bench/_triton_peer.py``: Triton 2.51's own C++ front ends, Python-backend models doing the
+peer (``bench/peers.py``: Triton 2.51's own C++ front ends, Python-backend models doing the
 same NumPy call, installed on demand outside the project's lock), then:
 
   (small) requests/s of a 16-element UINT8 BIT_NOT, the same request on both servers:
           HTTP with wrk (v2 binary body from a Lua script, keep-alive, ``--connections``, one
-          thread); gRPC with bench/_grpc_load.py (one pre-serialized ModelInfer, ``--streams``
+          thread); gRPC with bench/harness/grpc_load.py (one pre-serialized ModelInfer, ``--streams``
           calls in flight on ``--channels`` connections), driven by h2load (C) when installed
           and by grpc.aio (Python). ``--rounds`` rounds, each running every contestant once in
           an order rotated every round; the table shows each one's median rate, p50/p99 and
           the server's and the client's CPU time per request, and each ratio is the median of
           its per-round ratios. CPU per request is the figure least moved by the other work on
           a shared machine. Beside them, gRPC only, two bare grpc.aio servers
-          (bench/_grpc_baseline.py, unary-unary and stream-unary): grpcio's own floor.
+          (bench/harness/baselines.py, unary-unary and stream-unary): grpcio's own floor.
   (large) a 64 MiB BIT_NOT round trip (64 MiB in, 64 MiB out), best of ``--repeat`` interleaved
-          rounds: HTTP v2 binary through a plain-socket client (bench/_harness.PlainClient),
+          rounds: HTTP v2 binary through a plain-socket client (bench.harness.PlainClient),
           gRPC as one pre-serialized ModelInfer with raw contents (the answer's tail checked,
           not parsed), on both servers; with the least server CPU time of the rounds.
 
@@ -49,10 +49,21 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._grpc_load import CHANNEL_OPTIONS, model_infer_request, raw_model_infer
-from bench._harness import BIN, PlainClient, free_port, interleaved_best, note, wait_until_up
-from bench._triton_peer import PeerUnavailable, TritonPeer, stop_on_signals, triton_peer
-from bench.http_service import WRK_SCRIPT, _service_call, lua_string, v2_binary_request
+from bench.harness import BIN, PlainClient, free_port, interleaved_best, note, wait_until_up
+from bench.harness.grpc_load import (
+    CHANNEL_OPTIONS,
+    add_load_options,
+    model_infer_request,
+    raw_model_infer,
+)
+from bench.http_service import (
+    WRK_SCRIPT,
+    _service_call,
+    lua_string,
+    v2_binary_request,
+    wrk_latency_ms,
+)
+from bench.peers import PeerUnavailable, TritonPeer, stop_on_signals, triton_peer
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
@@ -106,15 +117,6 @@ def children_cpu() -> float:
 
 # --- small requests ---------------------------------------------------------------------------
 
-UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
-
-
-def _wrk_ms(out: str, percentile: int) -> float:
-    match = re.search(rf"^\s+{percentile}%\s+([\d.]+)(us|ms|s)\s*$", out, re.MULTILINE)
-    if match is None:
-        raise RuntimeError(f"no {percentile}% latency in wrk's output:\n{out}")
-    return float(match.group(1)) * UNITS[match.group(2)]
-
 
 def wrk_small(server: Endpoints, seconds: float, connections: int) -> Rate:
     """wrk (one thread) posting the 16-element v2 binary BIT_NOT for ``seconds``."""
@@ -144,21 +146,23 @@ def wrk_small(server: Endpoints, seconds: float, connections: int) -> Rate:
         raise RuntimeError(f"could not read wrk's output:\n{out}")
     requests = int(count.group(1))
     return Rate(
-        float(rate.group(1)), _wrk_ms(out, 50), _wrk_ms(out, 99),
+        float(rate.group(1)), wrk_latency_ms(out, 50), wrk_latency_ms(out, 99),
         server_cpu / requests * 1e6, client_cpu / requests * 1e6,
     )  # fmt: skip
 
 
 def grpc_small(server: Endpoints, driver: str, seconds: float, streams: int, channels: int) -> Rate:
-    """bench/_grpc_load.py with ``driver``, in a process of its own, the same 16-element request.
+    """bench.harness.grpc_load with ``driver``, in a process of its own, the same 16-element request.
     Its ``calls_made`` are the successes the server itself counted over the run."""
     argv = [
-        sys.executable, str(ROOT / "bench" / "_grpc_load.py"), server.grpc_target, "--json",
+        sys.executable, "-m", "bench.harness.grpc_load", server.grpc_target, "--json",
         "--driver", driver, "--elements", str(SMALL.size), "--duration", f"{seconds:g}",
         "--streams", str(streams), "--channels", str(channels),
     ]  # fmt: skip
     server_cpu = tree_cpu(server.pid)
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60, check=False)
+    done = subprocess.run(
+        argv, capture_output=True, text=True, timeout=seconds + 60, check=False, cwd=ROOT
+    )
     server_cpu = tree_cpu(server.pid) - server_cpu
     if done.returncode != 0:
         raise RuntimeError(f"gRPC load against {server.server} failed:\n{done.stdout}{done.stderr}")
@@ -209,7 +213,7 @@ def median_ratio(a: list[Rate], b: list[Rate]) -> float:
 def print_small(rates: dict[tuple[str, str], list[Rate]], args: argparse.Namespace) -> None:
     print(
         f"\n(small) 16-element UINT8 BIT_NOT, {args.rounds} interleaved rounds of {args.seconds:g} s"
-        f" each; {HTTP}: wrk -t1 -c{args.connections}; gRPC: bench/_grpc_load.py, "
+        f" each; {HTTP}: wrk -t1 -c{args.connections}; gRPC: bench.harness.grpc_load, "
         f"{args.streams} calls in flight on {args.channels} connections"
     )
     print(
@@ -332,7 +336,7 @@ def print_large(best: dict[str, tuple[float, float]], repeat: int) -> None:
 
 @contextlib.contextmanager
 def tensorbits() -> Iterator[Endpoints]:
-    """``tensorbits serve`` as bench/_harness.tensorbits_server starts it, with gRPC on a free
+    """``tensorbits serve`` as bench.harness.tensorbits_server starts it, with gRPC on a free
     port too, and its pid kept (the server's CPU time is read from /proc)."""
     http_port, grpc_port = free_port(), free_port()
     env = {
@@ -356,9 +360,10 @@ BARE_UU, BARE_SU = "bare u-u", "bare s-u"
 
 @contextlib.contextmanager
 def bare_grpc(label: str, *flags: str) -> Iterator[Endpoints]:
-    """bench/_grpc_baseline.py on a free port: grpcio's own cost per call, with no work."""
+    """bench.harness.baselines' bare grpc.aio server on a free port: grpcio's own cost per call,
+    with no work."""
     port = free_port()
-    argv = [sys.executable, str(ROOT / "bench" / "_grpc_baseline.py"), str(port), *flags]
+    argv = [sys.executable, "-m", "bench.harness.baselines", str(port), *flags]
     proc = subprocess.Popen(argv, cwd=ROOT)
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
@@ -398,8 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="(small) rounds (default 5)")
     parser.add_argument("--seconds", type=float, default=4.0, help="(small) seconds per run")
     parser.add_argument("--connections", type=int, default=32, help="(small) wrk connections")
-    parser.add_argument("--streams", type=int, default=32, help="(small) gRPC calls in flight")
-    parser.add_argument("--channels", type=int, default=2, help="(small) gRPC connections")
+    add_load_options(parser, "(small) ")
     parser.add_argument("--repeat", type=int, default=5, help="(large) rounds (default 5)")
     parser.add_argument("--parts", default="small,large", help="small, large or both")
     args = parser.parse_args(argv)

@@ -33,14 +33,8 @@ from tensorbits_client import Batch, Client
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._harness import (
-    PlainClient,
-    RawEcho,
-    baseline_server,
-    interleaved_best,
-    note,
-    tensorbits_server,
-)
+from bench.harness import PlainClient, baseline_server, interleaved_best, note, tensorbits_server
+from bench.harness.baselines import RawEcho
 
 MiB = 1 << 20
 NOT = "DML_OPERATOR_ELEMENT_WISE_BIT_NOT"
@@ -206,6 +200,17 @@ def wrk_rps(
     if match is None:
         raise RuntimeError(f"could not read wrk's output:\n{out}")
     return float(match.group(1))
+
+
+_WRK_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+
+
+def wrk_latency_ms(out: str, percentile: int) -> float:
+    """A latency percentile (50, 99, ...) from the output of ``wrk --latency``, in ms."""
+    match = re.search(rf"^\s+{percentile}%\s+([\d.]+)(us|ms|s)\s*$", out, re.MULTILINE)
+    if match is None:
+        raise RuntimeError(f"no {percentile}% latency in wrk's output:\n{out}")
+    return float(match.group(1)) * _WRK_UNITS[match.group(2)]
 
 
 # One key, of the length `secrets.token_urlsafe(32)` makes, as docs/reliability.md suggests.

@@ -6,16 +6,16 @@ mix of valid large, valid small and invalid /v2 infer requests. Every valid requ
 own random data (seeded by its sequence number), so an answer sent to the wrong request, or
 corrupted, is caught: each 200 is checked byte for byte against NumPy.
 
-Beside them, ``--abusers`` abusive clients (``bench/_abuse.py``, a process of their own) send
+Beside them, ``--abusers`` abusive clients (``bench/harness/abuse.py``, a process of their own) send
 requests the server must refuse cheaply: a 1 MiB header, 20,000 headers, a 1 MiB URL, a
 trickled body, a /v1 batch of 300,000 dispatches, malformed request lines. They abuse in every
 other window of ``--abuse-window`` seconds (calm first), so the normal clients' latency with and
 without abuse comes from the same run, interleaved: drift in a shared machine hits both alike.
 Each normal request counts for the window it started in.
 
-The server's RSS is sampled every ``--sample-every`` seconds (``bench/_rss.py``) and printed as
-a series and a peak per minute. ``--probe`` runs the server under ``bench/_memprobe.py``, which
-also samples what malloc holds (in use, free, per arena), the objects the garbage collector
+The server's RSS is sampled every ``--sample-every`` seconds (``bench/harness/memory.py``) and
+printed as a series and a peak per minute. ``--probe`` runs the server under that module's probe,
+which also samples what malloc holds (in use, free, per arena), the objects the garbage collector
 tracks and the header caches' and metrics' sizes (``--probe-tracemalloc``: and the bytes Python
 and NumPy hold; ``--probe-collect``: and what a ``gc.collect()`` before each sample frees): that
 tells a leak from allocator slack, and both from memory held by reference cycles. ``--server-env NAME=VALUE`` sets more
@@ -70,9 +70,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._abuse import KINDS, AbuseProcess, failed
-from bench._harness import free_port
-from bench._rss import MiB, RssSampler, vm
+from bench.harness import free_port
+from bench.harness.abuse import KINDS, AbuseProcess, failed
+from bench.harness.memory import MiB, RssSampler, vm
 from tensorbits.memory import tune_allocator
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,15 +83,16 @@ GC_EVERY = 1.0
 
 
 def start_server(port: int, env: dict[str, str], probe: bool = False) -> subprocess.Popen[bytes]:
-    # --probe: the same server, watched from inside (bench/_memprobe.py calls the same cli.main).
+    # --probe: the same server, watched from inside (bench.harness.memory calls the same cli.main).
     command = (
-        [str(ROOT / ".venv" / "bin" / "python"), str(ROOT / "bench" / "_memprobe.py")]
+        [str(ROOT / ".venv" / "bin" / "python"), "-m", "bench.harness.memory"]
         if probe
         else [str(ROOT / ".venv" / "bin" / "tensorbits")]
     )
     proc = subprocess.Popen(
         [*command, "serve", "--host", "127.0.0.1", "--port", str(port)],
         env={**os.environ, **env},
+        cwd=ROOT,  # -m bench.harness.memory: the repository root on sys.path
         stdout=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 60
@@ -321,7 +322,7 @@ OPTIONS: tuple[tuple[str, type, float, str | None], ...] = (
 )
 # The switches: (option, help).
 SWITCHES = (
-    ("--probe", "run the server under _memprobe.py"),
+    ("--probe", "run the server under bench.harness.memory's probe"),
     ("--probe-tracemalloc", "--probe, with tracemalloc on"),
     ("--probe-collect", "--probe, gc.collect() before each sample"),
 )
@@ -353,6 +354,7 @@ def server_env(args: argparse.Namespace, probe_out: Path) -> dict[str, str]:
         "TENSORBITS_MAX_INFLIGHT_BYTES": str(args.max_inflight_mib * MiB),
         "TENSORBITS_MAX_BODY_BYTES": str(args.max_body_mib * MiB),
         "TENSORBITS_MAX_INFLIGHT_REQUESTS": "64",
+        "TENSORBITS_GRPC_PORT": str(free_port()),  # the default port may be taken here
     }
     if args.probe:
         env["TENSORBITS_PROBE_OUT"] = str(probe_out)
@@ -470,7 +472,7 @@ def report_memory(args: argparse.Namespace, result: Run, bound: int) -> dict[str
 
 
 def report_probe(path: Path) -> None:
-    """What bench/_memprobe.py saw inside the server, a line per sample."""
+    """What the probe (bench.harness.memory) saw inside the server, a line per sample."""
     if not path.exists():
         print("probe: no samples")
         return

@@ -39,10 +39,10 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -88,6 +88,28 @@ def cases(ops: list[str] | None, dtypes: list[str] | None, quick: bool) -> Itera
         for params, label in variants:
             for datatype in chosen:
                 yield Case(op, datatype, params, label)
+
+
+def add_row_options(parser: argparse.ArgumentParser, sizes: str, retries: str) -> None:
+    """The options of every operator benchmark (bench/gpu_ops.py's too): which rows, at which
+    sizes, how many rounds; ``sizes`` and ``retries`` complete their help."""
+    parser.add_argument("--sizes", default=None, help=f"MiB of one input tensor (default {sizes})")
+    parser.add_argument("--ops", default=None, help="comma-separated substrings of operator names")
+    parser.add_argument("--dtypes", default=None, help="comma-separated data types (e.g. UINT8)")
+    parser.add_argument("--repeat", type=int, default=None, help="timed rounds per row (default 7)")
+    parser.add_argument(
+        "--retries", type=int, default=None, help=f"extra rounds for a row {retries}"
+    )
+
+
+def selected_cases(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[Case]:
+    """The rows that ``--ops``, ``--dtypes`` and ``--quick`` pick; none is a usage error."""
+    ops = args.ops.split(",") if args.ops else None
+    dtypes = [d.strip().upper() for d in args.dtypes.split(",")] if args.dtypes else None
+    selected = list(cases(ops, dtypes, args.quick))
+    if not selected:
+        parser.error("no operator/data type matches --ops/--dtypes")
+    return selected
 
 
 class Inputs:
@@ -168,19 +190,70 @@ def best_times(
 
 
 @dataclass
-class Row:
+class Measured:
+    """A row of an operator benchmark (bench/gpu_ops.py's too): ours and the copy in GB/s; each
+    benchmark adds its plain call and its own targets (``meets``)."""
+
     label: str
     datatype: DataType
     mib: int
     ours: float  # GB/s
-    numpy: float
     copy: float
-    cores: float  # np.copyto split over 2 threads, speed-up over 1: did a second core exist?
     rounds: int
 
     @property
     def vs_copy(self) -> float:
         return self.ours / self.copy
+
+    def meets(self) -> bool:
+        raise NotImplementedError
+
+
+M = TypeVar("M", bound=Measured)
+
+
+class Timing:
+    """What a row's measurement keeps (bench/gpu_ops.py's too): its case and size, the bytes ours
+    and the copy move, and the rounds so far; ``row`` makes its row from the best times."""
+
+    case: Case
+    mib: int
+    moved: int
+    copied: int
+    rounds: int
+
+    def row(self, row: type[M], t_ours: float, t_copy: float, **added: Any) -> M:
+        """A ``row`` from the best times (s) of ours and of the copy, and the fields it adds."""
+        return row(
+            label=self.case.label,
+            datatype=self.case.datatype,
+            mib=self.mib,
+            ours=self.moved / t_ours / 1e9,
+            copy=self.copied / t_copy / 1e9,
+            rounds=self.rounds,
+            **added,
+        )
+
+
+def target_lines(
+    rows: Sequence[M], at_mib: int, what: str, figures: Callable[[M], str]
+) -> list[str]:
+    """The summary's verdict on the rows held to the targets, which apply from ``at_mib`` up
+    (no rows: no lines): how many meet ``what``, then each miss with its ``figures``."""
+    if not rows:
+        return []
+    met = sum(r.meets() for r in rows)
+    lines = [f"targets at >= {at_mib} MiB: {met}/{len(rows)} rows meet {what}"]
+    for r in rows:
+        if not r.meets():
+            lines.append(f"  miss: {r.label} {r.datatype} {r.mib} MiB ({figures(r)})")
+    return lines
+
+
+@dataclass
+class Row(Measured):
+    numpy: float
+    cores: float  # np.copyto split over 2 threads, speed-up over 1: did a second core exist?
 
     @property
     def vs_numpy(self) -> float:
@@ -209,7 +282,7 @@ class SplitCopy:
         future.result()
 
 
-class Measurement:
+class Measurement(Timing):
     """One row: ours, the plain call, the copy and the 2-thread copy probe, on the same arrays."""
 
     def __init__(
@@ -251,15 +324,8 @@ class Measurement:
         best_times(self.fns, rounds, self.best)
         self.rounds += rounds
         t_ours, t_numpy, t_copy, t_split = self.best
-        return Row(
-            self.case.label,
-            self.case.datatype,
-            self.mib,
-            self.moved / t_ours / 1e9,
-            self.moved / t_numpy / 1e9,
-            self.copied / t_copy / 1e9,
-            t_copy / t_split,
-            self.rounds,
+        return self.row(
+            Row, t_ours, t_copy, numpy=self.moved / t_numpy / 1e9, cores=t_copy / t_split
         )
 
 
@@ -301,31 +367,16 @@ def summary(rows: list[Row]) -> list[str]:
             f"min /numpy {min(r.vs_numpy for r in sel):.2f}"
         )
     big = [r for r in rows if r.mib >= TARGET_MIB]
-    if big:
-        met = sum(r.meets() for r in big)
-        lines.append(f"targets at >= 16 MiB: {met}/{len(big)} rows meet both")
-        for r in big:
-            if not r.meets():
-                lines.append(
-                    f"  miss: {r.label} {r.datatype} {r.mib} MiB "
-                    f"(/copy {r.vs_copy:.2f}, /numpy {r.vs_numpy:.2f})"
-                )
+    lines += target_lines(
+        big, TARGET_MIB, "both", lambda r: f"/copy {r.vs_copy:.2f}, /numpy {r.vs_numpy:.2f}"
+    )
     return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", default=None, help="MiB of one input tensor (default 1,16,64)")
-    parser.add_argument("--ops", default=None, help="comma-separated substrings of operator names")
-    parser.add_argument("--dtypes", default=None, help="comma-separated data types (e.g. UINT8)")
-    parser.add_argument("--repeat", type=int, default=None, help="timed rounds per row (default 7)")
+    add_row_options(parser, "1,16,64", "measured while busy (default 3, --quick 1)")
     parser.add_argument("--threads", type=int, default=None, help="backend threads (default: all)")
-    parser.add_argument(
-        "--retries",
-        type=int,
-        default=None,
-        help="extra rounds for a row measured while busy (default 3, --quick 1)",
-    )
     parser.add_argument(
         "--quick", action="store_true", help="16 MiB, UINT8/UINT32 only, 3 rounds (< 30 s)"
     )
@@ -333,11 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(s) for s in (args.sizes or ("16" if args.quick else "1,16,64")).split(",")]
     repeat = args.repeat or (3 if args.quick else 7)
     retries = args.retries if args.retries is not None else (1 if args.quick else 3)
-    ops = args.ops.split(",") if args.ops else None
-    dtypes = [d.strip().upper() for d in args.dtypes.split(",")] if args.dtypes else None
-    selected = list(cases(ops, dtypes, args.quick))
-    if not selected:
-        parser.error("no operator/data type matches --ops/--dtypes")
+    selected = selected_cases(parser, args)
 
     backend = NumpyBackend(args.threads)
     probe = SplitCopy()

@@ -3,7 +3,7 @@
 The ecosystem's standard measurement: ``scripts/perf_analyzer.sh`` (perf_analyzer 2.60.0 from
 its PyPI wheel, set up once in the user's cache) runs with the same flags against
 ``tensorbits serve`` (NumPy backend, HTTP and gRPC on free 127.0.0.1 ports) and against the Triton
-peer (``bench/_triton_peer.py``: Triton Inference Server from ``nvidia-pytriton``, its
+peer (``bench/peers.py``: Triton Inference Server from ``nvidia-pytriton``, its
 ``tritonserver`` serving a Python-backend BIT_NOT under our model and tensor names), over HTTP and
 gRPC, for:
 
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import os
 import statistics
 import subprocess
@@ -40,12 +39,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# The script's runner is the live test's (tests/support/perf_analyzer.py).
+sys.path.append(str(Path(__file__).resolve().parent.parent / "tests"))
+
+from support.perf_analyzer import SCRIPT, run_perf_analyzer
 
 from bench import grpc_vs_triton
-from bench._harness import ROOT, note
-from bench._triton_peer import PeerUnavailable, stop_on_signals, triton_peer
+from bench.harness import note
+from bench.peers import PeerUnavailable, stop_on_signals, triton_peer
 
-SCRIPT = ROOT / "scripts" / "perf_analyzer.sh"
 NOT = "DML_OPERATOR_ELEMENT_WISE_BIT_NOT"
 LARGE_ELEMENTS = 64 * 1024 * 1024
 RUN_TIMEOUT_S = 300
@@ -96,24 +98,15 @@ def perf_analyzer(server: Server, protocol: str, case: Case, stability: int) -> 
     """One perf_analyzer run; its CSV report read for the figures."""
     url = server.http_url if protocol == "http" else server.grpc_url
     with tempfile.TemporaryDirectory(prefix="tensorbits-pa-") as tmp:
-        report = Path(tmp) / "report.csv"
-        argv = [
-            "bash", str(SCRIPT), "-m", NOT, "-i", protocol, "-u", url, *case.flags,
-            "--stability-percentage", str(stability), "--max-trials", "8", "-f", str(report),
+        args = [
+            "-m", NOT, "-i", protocol, "-u", url, *case.flags,
+            "--stability-percentage", str(stability), "--max-trials", "8",
         ]  # fmt: skip
-        done = subprocess.run(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=RUN_TIMEOUT_S,
-            check=False,
-        )
-        if done.returncode != 0 or not report.exists():
-            tail = " | ".join(done.stdout.strip().splitlines()[-3:])
+        done = run_perf_analyzer(args, Path(tmp) / "report.csv", RUN_TIMEOUT_S)
+        if done.returncode != 0 or not done.rows:
+            tail = " | ".join(done.output.strip().splitlines()[-3:])
             raise RunFailed(f"exit {done.returncode}: {tail}")
-        with report.open(newline="") as f:
-            row = next(csv.DictReader(f))
+        row = done.rows[0]
     return Result(
         float(row["Inferences/Second"]),
         float(row["p50 latency"]) / 1e3,

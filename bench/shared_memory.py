@@ -1,7 +1,7 @@
 """System shared memory against HTTP and against memcpy, in one run.
 
 Starts ``tensorbits serve`` (NumPy backend, ``TENSORBITS_SHARED_MEMORY=true``, loopback) and,
-when it can, the Triton peer (bench/_triton_peer.py: Triton 2.51, Python-backend BIT_NOT), then
+when it can, the Triton peer (bench/peers.py: Triton 2.51, Python-backend BIT_NOT), then
 times a 64 MiB UINT8 BIT_NOT (64 MiB in, 64 MiB out), best of ``--repeat`` rounds, every
 contestant once per round, interleaved so that machine drift hits all of them alike:
 
@@ -43,7 +43,7 @@ from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from bench._harness import interleaved_best, note, tensorbits_server  # noqa: E402
+from bench.harness import interleaved_best, note, tensorbits_server  # noqa: E402
 from tensorbits_client import Client  # noqa: E402
 
 MiB = 1 << 20
@@ -169,7 +169,7 @@ def main() -> int:
 def triton_contestant(stack: contextlib.ExitStack, x: Arr) -> dict[str, Callable[[], object]]:
     """The Triton peer's contestant, or nothing (with the reason) when it cannot run."""
     try:
-        from bench._triton_peer import PeerUnavailable, triton_peer
+        from bench.peers import PeerUnavailable, triton_peer
     except ImportError as exc:
         note(f"no Triton peer: {exc}")
         return {}

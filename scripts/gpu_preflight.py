@@ -1,4 +1,4 @@
-"""The GPU session's first step after the environment (scripts/gpu_session.sh, docs/gpu.md):
+"""The GPU check's first step after the environment (scripts/gpu_session.sh, docs/gpu.md):
 about 30 s that say whether the long steps can work, before they run.
 
 1. The CuPy backend builds as the server builds it (``select_backend("cupy")``): CuPy imports,
@@ -17,7 +17,7 @@ about 30 s that say whether the long steps can work, before they run.
 It prints what each part found and ends with one line, ``preflight: PASS ...`` or
 ``preflight: FAIL ...``. Exit status: 0 all good; 1 CUDA shared memory will not work as the
 tests expect (the tests still run: they say more); 3 no working CuPy backend (nothing on the
-device can pass, so the session stops there).
+device can pass, so the check stops there).
 
 ``--stand-in``: the same on a machine without a GPU, for ``make test``: the NumPy backend, and
 CUDA IPC through the host stand-in (tests/support/cuda_stand_in.py: POSIX shared memory behind

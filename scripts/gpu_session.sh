@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# Everything a GPU session runs, in one command each (docs/gpu.md says what and when).
+# The GPU check, one mode a command (docs/gpu.md says what each runs and how to read it).
 #
+#   make gpu-check [MODE=quick|bench|full]  # a GPU machine with network: .venv with the gpu
+#                                        # extra, then MODE (below) with its packages, no wheels
 #   bash scripts/gpu_session.sh prep     # here, with network (`make device-prep`): wheels in .whl/
-#   bash scripts/gpu_session.sh quick    # on the GPU machine, .whl/ carried: environment,
-#                                        # preflight, tests (300 s: a first call, room for a second)
-#   bash scripts/gpu_session.sh bench    # the benchmarks alone (240 s: the second call)
+#   bash scripts/gpu_session.sh quick    # on the GPU machine, with .whl/ copied beside the clone:
+#                                        # environment, preflight, tests (at most 300 s)
+#   bash scripts/gpu_session.sh bench    # the benchmarks alone (at most 240 s)
 #   bash scripts/gpu_session.sh [full]   # all of it (480 s)
 #   bash scripts/gpu_session.sh dry-run  # anywhere, no GPU: the same steps on stand-ins (make test)
 #   bash scripts/gpu_session.sh plan [MODE]  # the steps of MODE and their limits
 #
 # The GPU machine is offline, with Python 3.12, CuPy for CUDA 13 and NumPy; everything else the
-# service and the tests import travels as wheels at uv.lock's versions (scripts/gpu_wheels.py).
-# The steps run in this order, each under a time limit cut to what is left of the mode's budget,
+# service and the tests import comes as wheels at uv.lock's versions (scripts/gpu_wheels.py).
+# The steps run in this order, each under a time limit cut to what is left of the mode's limit,
 # each with its log under $OUT: install the wheels, print the environment, the preflight
 # (scripts/gpu_preflight.py: the CuPy backend and CUDA IPC in about 30 s), the tests, then the
 # benchmarks. A failed install, or a preflight that finds no working CuPy backend, stops the run
@@ -26,7 +28,7 @@ SITE=${SESSION_SITE:-/tmp/site} # where the wheels go (the dry run's own, passed
 PYTHON=${PYTHON:-python3}
 OUT=${OUT:-${TMPDIR:-/tmp}/tensorbits-gpu-session}
 # Machine-independent settings of every step: no plugin a machine happens to have installed is
-# loaded by pytest or hypothesis (theirs may not work with the carried versions); the GPU tests
+# loaded by pytest or hypothesis (theirs may not work with the wheels' versions); the GPU tests
 # fail instead of skipping without a device (tests/gpu/gpu_support.py).
 export PYTHONUNBUFFERED=1 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 HYPOTHESIS_NO_PLUGINS=1
 PYTEST_PLUGINS=(-p pytest_timeout -p _hypothesis_pytestplugin -p no:cacheprovider)
@@ -59,10 +61,10 @@ import gpu_wheels; print(gpu_wheels.CUDA_BINDINGS)')" || return 1
     .venv/bin/python scripts/gpu_wheels.py check "$WHEELS" || return 1
     bytes=$(du -cb "$WHEELS"/*.whl | tail -1 | cut -f1)
     echo "device-prep: $(ls "$WHEELS"/*.whl | wc -l) wheels, $((bytes / 1024 / 1024)) MiB in" \
-        "$WHEELS/ (the working tree travels too: 64 MiB in all)"
+        "$WHEELS/"
     git check-ignore -q "$WHEELS/" || { echo "gpu_session.sh: $WHEELS/ is not git-ignored" >&2; return 1; }
-    echo "device-prep: then, on the GPU machine, in the working tree with $WHEELS/ copied beside"
-    echo "    it and about 6 minutes allowed: bash scripts/gpu_session.sh quick"
+    echo "device-prep: then, on the GPU machine, in a copy of this clone with $WHEELS/ beside it:"
+    echo "    bash scripts/gpu_session.sh quick"
 }
 
 # --- the steps --------------------------------------------------------------------------------
@@ -132,12 +134,17 @@ step() {
 
 install_wheels() {
     local wheels=() wheel
+    if [ "${NO_WHEELS:-0}" = 1 ]; then
+        # make gpu-check: the project's own environment (.venv with the gpu extra) has it all.
+        echo "no wheels: $PYTHON's own packages ($("$PYTHON" -c 'import sys; print(sys.prefix)'))"
+        return 0
+    fi
     if ! ls "$WHEELS"/*.whl >/dev/null 2>&1; then
         if [ "${DRY:-0}" -eq 1 ]; then
             echo "no wheels in $WHEELS/ (make device-prep makes them): the running Python's packages"
             return 0
         fi
-        echo "gpu_session.sh: no wheels in $WHEELS/: run 'make device-prep' first and carry $WHEELS"
+        echo "gpu_session.sh: no wheels in $WHEELS/: run 'make device-prep' first and copy $WHEELS/ here"
         return 2
     fi
     for wheel in "$WHEELS"/*.whl; do
@@ -178,7 +185,7 @@ print("cupy", cupy.__version__, "CUDA runtime", r.runtimeGetVersion(),
 PY
         "$PYTHON" scripts/gpu_wheels.py report --device
     else
-        # No CuPy here: every import the session makes, with what the wheels would not bring
+        # No CuPy here: every import the check makes, with what the wheels would not bring
         # refused (nothing may be missing offline).
         "$PYTHON" scripts/gpu_wheels.py report --carried-only
     fi
@@ -270,7 +277,7 @@ session() {
         mkdir -p "$OUT"
         [ "$DRY" -eq 1 ] && SITE=${TMPDIR:-/tmp}/tensorbits-gpu-dry-run-site
         export SESSION_SITE=$SITE
-        export PYTHONPATH="$SITE:$PWD/service/src:$PWD/client/src${PYTHONPATH:+:$PYTHONPATH}"
+        export PYTHONPATH="$SITE:$PWD/service/src:$PWD/client/src:$PWD/protocol/src${PYTHONPATH:+:$PYTHONPATH}"
         export TENSORBITS_BACKEND=cupy
         [ "$DRY" -eq 1 ] && export TENSORBITS_BACKEND=numpy
     else
@@ -292,7 +299,7 @@ case ${1:-full} in
         PLAN_ONLY=1
         session "${2:-full}"
         ;;
-    # Steps of a session, each run in a process of its own (for timeout).
+    # The check's steps, each run in a process of its own (for timeout).
     install) install_wheels ;;
     environment) environment ;;
     shared-memory-on-cupy) shared_memory_on_cupy ;;

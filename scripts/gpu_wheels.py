@@ -1,22 +1,22 @@
-"""The Python packages a GPU session carries, read off uv.lock, and what the machine imports.
+"""The Python packages the GPU check brings as wheels, read off uv.lock, and what the machine imports.
 
-The GPU machine (docs/gpu.md) is offline, with Python 3.12 and packages of its own whose
+A GPU machine without network (docs/gpu.md) has Python 3.12 and packages of its own whose
 versions nobody here chose (pydantic-core 2.50 fails to import beside a typing-extensions
 without ``Sentinel``, for one). So every distribution the service, its client and the GPU tests
-need is carried as a wheel at the lock's version, checked against the lock's hashes, and put
+need comes as a wheel at the lock's version, checked against the lock's hashes, and put
 first on the path there; only NumPy is the machine's (its CuPy is built against it), and CuPy,
 which the lock does not hold for CUDA 13.
 
     python scripts/gpu_wheels.py requirements      # what pip downloads: name==version --hash=...
     python scripts/gpu_wheels.py check .whl        # the folder holds exactly that, for the device
-    python scripts/gpu_wheels.py report [--device] # import what the session runs; print every
+    python scripts/gpu_wheels.py report [--device] # import what the check runs; print every
                                                    # distribution imported, its version and where
                                                    # from, and each that differs from the lock
     python scripts/gpu_wheels.py report --carried-only  # the same with every distribution that
-                                                   # is not carried refused: nothing missing offline
+                                                   # is not among the wheels refused: nothing missing offline
 
 ``cuda-bindings`` (tritonclient's CUDA helper needs it; the lock holds it only as an extra) and
-its ``cuda-pathfinder`` are carried too, but installed only where the machine has no
+its ``cuda-pathfinder`` come as wheels too, but are installed only where the machine has no
 cuda-bindings 13 of its own (its CuPy's), at ``CUDA_BINDINGS``: the CUDA 13.0 build, which the
 driver of those machines (580) serves.
 """
@@ -39,17 +39,19 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = ROOT / "uv.lock"
 
-# What the machine runs: the service and client (from source), and the GPU tests' tools.
+# What the machine runs: the service, the client and the protocol they share (from source), and
+# the GPU tests' tools.
 ROOTS: dict[str, tuple[str, ...]] = {
     "tensorbits": (),
     "tensorbits-client": (),
+    "tensorbits-protocol": (),
     "tritonclient": ("http", "grpc"),
     "pytest": (),
     "pytest-timeout": (),
     "hypothesis": (),
 }
 # The workspace's own distributions: they travel as source (PYTHONPATH), not as wheels.
-WORKSPACE = frozenset({"tensorbits", "tensorbits-client"})
+WORKSPACE = frozenset({"tensorbits", "tensorbits-client", "tensorbits-protocol"})
 # Kept from the machine: its CuPy is built against its NumPy.
 FROM_THE_MACHINE = frozenset({"numpy"})
 # Not in the lock's default resolution (tritonclient's 'cuda' extra): pinned here.
@@ -76,13 +78,14 @@ PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in range(39, 4, -1)] + [
     "linux_x86_64",
 ]
 
-# What the GPU session imports (the server, its gRPC side, the tests' clients and tools).
+# What the GPU check imports (the server, its gRPC side, the tests' clients and tools).
 SESSION_IMPORTS = (
     "tensorbits.cli",
     "tensorbits.app",
     "tensorbits.grpc.server",
     "tensorbits.backends.cupy_backend",
     "tensorbits_client",
+    "tensorbits_protocol",
     "fastapi.testclient",
     "uvicorn",
     "httpx",
@@ -245,7 +248,7 @@ def carried_only(packages: list[dict[str, Any]]) -> set[str]:
 
 
 def report(device: bool, packages: list[dict[str, Any]], only_carried: bool = False) -> int:
-    """Import what the session runs; print each distribution imported, its version and where it
+    """Import what the check runs; print each distribution imported, its version and where it
     came from, then the pins that differ. 1 when an import failed or a pin differs.
     ``only_carried``: with every other distribution refused (``carried_only``)."""
     if only_carried:
@@ -288,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("requirements", help="pip's requirements, with the lock's hashes")
     checking = commands.add_parser("check", help="the wheels in FOLDER against the lock")
     checking.add_argument("folder", type=Path)
-    reporting = commands.add_parser("report", help="import the session's modules; versions")
+    reporting = commands.add_parser("report", help="import the check's modules; versions")
     reporting.add_argument("--device", action="store_true", help="CuPy and cuda-bindings too")
     reporting.add_argument(
         "--carried-only", action="store_true", help="refuse what the wheels would not bring"

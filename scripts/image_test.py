@@ -537,7 +537,7 @@ PORT_SETTINGS = {
 # interface of this machine).
 NOT_TAKEN = ("TENSORBITS_BACKEND", "TENSORBITS_HOST")
 PROBE_KINDS = ("startupProbe", "livenessProbe", "readinessProbe")
-# What the server logs when SIGTERM reaches it (cli.py's draining_server): a drain, not a kill.
+# What the server logs when SIGTERM reaches it (serving.py's draining_server): a drain, not a kill.
 DRAIN_LOGGED = "draining: not ready from now on"
 # podman asks runc for its own defaults (open files, processes), which a root without
 # CAP_SYS_RESOURCE cannot grant: the container gets this process's open-file limit and a process

@@ -8,8 +8,9 @@
     python3 scripts/images.py lock-gpu             # regenerate docker/gpu/cuda<N>.txt
 
 The Dockerfiles' bases are build arguments whose defaults are the pinned official images. Those
-are used when they can be pulled; where no registry can be reached (our machines reach only PyPI
-and Debian's archive), stand-ins are made here and passed as the build arguments instead:
+are used when they can be pulled; where no registry can be reached (a build machine that reaches
+only PyPI and Debian's archive, say), stand-ins are made here and passed as the build arguments
+instead:
   PYTHON_BASE  Debian bookworm (debootstrap --variant=minbase) with Debian's python3 (3.11) and
                ca-certificates: the official base's Debian release and Python minor. The root
                filesystem is cached as a tarball, so it is bootstrapped once per machine.
@@ -451,7 +452,7 @@ def context_copy(destination: Path) -> None:
     for name in ("pyproject.toml", "uv.lock", ".dockerignore"):
         shutil.copy2(REPO / name, destination / name)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
-    for folder in ("service", "client", "docker"):
+    for folder in ("service", "client", "protocol", "docker"):
         shutil.copytree(REPO / folder, destination / folder, ignore=ignore)
 
 

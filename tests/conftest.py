@@ -10,9 +10,12 @@ import pytest
 
 from tensorbits.backends import Backend, select_backend
 
-# No gRPC endpoint unless a test asks for one (tests/grpc/ does, on a free port): in-process
-# apps and the live servers the tests start inherit this; the default, 8001, may be taken.
-os.environ.setdefault("TENSORBITS_GRPC_PORT", "0")
+# No gRPC endpoint and no metrics listener unless a test asks for one (on a free port): in-process
+# apps and the live servers the tests start inherit this. Set, not defaulted: a shell that
+# exports these for a server of its own (`make serve`, on 8001 and 8002) would otherwise have
+# every server the tests start try the ports that server holds.
+os.environ["TENSORBITS_GRPC_PORT"] = "0"
+os.environ["TENSORBITS_METRICS_PORT"] = "0"
 
 
 @pytest.fixture(scope="session")

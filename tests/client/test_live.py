@@ -309,7 +309,9 @@ def test_map_progress_without_tqdm_says_how_to_get_it(
     live: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(sys.modules, "tqdm.auto", None)
-    with pytest.raises(ImportError, match=r"pip install tqdm .*pip install './client\[progress\]'"):
+    with pytest.raises(
+        ImportError, match=r"pip install tqdm .*pip install \./protocol './client\[progress\]'"
+    ):
         live.map("onnx.BitwiseNot-18", [[u8]], progress=True)
 
 

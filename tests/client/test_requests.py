@@ -461,7 +461,8 @@ def test_small_parts_are_coalesced_and_large_ones_sliced_without_copy() -> None:
     pieces = list(iter_parts(body, chunk=1 << 20))
     assert pieces[0] == b"{}ab"  # header and a tiny tensor in one write
     assert [len(p) for p in pieces[1:4]] == [1 << 20] * 3
-    assert all(isinstance(p, memoryview) and p.obj is big for p in pieces[1:4])
+    owner: object = big  # memoryview.obj is typed as a Buffer, which ndarray's stubs are not
+    assert all(isinstance(p, memoryview) and p.obj is owner for p in pieces[1:4])
     assert pieces[4] == b"cd"
     assert b"".join(pieces) == b"{}ab" + big.tobytes() + b"cd"
 

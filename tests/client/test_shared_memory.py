@@ -152,7 +152,7 @@ def test_every_block_starts_aligned_and_is_reused_once_dropped(
 ) -> None:
     client, _ = offline
     with client.shared_memory(1024, alignment=128) as region:
-        base = region.buffer.__array_interface__["data"][0]
+        base = int(region.buffer.__array_interface__["data"][0])
 
         def offset(a: Arr) -> int:
             return int(a.__array_interface__["data"][0]) - base

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -196,31 +197,33 @@ def test_values_the_models_refuse_are_refused_by_dispatch() -> None:
         batch.bit_not(one, in_place=True)
         cases: list[tuple[Binding, str]] = [
             # ... yet equal values of other types are still the models' to judge.
-            (buf.tensor("UINT8", (16,), total_size=np.int64(16)), "total_size"),
+            (buf.tensor("UINT8", (16,), total_size=np.int64(16)), "total_size"),  # type: ignore[arg-type]
             (Binding("a", TensorDesc(DataType.UINT8, (True,))), "sizes"),
             (Binding("a", TensorDesc(DataType.UINT8, (16,), alignment=False)), "alignment"),
-            (buf.tensor("UINT8", (16,), offset=np.int64(16)), "offset"),
+            (buf.tensor("UINT8", (16,), offset=np.int64(16)), "offset"),  # type: ignore[arg-type]
             (buf.tensor("UINT8", (16,), size=16.0), "size"),  # type: ignore[arg-type]
             (Binding("a", TensorDesc("uint8", (16,))), "datatype"),  # type: ignore[arg-type]
         ]
         for binding, field in cases:
-            exc = _same_error(lambda b=binding: batch.bit_not(b, in_place=True), binding.to_wire)
+            exc = _same_error(partial(batch.bit_not, binding, in_place=True), binding.to_wire)
             assert field in exc.errors()[0]["loc"]
 
         x = buf.tensor("UINT8", (16,))
         bindings = {"input_1": x, "input_2": x, "output_1": x}
         wire = {name: b.to_wire() for name, b in bindings.items()}
-        for operator, parameters in [
+        # Parameters of any JSON type, the refused ones too: the models judge them.
+        refused: list[tuple[str, dict[str, Any]]] = [
             ("", {}),
             ("O" * 257, {}),
             (AND_OV, {"": 1}),
             (AND_OV, {"p" * 129: 1}),
             (AND_OV, {"axis": None}),
             (AND_OV, {"axis": [1]}),
-        ]:
+        ]
+        for operator, parameters in refused:
             _same_error(
-                lambda o=operator, p=parameters: batch.dispatch(o, p, **bindings),
-                lambda o=operator, p=parameters: Dispatch(operator=o, parameters=p, bindings=wire),
+                partial(batch.dispatch, operator, parameters, **bindings),
+                partial(Dispatch, operator=operator, parameters=parameters, bindings=wire),
             )
         _same_error(
             lambda: batch.dispatch(XOR, {}, **{"": x}),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,7 +105,7 @@ def element(op: OperatorSpec, dt: DataType, args: list[int], left: bool | None) 
         vals = args
     elif dt is DataType.BOOL:  # OpenVINO BOOL: the logical operations, result 0 or 1
         t = [v != 0 for v in args]
-        logical = {
+        logical: Callable[[], bool] = {
             Function.AND: lambda: t[0] and t[1],
             Function.OR: lambda: t[0] or t[1],
             Function.XOR: lambda: t[0] != t[1],

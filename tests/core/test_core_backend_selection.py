@@ -163,7 +163,8 @@ def _bare_cupy_backend() -> Any:
     from tensorbits.backends.cupy_backend import CupyBackend
 
     backend = object.__new__(CupyBackend)  # no device: only the host-transfer methods are used
-    backend._cupy = types.SimpleNamespace(asarray=lambda host: _DeviceArray(np.array(host)))
+    cupy: Any = types.SimpleNamespace(asarray=lambda host: _DeviceArray(np.array(host)))
+    backend._cupy = cupy  # a stand-in for the module: asarray alone
     backend._device = contextlib.nullcontext()  # cupy.cuda.Device, entered around transfers
     return backend
 

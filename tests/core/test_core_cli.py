@@ -19,6 +19,7 @@ from tensorbits.cli import main
 from tensorbits.config import Settings
 from tensorbits.guarded_protocol import GuardedHttpProtocol
 from tensorbits.runtime import Drain
+from tensorbits.serving import uvicorn_kwargs
 from tensorbits_protocol.catalog import listing
 from tensorbits_protocol.operators import OPERATORS, REGISTRY
 
@@ -140,7 +141,7 @@ def test_sigterm_turns_readiness_false_before_the_server_stops() -> None:
     it shares with the app, so readiness is 503 (and liveness still 200) while uvicorn finishes
     the requests in flight."""
     drain = Drain()
-    config = uvicorn.Config(**cli._uvicorn_kwargs(Settings(backend="numpy", cpu_threads=2), drain))
+    config = uvicorn.Config(**uvicorn_kwargs(Settings(backend="numpy", cpu_threads=2), drain))
     config.load()  # uvicorn calls the factory: the app is built with the drain
     server = cli.draining_server(config, drain)
     with TestClient(config.loaded_app) as client:
@@ -168,13 +169,14 @@ def test_the_drain_stops_accepting_once_in_the_order_registered() -> None:
 def test_the_metrics_port_needs_a_port_of_its_own(taken: str) -> None:
     ports = {"port": 9000, "grpc_port": 9001}
     with pytest.raises(ValueError, match="metrics_port 9"):
-        Settings(backend="numpy", **ports, metrics_port=ports[taken])
-    assert Settings(backend="numpy", **ports, metrics_port=9002).metrics_port == 9002
+        Settings(backend="numpy", port=9000, grpc_port=9001, metrics_port=ports[taken])
+    settings = Settings(backend="numpy", port=9000, grpc_port=9001, metrics_port=9002)
+    assert settings.metrics_port == 9002
 
 
 def test_the_protocol_gets_the_head_limits_from_the_settings() -> None:
     settings = Settings(backend="numpy", max_head_bytes=4096, timeout_header_read=2.5)
-    kwargs = cli._uvicorn_kwargs(settings)
+    kwargs = uvicorn_kwargs(settings)
     assert kwargs["app"].func is create_app  # each process builds its app (workers.py)
     # A picklable protocol: what a spawned worker could be handed with uvicorn's config.
     make = pickle.loads(pickle.dumps(kwargs["http"]))

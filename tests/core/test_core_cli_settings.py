@@ -51,6 +51,9 @@ def started(monkeypatch: pytest.MonkeyPatch, clean_environment: None) -> list[An
     )
     monkeypatch.setattr(logs, "configure_logging", lambda level, json_lines: None)
     monkeypatch.setattr(memory, "tune_allocator", lambda: None)
+    # serve checks that its ports are free before it starts: gRPC's default (8001) may be held
+    # by a server running beside the tests, and these tests are not about gRPC.
+    monkeypatch.setenv("TENSORBITS_GRPC_PORT", "0")
     return configs
 
 

@@ -111,7 +111,13 @@ def terminal_server() -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
     """``tensorbits serve`` with its stderr on a pseudo-terminal, as a person starts it."""
     main, secondary = pty.openpty()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TENSORBITS_")}
-    env.update(TENSORBITS_BACKEND="numpy", TENSORBITS_PORT=str(free_port()))
+    # Free ports for HTTP and gRPC: the defaults (8000, 8001) may be held by a server running
+    # beside the tests, and serve stops at once when a port of its own is taken.
+    env.update(
+        TENSORBITS_BACKEND="numpy",
+        TENSORBITS_PORT=str(free_port()),
+        TENSORBITS_GRPC_PORT=str(free_port()),
+    )
     proc = subprocess.Popen([str(TENSORBITS), "serve"], env=env, stderr=secondary)
     os.close(secondary)
     try:
@@ -132,7 +138,10 @@ def test_at_a_terminal_the_server_starts_with_a_banner_not_json(
     while b"models" not in seen and time.monotonic() < deadline:
         ready, _, _ = select.select([main], [], [], 0.5)
         if ready:
-            seen += os.read(main, 4096)
+            try:
+                seen += os.read(main, 4096)
+            except OSError:  # EIO: the server exited and closed the terminal; say what it wrote
+                break
     text = seen.decode()
     assert "tensorbits " in text
     assert "  docs     http://127.0.0.1:" in text

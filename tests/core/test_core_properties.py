@@ -79,7 +79,7 @@ def test_in_place_out_is_the_first_input(
 
 # --- shifts --------------------------------------------------------------------------------------
 def _shift_models(dt: DataType) -> list[tuple[str, dict[str, str], bool]]:
-    models = [
+    models: list[tuple[str, dict[str, str], bool]] = [
         ("openvino.BitwiseLeftShift-15", {}, True),
         ("openvino.BitwiseRightShift-15", {}, False),
     ]
@@ -134,7 +134,8 @@ def test_shift_spot_values(numpy_backend: Backend) -> None:
 
     def ov(model: str, x: list[int], y: list[int], dt: Any) -> list[int]:
         arrays = {"input_1": np.array(x, dt), "input_2": np.array(y, dt)}
-        return check(numpy_backend, model, arrays).tolist()
+        values: list[int] = check(numpy_backend, model, arrays).tolist()
+        return values
 
     assert ov(rs, [-16, -16, -16, 16, -128], [1, -1, 8, -1, 7], i8) == [-8, -1, -1, 0, -1]
     assert ov(ls, [16, 64, 127, -1, 1], [-1, 2, 1, 7, 8], i8) == [0, 0, -2, -128, 0]

@@ -4,6 +4,7 @@ whole data-type × feature-level table of docs/semantics.md written out independ
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -340,7 +341,7 @@ def test_bit_count_output_datatype() -> None:
     x = {"InputTensor": spec(U16, 2, 2)}
     for bad in ("UINT16", "UINT64", "uint8", "INT32"):
         rejected(
-            lambda bad=bad: call(DML + "BIT_COUNT", x, {"output_datatype": bad}),
+            partial(call, DML + "BIT_COUNT", x, {"output_datatype": bad}),
             f"parameters.output_datatype: '{bad}' is not a valid value for "
             "DML_OPERATOR_ELEMENT_WISE_BIT_COUNT (allowed: UINT8, UINT32)",
             "parameters.output_datatype",
@@ -393,7 +394,7 @@ def test_a_remembered_call_is_shared_read_only_and_keyed_by_parameter_type() -> 
     # True == 1.0 == 1 in Python; a call remembered with 1 must not let the others through.
     for axis in (True, 1.0):
         rejected(
-            lambda axis=axis: call(model, inputs, {"auto_broadcast": "pdpd", "axis": axis}),
+            partial(call, model, inputs, {"auto_broadcast": "pdpd", "axis": axis}),
             f"parameters.axis: {axis!r} is not an integer",
             "parameters.axis",
             "parameter_type",
@@ -624,7 +625,7 @@ def test_support_table(model: str) -> None:
             inputs = {name: TensorSpec(dt, shape) for name in op.inputs}
             if allowed is None:
                 rejected(
-                    lambda inputs=inputs, params=params: validate_call(op, inputs, params),
+                    partial(validate_call, op, inputs, params),
                     f"does not exist at feature level {level}",
                     "parameters.feature_level",
                     "feature_level",
@@ -637,7 +638,7 @@ def test_support_table(model: str) -> None:
                 assert resolved.output_datatype is want_out
             else:
                 err = rejected(
-                    lambda inputs=inputs, params=params: validate_call(op, inputs, params),
+                    partial(validate_call, op, inputs, params),
                     f"{op.inputs[0]}: data type {dt} is not supported by {op.name}",
                     op.inputs[0],
                     "datatype",

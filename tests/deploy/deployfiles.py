@@ -19,7 +19,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
+import yaml  # type: ignore[import-untyped]  # PyYAML ships no type hints
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"
@@ -276,7 +276,7 @@ def context_files(root: Path = REPO) -> list[str]:
     """Every file a `docker build` of ``root`` sends, per ``root``/.dockerignore. Git's ignored
     folders (.venv/, caches) are walked too: the daemon knows nothing of .gitignore."""
     ignore = DockerIgnore.read(root / ".dockerignore")
-    sent = []
+    sent: list[str] = []
     for folder, subfolders, files in os.walk(root):
         here = Path(folder).relative_to(root).as_posix()
         prefix = "" if here == "." else here + "/"

@@ -11,7 +11,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
-import yaml
+import yaml  # type: ignore[import-untyped]  # PyYAML ships no type hints
 from deploy.deployfiles import COMPOSE_FILE, K8S, env_list, k8s_resource, load_yaml_documents
 from support.inprocess import TestClient
 

@@ -12,13 +12,15 @@ import re
 import subprocess
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-import yaml
+import yaml  # type: ignore[import-untyped]  # PyYAML ships no type hints
 from deploy.deployfiles import COMPOSE_FILE, COMPOSE_SCHEMA, DOCKER, dockerfile, find_tool
 
 jsonschema = pytest.importorskip("jsonschema", reason="jsonschema not installed (dev dependency)")
+if TYPE_CHECKING:
+    from jsonschema.protocols import Validator  # type: ignore[import-untyped]  # no type hints
 
 VARIABLE = re.compile(r"\$\{(?P<name>[A-Z0-9_]+)(?::?-(?P<default>[^}]*))?\}")
 
@@ -35,7 +37,7 @@ def _compose() -> dict[str, Any]:
     return document
 
 
-def _validator() -> jsonschema.protocols.Validator:
+def _validator() -> Validator:
     cls = jsonschema.validators.validator_for(_schema())
     cls.check_schema(_schema())
     return cls(_schema(), format_checker=cls.FORMAT_CHECKER)

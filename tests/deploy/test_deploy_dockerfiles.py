@@ -299,10 +299,11 @@ def test_dependency_layer_comes_before_the_code(kind: str) -> None:
         "uv.lock",
         "service/pyproject.toml",
         "client/pyproject.toml",
+        "protocol/pyproject.toml",
     }
     sources_after = {s for c in after for s in copy_sources_and_dest(c)[0]}
     cuda = {"docker/gpu/cuda${CUDA_MAJOR}.txt"} if kind == "gpu" else set()
-    assert sources_after == {"service/src", "client/src"} | cuda
+    assert sources_after == {"service/src", "protocol/src"} | cuda
     if kind == "gpu":
         # The CUDA layer sits between the two, and the code sync keeps what it installed.
         ((install, words),) = _uv_runs(builder, "pip", "install")
@@ -583,7 +584,8 @@ def test_cpu_install_steps_build_a_working_environment(tmp_path: Path) -> None:
     assert version.stdout.startswith("tensorbits ")
     site = next((venv / "lib").glob("python3*/site-packages"))
     installed = {p.name.split("-")[0].lower() for p in site.glob("*.dist-info")}
-    assert {"tensorbits", "tensorbits_client", "numpy", "uvicorn", "fastapi"} <= installed
+    assert {"tensorbits", "tensorbits_protocol", "numpy", "uvicorn", "fastapi"} <= installed
+    assert "tensorbits_client" not in installed, "the SDK is no dependency of the service"
     assert not installed & {"pytest", "ruff", "mypy", "hypothesis"}, "dev tools in the image"
     assert not any(name.startswith("cupy") for name in installed), "CuPy in the CPU image"
     # Installed as wheels, not as links back into the (discarded) source tree.

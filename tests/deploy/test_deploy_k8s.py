@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from deploy.deployfiles import (
@@ -31,7 +31,10 @@ jsonschema = pytest.importorskip("jsonschema", reason="jsonschema not installed 
 kubernetes_validate = pytest.importorskip(
     "kubernetes_validate", reason="kubernetes-validate not installed (dev dependency)"
 )
-from kubernetes_validate import utils as kv_utils  # noqa: E402
+from kubernetes_validate import utils as kv_utils  # type: ignore[import-untyped]  # noqa: E402
+
+if TYPE_CHECKING:
+    from jsonschema import Draft202012Validator  # type: ignore[import-untyped]  # no type hints
 
 # The oldest Kubernetes minor version these manifests promise to fit, and the newest the
 # installed kubernetes-validate knows. Every shipped version in between is checked too.
@@ -139,7 +142,7 @@ def _definitions(version: str) -> dict[str, Any]:
     return schemas
 
 
-def _definition_validator(name: str) -> jsonschema.Draft202012Validator:
+def _definition_validator(name: str) -> Draft202012Validator:
     """A validator for one Kubernetes type (io.k8s.api.core.v1.PodSpec, ...) whose references
     resolve inside the strict _definitions.json of the newest shipped version."""
     definitions = _definitions("latest")
@@ -147,7 +150,7 @@ def _definition_validator(name: str) -> jsonschema.Draft202012Validator:
     return jsonschema.Draft202012Validator(schema)
 
 
-def _messages(validator: jsonschema.Draft202012Validator, instance: Any) -> list[str]:
+def _messages(validator: Draft202012Validator, instance: Any) -> list[str]:
     return [
         f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
         for e in validator.iter_errors(instance)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -297,7 +298,7 @@ def test_the_podman_stop_check(code: int, log: str, elapsed: float, problem: str
 def test_without_podman_the_stage_says_so_and_passes(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(image_test.shutil, "which", lambda name: None)
+    monkeypatch.setattr(shutil, "which", lambda name: None)  # the module image_test looks in
     image_test.podman_check(image_test.Container(images.IMAGES[0]), tmp_path)
     assert capsys.readouterr().out == "image-test cpu: podman: not installed, skipped\n"
 

@@ -219,7 +219,14 @@ def _dry_run(command: str, environment: Path) -> str:
 def test_serve_sync_installs_the_runtime_without_dev_tools(tmp_path: Path) -> None:
     plan = _dry_run(_serve_sync_command(), tmp_path / "venv")
     installs = set(re.findall(r"^ \+ ([A-Za-z0-9_.-]+)==", plan, re.M))
-    assert {"tensorbits", "tensorbits-client", "uvicorn", "fastapi", "numpy"} <= installs, plan
+    assert {
+        "tensorbits",
+        "tensorbits-client",
+        "tensorbits-protocol",
+        "uvicorn",
+        "fastapi",
+        "numpy",
+    } <= installs, plan
     assert not installs & set(DEV_TOOLS), plan
     assert not (tmp_path / "venv").exists()  # a dry run
 

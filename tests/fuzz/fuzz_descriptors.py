@@ -52,7 +52,7 @@ from __future__ import annotations
 from fuzz_support import SMALL_LIMITS, Reader, fuzz, instrumented
 
 with instrumented(__name__, "tensorbits", "tensorbits_protocol"):
-    from tensorbits import batch, engine
+    from tensorbits import batch
     from tensorbits.backends.numpy_backend import NumpyBackend
     from tensorbits.config import Settings
     from tensorbits_protocol import codec, dml
@@ -251,7 +251,7 @@ def fuzz_batch(reader: Integers) -> None:
         for tensor in (*dispatch.inputs, dispatch.output):
             _check_tensor(plan, tensor)
     sinks = [memoryview(bytearray(plan.buffers[i].byte_size)) for i in plan.outputs]
-    engine.run_batch(plan, body, BACKEND, sinks)
+    batch.run_batch(plan, body, BACKEND, sinks)
 
 
 def TestOneInput(data: bytes) -> None:  # noqa: N802 (the name atheris and libFuzzer use)

@@ -1,7 +1,7 @@
 """Coverage-guided fuzz target: the request head at the HTTP layer (``GuardedHttpProtocol``).
 
 The protocol ``tensorbits serve`` runs is driven in process: a uvicorn ``Config`` made from the
-server's own keyword arguments (``cli._uvicorn_kwargs``, so a change there reaches this target)
+server's own keyword arguments (``serving.uvicorn_kwargs``, so a change there reaches this target)
 with the application swapped for a recording one, a ``ServerState``, a transport that keeps what
 is written and when it is closed, and one event loop that runs the requests' tasks between the
 chunks (asyncio's own: the protocol uses only the loop's public API, and uvloop, which serves,
@@ -81,7 +81,7 @@ with instrumented(__name__, "tensorbits", "uvicorn"):
     import uvicorn
     from uvicorn.server import ServerState
 
-    from tensorbits import cli, guarded_protocol
+    from tensorbits import guarded_protocol, serving
     from tensorbits.config import Settings
     from tensorbits.guarded_protocol import GuardedHttpProtocol
     from tensorbits.logs import JsonFormatter
@@ -164,7 +164,7 @@ async def _app(scope: Any, receive: Any, send: Any) -> None:
 
 
 def _config() -> uvicorn.Config:
-    kwargs = cli._uvicorn_kwargs(SETTINGS)
+    kwargs = serving.uvicorn_kwargs(SETTINGS)
     # log_level None: uvicorn leaves the loggers' levels alone (this may run inside pytest).
     kwargs.update(app=_app, factory=False, ws="none", lifespan="off", log_level=None)
     config = uvicorn.Config(**kwargs)

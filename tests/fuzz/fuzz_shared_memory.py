@@ -85,8 +85,9 @@ def _integer(reader: Reader) -> int:
     return value
 
 
-def _refusal(action: Callable[[], object]) -> str:
-    """The rule of the ``InvalidRequest`` that ``action`` raises; it must raise one."""
+def _refusal(action: Callable[[], object]) -> str | None:
+    """The rule of the ``InvalidRequest`` that ``action`` raises (None: it names none); it must
+    raise one."""
     try:
         action()
     except InvalidRequest as refusal:

@@ -735,6 +735,9 @@ def test_the_readme_example_runs(server: GrpcServer) -> None:
         for block in re.findall(r"^```text\n(.*?)^```", readme, re.MULTILINE | re.DOTALL)
         if "tritonclient.utils.cuda_shared_memory" in block
     ]
+    # The example dials the default address: were it spelt otherwise, the replacement below
+    # would miss it and the example would reach whatever server holds port 8000 here.
+    assert "localhost:8000" in example, "the example's address changed: point it at this server"
     namespace: dict[str, Any] = {}
     exec(example.replace("localhost:8000", server.http.url), namespace)
     assert_bits_equal(namespace["y"], ~namespace["x"])

@@ -13,7 +13,7 @@ import pytest
 from gpu.gpu_support import cupy_backend_or_skip
 from support.v1 import outputs, post, rich_batch, run_planned, v1_client
 
-from tensorbits import engine
+from tensorbits import batch
 from tensorbits.backends import Backend
 from tensorbits.backends.numpy_backend import NumpyBackend
 
@@ -40,7 +40,7 @@ def test_strided_views_on_cupy_equal_numpy(
 ) -> None:
     header, payload = rich_batch(np.random.default_rng(99))
     expected = run_planned(header, payload, NumpyBackend(1))
-    monkeypatch.setattr(engine._Views, "of", engine._Views.strided)
+    monkeypatch.setattr(batch._Views, "of", batch._Views.strided)
     assert run_planned(header, payload, cupy_backend) == expected
 
 

@@ -17,8 +17,8 @@ import pytest
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 from google.protobuf import json_format
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from support.grpc_live import GrpcServer, serve_grpc
+from grpc_health.v1 import health_pb2
+from support.grpc_live import GrpcServer, health_check, serve_grpc
 from support.inprocess import app_client
 from support.live import TENSORBITS, free_port
 from tritonclient.grpc import model_config_pb2
@@ -91,8 +91,7 @@ def test_api_keys_from_metadata() -> None:
         assert client.get_model_metadata(NOT, headers={"authorization": "Bearer k2"}).name == NOT
         assert client.get_model_metadata(NOT, headers={"x-api-key": "k1"}).name == NOT
         with grpc.insecure_channel(server.grpc_url) as channel:  # the probe needs no key
-            health = health_pb2_grpc.HealthStub(channel)
-            answer = health.Check(health_pb2.HealthCheckRequest(), timeout=10)
+            answer = health_check(channel)(health_pb2.HealthCheckRequest(), timeout=10)
             assert answer.status == health_pb2.HealthCheckResponse.SERVING
 
 
@@ -102,17 +101,15 @@ def test_readiness_follows_the_drain() -> None:
     with app_client(drain=drain, grpc_port=port):
         client = triton_grpc.InferenceServerClient(f"127.0.0.1:{port}")
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            health = health_pb2_grpc.HealthStub(channel)
+            check = health_check(channel)
             request = health_pb2.HealthCheckRequest(service="inference.GRPCInferenceService")
             assert client.is_server_ready()
-            assert (
-                health.Check(request, timeout=10).status == health_pb2.HealthCheckResponse.SERVING
-            )
+            assert check(request, timeout=10).status == health_pb2.HealthCheckResponse.SERVING
             drain.begin()
             assert not client.is_server_ready()
             assert not client.is_model_ready(NOT)
             assert client.is_server_live()
-            status = health.Check(request, timeout=10).status
+            status = check(request, timeout=10).status
             assert status == health_pb2.HealthCheckResponse.NOT_SERVING
 
 
@@ -162,7 +159,9 @@ def test_a_message_that_never_arrives_is_cut_off() -> None:
             yield b""
 
         with grpc.insecure_channel(server.grpc_url) as channel:
-            stalled = channel.stream_unary("/inference.GRPCInferenceService/ServerLive")
+            stalled: grpc.StreamUnaryMultiCallable[bytes, bytes] = channel.stream_unary(
+                "/inference.GRPCInferenceService/ServerLive"
+            )
             future = stalled.future(never(), timeout=30)
             client = triton_grpc.InferenceServerClient(server.grpc_url)
             assert client.is_server_live()  # a bystander is served while it waits

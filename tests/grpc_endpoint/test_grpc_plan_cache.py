@@ -38,7 +38,8 @@ def _request(op: OperatorSpec, size: int = 6) -> bytes:
         request.raw_input_contents.append(array.tobytes())
     if op.function is Function.SHIFT:
         request.parameters["direction"].string_param = "RIGHT"
-    return request.SerializeToString()
+    message: bytes = request.SerializeToString()
+    return message
 
 
 @pytest.mark.parametrize("op", OPERATORS, ids=lambda op: op.name)
@@ -73,4 +74,4 @@ def test_a_cached_request_still_sees_unloads_and_sizes(runtimes: tuple[Runtime, 
     request.raw_input_contents[0] = b"\0" * 5  # the same message but one raw size
     with pytest.raises(InvalidRequest) as caught:
         asyncio.run(service.model_infer(request.SerializeToString()))
-    assert caught.value.rule == "raw_contents"
+    assert caught.value.rule == "binary_data_size"

@@ -30,7 +30,8 @@ def _published(name: str) -> Descriptor:
     """The published message of that name: Triton's service protocol or its model config."""
     for module in (service_pb2, model_config_pb2):
         if name in module.DESCRIPTOR.message_types_by_name:
-            return module.DESCRIPTOR.message_types_by_name[name]
+            message: Descriptor = module.DESCRIPTOR.message_types_by_name[name]
+            return message
     raise AssertionError(f"{name} is not a published message")
 
 

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as triton
 from support.grpc_live import GrpcServer, serve_grpc
-from support.inprocess import app_client
+from support.inprocess import app_client, runtime_of
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import (
     TRITON_RESERVED_REQUEST_PARAMS,
@@ -32,7 +32,6 @@ from tritonclient.utils import (
     InferenceServerException,
 )
 
-from tensorbits.api.deps import runtime_of_app
 from tensorbits.grpc import inference_pb2 as pb
 from tensorbits.grpc.service import STREAM_MAX_IN_FLIGHT, Context, InferenceService
 
@@ -149,7 +148,7 @@ def test_an_error_in_the_stream_is_triton_s_form(grpc_server: GrpcServer) -> Non
     # error_message set, infer_response holding only the failed request's id (Triton fills it in
     # "so that the client knows which request failed"); the next request is answered as usual.
     with grpc.insecure_channel(grpc_server.grpc_url) as channel:
-        call = channel.stream_stream(STREAM)
+        call: grpc.StreamStreamMultiCallable[bytes, bytes] = channel.stream_stream(STREAM)
         answers = [
             service_pb2.ModelStreamInferResponse.FromString(answer)
             for answer in call(
@@ -214,11 +213,10 @@ def test_each_reserved_parameter_over_modelinfer_and_the_stream(
         unary = service_pb2.ModelInferResponse.FromString(
             channel.unary_unary(INFER)(request.SerializeToString(), timeout=30)
         )
+        stream: grpc.StreamStreamMultiCallable[bytes, bytes] = channel.stream_stream(STREAM)
         (streamed,) = [
             service_pb2.ModelStreamInferResponse.FromString(answer)
-            for answer in channel.stream_stream(STREAM)(
-                iter([request.SerializeToString()]), timeout=30
-            )
+            for answer in stream(iter([request.SerializeToString()]), timeout=30)
         ]
     assert streamed.error_message == ""
     for response in (unary, streamed.infer_response):
@@ -327,7 +325,7 @@ def _unary_status(server: GrpcServer) -> grpc.StatusCode:
                 _request(0).SerializeToString(), timeout=10, metadata=KEY_METADATA
             )
         except grpc.RpcError as exc:
-            return cast(grpc.StatusCode, exc.code())
+            return exc.code()
     return grpc.StatusCode.OK
 
 
@@ -366,10 +364,9 @@ def _raw_stream(server: GrpcServer, messages: list[bytes], hold: threading.Event
     seen: list[Any] = []
     started = time.monotonic()
     with grpc.insecure_channel(server.grpc_url) as channel:
+        stream: grpc.StreamStreamMultiCallable[bytes, bytes] = channel.stream_stream(STREAM)
         try:
-            for answer in channel.stream_stream(STREAM)(
-                requests(), timeout=30, metadata=KEY_METADATA
-            ):
+            for answer in stream(requests(), timeout=30, metadata=KEY_METADATA):
                 seen.append(service_pb2.ModelStreamInferResponse.FromString(answer))
             seen.append(grpc.StatusCode.OK)
         except grpc.RpcError as exc:
@@ -427,7 +424,7 @@ def test_at_most_the_bound_in_flight_answered_in_order() -> None:
     # no further while that many are in flight, and answers in the order the messages came.
     count = 3 * STREAM_MAX_IN_FLIGHT
     with app_client(grpc_port=0) as client:
-        service = InferenceService(runtime_of_app(client.app))
+        service = InferenceService(runtime_of(client))
         real = service._infer
         waiting = 0
         most = 0

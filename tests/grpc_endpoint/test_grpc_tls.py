@@ -77,12 +77,16 @@ def test_an_encrypted_key_is_a_settings_error_with_grpc_on(tmp_path: Path) -> No
     )
     (tmp_path / "tls.key").write_bytes(encrypted)
     cert.cert_chain_pems[0].write_to_path(str(tmp_path / "tls.crt"))
-    tls = {
-        "tls_cert_file": tmp_path / "tls.crt",
-        "tls_key_file": tmp_path / "tls.key",
-        "tls_key_password": "secret",
-    }
+
+    def settings(grpc_port: int) -> Settings:
+        return Settings(
+            tls_cert_file=tmp_path / "tls.crt",
+            tls_key_file=tmp_path / "tls.key",
+            tls_key_password="secret",
+            grpc_port=grpc_port,
+        )
+
     with pytest.raises(ValidationError) as caught:
-        Settings(**tls, grpc_port=8001)
+        settings(grpc_port=8001)  # checked, never bound
     assert "gRPC serves TLS only with an unencrypted key" in str(caught.value)
-    assert Settings(**tls, grpc_port=0).tls_key_password is not None  # HTTPS alone: fine
+    assert settings(grpc_port=0).tls_key_password is not None  # HTTPS alone: fine

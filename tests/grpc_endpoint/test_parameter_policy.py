@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
+from pydantic import BaseModel
 from support.framing import framed
 from support.grpc_live import GrpcServer
 from support.inprocess import TestClient, app_client
@@ -71,7 +72,7 @@ SAMPLES: dict[str, Value] = {
     "shared_memory_offset": 0,
     "classification": 2,
 }
-MODELS = {
+MODELS: dict[Level, type[BaseModel]] = {
     Level.REQUEST: InferenceRequestParameters,
     Level.INPUT: RequestInputParameters,
     Level.OUTPUT: RequestOutputParameters,
@@ -172,7 +173,7 @@ def grpc_request(call: Call) -> service_pb2.ModelInferRequest:
 
 
 def over_grpc(channel: grpc.Channel, call: Call) -> Answer:
-    infer = channel.unary_unary(INFER)
+    infer: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(INFER)
     try:
         reply = infer(grpc_request(call).SerializeToString(), timeout=10)
     except grpc.RpcError as error:

@@ -20,8 +20,8 @@ from typing import Any
 
 import httpx
 import numpy as np
-from kserve import InferenceGRPCClient, InferenceRESTClient, InferInput, InferRequest, RESTConfig
-from kserve.protocol.infer_type import InferResponse, RequestedOutput
+from kserve import InferenceGRPCClient, InferenceRESTClient, InferInput, InferRequest, RESTConfig  # type: ignore[import-untyped]  # no type hints
+from kserve.protocol.infer_type import InferResponse, RequestedOutput  # type: ignore[import-untyped]
 
 NOT = "DML_OPERATOR_ELEMENT_WISE_BIT_NOT"
 AND = "onnx.BitwiseAnd-18"

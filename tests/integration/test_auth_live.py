@@ -113,9 +113,9 @@ def test_tritonclient_with_headers(keyed: LiveServer) -> None:
             assert client.is_model_ready(NOT, headers=headers)
             assert client.get_server_metadata(headers=headers)["name"] == "tensorbits"
         assert not client.is_model_ready(NOT)  # 401: not ready as far as it can tell
-        for headers in (None, {"Authorization": f"Bearer {WRONG}"}):
+        for refused in (None, {"Authorization": f"Bearer {WRONG}"}):
             with pytest.raises(InferenceServerException) as caught:
-                _triton_infer(client, data, headers=headers)
+                _triton_infer(client, data, headers=refused)
             assert caught.value.status() == "401"
             assert "API key" in str(caught.value.message())
     finally:

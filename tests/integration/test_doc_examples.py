@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 UV = ROOT / ".tools" / "bin" / "uv"
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # The README's install command, run from the repository as it says.
-INSTALL = re.compile(r"^pip install '(\./client\[progress\])'", re.MULTILINE)
+INSTALL = re.compile(r"^pip install (\./protocol) '(\./client\[progress\])'", re.MULTILINE)
 FENCE = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 
@@ -55,7 +55,7 @@ def documented_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     env.pop("VIRTUAL_ENV", None)
     python = venv / "bin" / "python"
     subprocess.run(
-        [str(UV), "pip", "install", "--quiet", "--python", str(python), match.group(1)],
+        [str(UV), "pip", "install", "--quiet", "--python", str(python), *match.groups()],
         check=True,
         env=env,
         cwd=ROOT,

@@ -17,7 +17,6 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -61,9 +60,12 @@ def cupy_backend_works() -> bool:
     return True
 
 
-def session(*args: str, tmp_path: Path, timeout: float = 100) -> subprocess.CompletedProcess[str]:
+def session(
+    *args: str, tmp_path: Path, timeout: float = 100, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
+        **(extra_env or {}),
         "PYTHON": sys.executable,
         "OUT": str(tmp_path / "out"),
         "TMPDIR": str(tmp_path),
@@ -167,6 +169,25 @@ def test_a_failed_install_stops_the_rest(tmp_path: Path) -> None:
     assert "the wheels did not install" in done.stdout
 
 
+def test_make_gpu_check_uses_the_projects_environment_without_wheels(tmp_path: Path) -> None:
+    """`make gpu-check` (NO_WHEELS=1): the install step takes the running Python's packages and
+    passes; without a device the preflight then stops the call, as anywhere."""
+    makefile = (ROOT / "Makefile").read_text()
+    target = makefile[makefile.index("\ngpu-check:") :].split("\n\n")[0]
+    assert "--all-extras" in target
+    assert "NO_WHEELS=1 PYTHON=$(BIN)/python bash scripts/gpu_session.sh" in target
+    done = session("install", tmp_path=tmp_path, extra_env={"NO_WHEELS": "1"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith(f"no wheels: {sys.executable}'s own packages")
+    if cupy_backend_works():
+        return
+    done = session("quick", tmp_path=tmp_path, extra_env={"NO_WHEELS": "1"})
+    rows = summary_rows(done.stdout)
+    assert rows[0] == ("PASSED", "install wheels")
+    assert ("FAILED (exit 3)", "preflight") in rows
+    assert done.returncode == 1
+
+
 def test_without_a_device_the_preflight_says_so_and_stops_the_session() -> None:
     """Exit 3: the session runs nothing after it (steps_preflight)."""
     if cupy_backend_works():
@@ -259,7 +280,7 @@ def test_the_wheel_set_is_the_lock_with_its_hashes() -> None:
     major, minor = map(int, pins["typing-extensions"].version.split(".")[:2])
     assert (major, minor) >= (4, 14)  # pydantic-core 2.50 needs typing_extensions.Sentinel
     # The machine's own NumPy (its CuPy's); the workspace travels as source.
-    assert not {"numpy", "tensorbits", "tensorbits-client"} & set(pins)
+    assert not {"numpy", "tensorbits", "tensorbits-client", "tensorbits-protocol"} & set(pins)
     requirement = pins["typing-extensions"].requirement()
     assert requirement.startswith(f"typing-extensions=={versions['typing-extensions']} --hash=")
 
@@ -288,5 +309,5 @@ def test_check_says_what_a_folder_of_wheels_lacks(tmp_path: Path) -> None:
     assert len(problems) == 4, problems
 
 
-def pins_of(pins: list[Any], name: str) -> str:
+def pins_of(pins: list[gpu_wheels.Pin], name: str) -> str:
     return next(pin.version for pin in pins if pin.name == name)

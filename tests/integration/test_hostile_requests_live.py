@@ -178,7 +178,8 @@ def test_integer_cases_leave_other_clients_served(server: LiveServer) -> None:
 
 # --- 3. counts past each limit, refused before anything is built ------------------------------
 def _dispatch() -> dict[str, Any]:
-    return _batch()["dispatches"][0]
+    dispatch: dict[str, Any] = _batch()["dispatches"][0]
+    return dispatch
 
 
 def _many(what: str, count: int) -> tuple[str, dict[str, Any]]:

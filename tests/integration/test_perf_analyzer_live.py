@@ -12,7 +12,6 @@ tests skip only when those downloads cannot be made (no network), with the scrip
 
 from __future__ import annotations
 
-import csv
 import re
 import subprocess
 from collections.abc import Iterator
@@ -21,11 +20,11 @@ from pathlib import Path
 
 import pytest
 from support.grpc_live import GrpcServer, serve_grpc
+from support.perf_analyzer import SCRIPT, run_perf_analyzer
 
 # The setup's downloads count against the first test that needs it.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "perf_analyzer.sh"
 NOT = "DML_OPERATOR_ELEMENT_WISE_BIT_NOT"
 SHIFT = "onnx.BitShift-11"
 REQUESTS = 200
@@ -77,25 +76,14 @@ def shm_server(perf_analyzer: None) -> Iterator[GrpcServer]:
 
 
 def run(tmp_path: Path, *args: str) -> Run:
-    report = tmp_path / "report.csv"
-    report.unlink(missing_ok=True)
-    argv = ["bash", str(SCRIPT), "--request-count", str(REQUESTS), "-f", str(report), *args]
-    done = subprocess.run(
-        argv,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        check=False,
+    done = run_perf_analyzer(
+        ["--request-count", str(REQUESTS), *args], tmp_path / "report.csv", RUN_TIMEOUT_S
     )
     throughput = p99 = 0.0
-    if report.exists():
-        with report.open(newline="") as f:
-            rows = list(csv.DictReader(f))
-        if rows:
-            throughput = float(rows[0]["Inferences/Second"])
-            p99 = float(rows[0]["p99 latency"])
-    return Run(done.returncode, done.stdout, throughput, p99)
+    if done.rows:
+        throughput = float(done.rows[0]["Inferences/Second"])
+        p99 = float(done.rows[0]["p99 latency"])
+    return Run(done.returncode, done.output, throughput, p99)
 
 
 def assert_succeeded(result: Run) -> None:

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import numpy as np
@@ -22,6 +23,8 @@ from support.sdk import assert_both_apis_answer
 from tensorbits_client import APIConnectionError, AsyncClient, AuthenticationError, Client
 
 trustme = pytest.importorskip("trustme", reason="trustme not installed (dev dependency)")
+if TYPE_CHECKING:
+    from trustme import CA
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +35,7 @@ HEALTHCHECK = Path(__file__).resolve().parents[2] / "docker" / "healthcheck.py"
 @dataclass(frozen=True)
 class TlsServer:
     server: LiveServer
-    ca: trustme.CA
+    ca: CA
     ca_file: Path
 
     @property

@@ -209,7 +209,7 @@ def _array(datatype: str, shape: list[int]) -> np.ndarray[Any, Any]:
     """Random elements of ``datatype`` (any bits: every bitwise operator takes them all)."""
     dtype = np.dtype(triton_to_np_dtype(datatype))
     raw = RNG.integers(0, 256, int(np.prod(shape)) * dtype.itemsize, dtype=np.uint8)
-    array = raw % 2 == 1 if dtype == np.bool_ else raw.view(dtype)
+    array: np.ndarray[Any, Any] = raw % 2 == 1 if dtype == np.bool_ else raw.view(dtype)
     return array.reshape(shape)
 
 

@@ -16,6 +16,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -31,7 +32,7 @@ WORKERS = {"TENSORBITS_WORKERS": "2", "TENSORBITS_GRPC_PORT": "0"}
 INFER = f"/v2/models/{NOT}/infer"
 
 
-def _not_request(data: np.ndarray) -> bytes:  # type: ignore[type-arg]
+def _not_request(data: np.ndarray[Any, Any]) -> bytes:
     body, headers = framed(
         {"inputs": [binary_input("InputTensor", data)], "parameters": {"binary_data_output": True}},
         data.tobytes(),
@@ -39,7 +40,7 @@ def _not_request(data: np.ndarray) -> bytes:  # type: ignore[type-arg]
     return request("POST", INFER, headers, body)
 
 
-def _check_not(reply: tuple[int, dict[str, str], bytes], data: np.ndarray) -> None:  # type: ignore[type-arg]
+def _check_not(reply: tuple[int, dict[str, str], bytes], data: np.ndarray[Any, Any]) -> None:
     status, headers, body = reply
     assert status == 200, body[:300]
     offset = int(headers["inference-header-content-length"])

@@ -28,16 +28,16 @@ from support.inprocess import TestClient
 from support.reliability import (
     EDGES_64,
     FUZZ,
-    INT64_MIN,
     OUTSIDE_64_BITS,
     SMALL_LIMITS,
-    UINT64_MAX,
     LongInt,
     assert_not_server_error,
     dumps,
     hostile_ints,
     small_client,
 )
+
+from tensorbits_protocol.integers import INT64_MIN, UINT64_MAX
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 schemathesis = pytest.importorskip("schemathesis")
 
 from hypothesis import HealthCheck, settings  # noqa: E402
+from schemathesis import Case  # noqa: E402
 from schemathesis.checks import not_a_server_error  # noqa: E402
 from support.inprocess import TestClient  # noqa: E402
 from support.reliability import SMALL_LIMITS  # noqa: E402
@@ -37,11 +39,11 @@ def _lifespan() -> Iterator[None]:
         yield
 
 
-@schema.parametrize()
+@schema.parametrize()  # type: ignore[untyped-decorator]  # schemathesis types it a bare Callable
 @settings(
     max_examples=EXAMPLES,
     deadline=None,
     suppress_health_check=list(HealthCheck),
 )
-def test_rel_schemathesis_no_server_error(case: schemathesis.Case) -> None:
+def test_rel_schemathesis_no_server_error(case: Case[Any]) -> None:
     case.call_and_validate(checks=[not_a_server_error])

@@ -8,17 +8,21 @@ import gzip
 import json
 import os
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
 from support.framing import HEADER, framed
-from support.inprocess import TestClient
+from support.inprocess import TestClient, runtime_of
 from support.v2 import NOT, binary_input, v2_client
 
 from tensorbits.api.compression import accepted_coding, compress, compressed_bound
 
-DECOMPRESS = {"gzip": gzip.decompress, "deflate": zlib.decompress}
+DECOMPRESS: dict[str, Callable[[bytes], bytes]] = {
+    "gzip": gzip.decompress,
+    "deflate": zlib.decompress,
+}
 
 
 @pytest.mark.parametrize(
@@ -121,7 +125,7 @@ def test_compressed_copy_not_admitted_goes_uncompressed() -> None:
         headers, raw = _infer(client, array, "gzip")
         assert "content-encoding" not in headers
         assert len(raw) == int(headers[HEADER.lower()]) + size
-        runtime = client.app.state.runtime
+        runtime = runtime_of(client)
         assert runtime.admission.bytes_in_flight == 0  # every grant given back
         small = np.ones(1024, dtype=np.uint8)
         headers, _ = _infer(client, small, "gzip")

@@ -18,10 +18,9 @@ import pytest
 import tritonclient.utils.shared_memory as system_shm
 from core.bitref import assert_bits_equal, reference
 from support.device_stand_in import HostDeviceMemory
-from support.inprocess import TestClient, app_client
+from support.inprocess import TestClient, app_client, runtime_of
 from support.v2 import uint8_inputs
 
-from tensorbits.api.deps import runtime_of_app
 from tensorbits.grpc import inference_pb2 as pb
 from tensorbits.grpc.service import InferenceService
 from tensorbits.shared_memory import Kind, SharedMemoryRegions
@@ -55,7 +54,7 @@ def regions(device: HostDeviceMemory) -> Iterator[SharedMemoryRegions]:
 @pytest.fixture
 def client(regions: SharedMemoryRegions) -> Iterator[TestClient]:
     with app_client(shared_memory=True, shared_memory_prefix=PREFIX) as made:
-        runtime_of_app(made.app).shared_memory = regions  # type: ignore[arg-type]
+        runtime_of(made).shared_memory = regions
         yield made
 
 
@@ -223,7 +222,7 @@ def test_registration_refusals(
 ) -> None:
     handle, _ = device.export(256)
     url = "/v2/cudasharedmemory/region/r/register"
-    cases: list[tuple[Any, str, str]] = [
+    cases: list[tuple[Any, str, str | None]] = [
         ({"raw_handle": {"b64": "not base64!"}, "device_id": 0, "byte_size": 8},
          "cuda_ipc_handle", "raw_handle"),
         ({"raw_handle": {"b64": base64.b64encode(b"ten bytes!").decode()}, "device_id": 0,
@@ -368,13 +367,14 @@ def test_grpc_register_infer_status_unregister(
     client: TestClient, device: HostDeviceMemory
 ) -> None:
     """The RPCs as tritonclient.grpc sends them (raw_handle as bytes), on the same regions."""
-    service = InferenceService(runtime_of_app(client.app))
+    service = InferenceService(runtime_of(client))
     x = RNG.integers(0, 2**16, size=8, dtype=np.uint16)
     handle, buffer = device.export(64)
     put(buffer, x, 0)
 
     def call(rpc: str, message: Any) -> bytes:
-        return asyncio.run(getattr(service, rpc)(message.SerializeToString()))
+        answer: bytes = asyncio.run(getattr(service, rpc)(message.SerializeToString()))
+        return answer
 
     call("cuda_shared_memory_register",
          pb.CudaSharedMemoryRegisterRequest(name="g", raw_handle=handle, device_id=0, byte_size=64))  # fmt: skip

@@ -46,7 +46,7 @@ class OnDevice(np.ndarray[Any, Any]):
         self.made_on = getattr(obj, "made_on", current())
 
     @property
-    def device(self) -> Any:  # type: ignore[override]
+    def device(self) -> Any:
         return on(self.made_on)
 
     def fill(self, value: Any) -> None:
@@ -118,7 +118,7 @@ def test_batch_buffers_are_made_on_the_backends_device() -> None:
     for seed in range(3):
         header, payload = rich_batch(np.random.default_rng(seed))
         allocations.clear()
-        got = run_planned(header, payload, DeviceOne())  # type: ignore[arg-type]
+        got = run_planned(header, payload, DeviceOne())
         assert got == run_planned(header, payload, NumpyBackend(1))
         assert allocations, "the batch allocated nothing on the backend"
         assert set(allocations) == {DEVICE}, allocations

@@ -7,6 +7,7 @@ import gc
 import json
 import string
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -197,9 +198,12 @@ def test_a_small_batch_header_has_its_members_counted_once_parsed(
 
     limits = BatchLimits.from_settings(Settings()).header
     scanned: list[tuple[bytes, tuple[str, ...]]] = []
-    monkeypatch.setattr(
-        jsondata, "scan_blocks", lambda doc, names: scanned.append((doc, names)) or iter(())
-    )
+
+    def scan_blocks(doc: bytes, names: tuple[str, ...] = ()) -> Iterator[jsondata.Structure]:
+        scanned.append((doc, names))
+        return iter(())
+
+    monkeypatch.setattr(jsondata, "scan_blocks", scan_blocks)
     small = b'{"outputs": [' + b'"a",' * (batch.MEMBERS_PARSED_BELOW - 1) + b'"a"]}'
     check_structure(small, limits, "header")
     assert scanned == [(small, ())]

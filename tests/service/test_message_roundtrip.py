@@ -22,6 +22,7 @@ from tensorbits.inference import request_limits
 from tensorbits_client import Client
 from tensorbits_protocol import codec, v1_codec
 from tensorbits_protocol.dtypes import DTYPES, DataType, wire_dtype
+from tensorbits_protocol.errors import InvalidRequest
 from tensorbits_protocol.infer import (
     InferRequest,
     InferResponse,
@@ -236,7 +237,7 @@ def test_a_batch_response_reads_back_as_written(
 @pytest.mark.parametrize("cut", [1, -1])
 def test_a_batch_response_of_the_wrong_length_is_refused(cut: int) -> None:
     layout = v1_codec.encode_response(None, [("a", 8)])
-    with pytest.raises(v1_codec.InvalidRequest):
+    with pytest.raises(InvalidRequest):
         v1_codec.decode_response(layout.header, 8 - cut)
 
 

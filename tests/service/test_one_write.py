@@ -79,7 +79,7 @@ def _serve(
         loop.close()
 
 
-GUARDED = guarded_protocol(Settings(_env_file=None))  # type: ignore[call-arg]
+GUARDED = guarded_protocol(Settings(_env_file=None))
 GET = b"GET /x HTTP/1.1\r\nHost: a\r\n\r\n"
 
 

@@ -100,7 +100,8 @@ def test_the_routes_ahead_of_the_framework_are_registered_once(generated: str) -
     for route in routers.FAST_ROUTES:
         assert route.path not in framework, route.path
         assert route in app.routes  # the same route object, in the framework's route table
-        (method,) = route.methods or ()
+        assert route.methods is not None, route.path
+        (method,) = route.methods
         operation = document["paths"][route.path][method.lower()]
         assert operation["operationId"] == route.operation.operation_id
         parameters = [p["name"] for p in operation.get("parameters", []) if p["in"] == "path"]

@@ -33,7 +33,10 @@ def _samples(client: TestClient) -> dict[tuple[str, tuple[tuple[str, str], ...]]
 
 def _infer(client: TestClient, model: str, array: np.ndarray) -> int:
     body, headers = framed({"inputs": [binary_input("InputTensor", array)]}, array.tobytes())
-    return client.post(f"/v2/models/{model}/infer", content=body, headers=headers).status_code
+    status: int = client.post(
+        f"/v2/models/{model}/infer", content=body, headers=headers
+    ).status_code
+    return status
 
 
 def test_metrics_count_each_kind_of_request(client: TestClient) -> None:

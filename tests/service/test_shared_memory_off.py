@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import grpc
 import pytest
+from httpx import Response
 from pydantic import ValidationError
 from support.inprocess import app_client
 from support.live import free_port
@@ -18,9 +19,9 @@ WORDS = "Client shared memory is disabled on this server"
 SHARED = {"shared_memory_region": "r", "shared_memory_byte_size": 4}
 
 
-def _refused(response: object) -> None:
+def _refused(response: Response) -> None:
     assert response.status_code == 400
-    body = response.json()  # type: ignore[attr-defined]
+    body = response.json()
     assert WORDS in body["error"]
     assert body["rule"] == "shared_memory"
 
@@ -56,7 +57,9 @@ def test_every_route_and_parameter_is_refused() -> None:
 def test_grpc_refuses_too() -> None:
     port = free_port()
     with app_client(grpc_port=port), grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        register = channel.unary_unary("/inference.GRPCInferenceService/SystemSharedMemoryRegister")
+        register: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(
+            "/inference.GRPCInferenceService/SystemSharedMemoryRegister"
+        )
         request = service_pb2.SystemSharedMemoryRegisterRequest(name="r", key="/x", byte_size=8)
         with pytest.raises(grpc.RpcError) as caught:
             register(request.SerializeToString(), timeout=10)
@@ -66,7 +69,9 @@ def test_grpc_refuses_too() -> None:
         tensor = infer.inputs.add(name="InputTensor", datatype="UINT8", shape=[4])
         tensor.parameters["shared_memory_region"].string_param = "r"
         tensor.parameters["shared_memory_byte_size"].int64_param = 4
-        call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        call: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(
+            "/inference.GRPCInferenceService/ModelInfer"
+        )
         with pytest.raises(grpc.RpcError) as caught:
             call(infer.SerializeToString(), timeout=10)
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT

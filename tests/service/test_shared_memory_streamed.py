@@ -88,7 +88,7 @@ def _request(
         offset = places[name]
         if offset is None:
             little = np.ascontiguousarray(array.astype(array.dtype.newbyteorder("<")))
-            inputs.append(Tensor(name, dt, array.shape, raw=memoryview(little).cast("B")))
+            inputs.append(Tensor(name, dt, array.shape, raw=little.data.cast("B")))
         else:
             _put(array, offset)
             ref = SharedMemoryRef("r", array.nbytes, offset)

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support.inprocess import TestClient
+from support.inprocess import TestClient, runtime_of
 from support.v1 import bind, data, post, v1_client, zeros
 from support.v2 import AND, NOT, infer_binary, infer_json
 
@@ -19,8 +19,7 @@ XOR = "DML_OPERATOR_ELEMENT_WISE_BIT_XOR"
 
 
 def _stats(client: TestClient) -> Statistics:
-    statistics: Statistics = client.app.state.runtime.statistics
-    return statistics
+    return runtime_of(client).statistics
 
 
 def _counts(client: TestClient, model: str) -> tuple[int, int, int, int]:

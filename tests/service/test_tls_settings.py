@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from tensorbits import cli
 from tensorbits.config import Settings
+from tensorbits.serving import uvicorn_kwargs
 
 trustme = pytest.importorskip("trustme", reason="trustme not installed (dev dependency)")
 
@@ -26,16 +27,16 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def test_without_tls_uvicorn_gets_no_ssl_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert not any(k.startswith("ssl_") for k in cli._uvicorn_kwargs(Settings()))
+    assert not any(k.startswith("ssl_") for k in uvicorn_kwargs(Settings()))
     for name in ("CERT_FILE", "KEY_FILE", "KEY_PASSWORD"):
         monkeypatch.setenv(f"TENSORBITS_TLS_{name}", "")  # empty: unset
-    assert not any(k.startswith("ssl_") for k in cli._uvicorn_kwargs(Settings()))
+    assert not any(k.startswith("ssl_") for k in uvicorn_kwargs(Settings()))
 
 
 def test_a_certificate_and_key_reach_uvicorn(pair: tuple[Path, Path]) -> None:
     cert_file, key_file = pair
     settings = Settings(tls_cert_file=cert_file, tls_key_file=key_file)
-    options = cli._uvicorn_kwargs(settings)
+    options = uvicorn_kwargs(settings)
     assert options["ssl_certfile"] == str(cert_file)
     assert options["ssl_keyfile"] == str(key_file)
     assert options["ssl_keyfile_password"] is None
@@ -63,7 +64,7 @@ def test_an_encrypted_key_needs_its_password(tmp_path: Path, pair: tuple[Path, P
         tls_cert_file=cert_file, tls_key_file=encrypted, tls_key_password="correct horse"
     )
     assert "correct horse" not in repr(settings)
-    assert cli._uvicorn_kwargs(settings)["ssl_keyfile_password"] == "correct horse"
+    assert uvicorn_kwargs(settings)["ssl_keyfile_password"] == "correct horse"
 
 
 def test_certificate_and_key_go_together(pair: tuple[Path, Path]) -> None:

@@ -28,7 +28,6 @@ from support.v1 import (
 )
 
 from tensorbits import batch as planner
-from tensorbits import engine
 from tensorbits.api import routers, v1
 from tensorbits.api.fastpath import FastPathMiddleware
 from tensorbits.app import create_app
@@ -42,6 +41,9 @@ from tensorbits_protocol.v1 import BatchRequest
 from tensorbits_protocol.v1_codec import BATCH_REQUEST_DATA
 
 RNG = np.random.default_rng(7)
+# Starlette types Middleware.cls as a factory protocol, which mypy does not match to a class:
+# compared as the objects they are.
+FAST_PATH: object = FastPathMiddleware
 SETTINGS = Settings(backend="numpy")
 BATCH_LIMITS = planner.BatchLimits.from_settings(SETTINGS)
 LIMITS = BATCH_LIMITS.header
@@ -102,7 +104,7 @@ def test_packed_views_equal_strided_views(monkeypatch: pytest.MonkeyPatch) -> No
     assert sum(not t.desc.packed for t in tensors) >= 6
 
     fast = run_planned(header, payload, NumpyBackend(1))
-    monkeypatch.setattr(engine._Views, "of", engine._Views.strided)
+    monkeypatch.setattr(planner._Views, "of", planner._Views.strided)
     strided = run_planned(header, payload, NumpyBackend(1))
     assert fast == strided
 
@@ -335,7 +337,7 @@ def framework_client() -> Iterator[TestClient]:
     """The app without the layer that serves ``routers.FAST_ROUTES`` ahead of FastAPI: the
     framework's router serves the same routes (``fastpath.install`` lists them there too)."""
     app = create_app(Settings(backend="numpy", cpu_threads=2))
-    app.user_middleware[:] = [m for m in app.user_middleware if m.cls is not FastPathMiddleware]
+    app.user_middleware[:] = [m for m in app.user_middleware if m.cls is not FAST_PATH]
     with TestClient(app, headers=IDENTITY) as c:
         yield c
 

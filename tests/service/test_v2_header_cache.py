@@ -16,7 +16,7 @@ from support.v2 import NOT, binary_input, error_of, json_input, output_array, v2
 
 from tensorbits import header_cache, inference
 from tensorbits.config import Settings
-from tensorbits.inference import HeaderCache
+from tensorbits.header_cache import HeaderCache
 from tensorbits_protocol.operators import get_operator
 
 XOR = "onnx.BitwiseXor-18"

@@ -6,6 +6,9 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from support.live import LiveServer, free_port, serve
 
 
@@ -26,3 +29,16 @@ def serve_grpc(env: Mapping[str, str] | None = None) -> Iterator[GrpcServer]:
     port = free_port()
     with serve({"TENSORBITS_GRPC_PORT": str(port), **(env or {})}) as server:
         yield GrpcServer(server, port)
+
+
+def health_check(
+    channel: grpc.Channel,
+) -> grpc.UnaryUnaryMultiCallable[health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse]:
+    """The stock ``HealthStub``'s ``Check`` on ``channel``: the gRPC health checking protocol as
+    any client calls it."""
+    stub = health_pb2_grpc.HealthStub(channel)
+    # The stubs of grpcio-health-checking declare HealthStub's constructor but not its methods.
+    check: grpc.UnaryUnaryMultiCallable[
+        health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse
+    ] = stub.Check  # type: ignore[attr-defined]
+    return check

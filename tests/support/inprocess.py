@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from starlette.applications import Starlette
 from starlette.exceptions import StarletteDeprecationWarning
 
 with warnings.catch_warnings():
@@ -16,11 +17,12 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", StarletteDeprecationWarning)
     from fastapi.testclient import TestClient
 
+from tensorbits.api.deps import runtime_of_app
 from tensorbits.app import create_app
 from tensorbits.config import Settings
-from tensorbits.runtime import Drain
+from tensorbits.runtime import Drain, Runtime
 
-__all__ = ["IDENTITY", "TestClient", "app_client"]
+__all__ = ["IDENTITY", "TestClient", "app_client", "runtime_of"]
 
 IDENTITY = {"Accept-Encoding": "identity"}
 
@@ -39,3 +41,10 @@ def app_client(
         app, raise_server_exceptions=raise_server_exceptions, headers=IDENTITY
     ) as client:
         yield client
+
+
+def runtime_of(client: TestClient) -> Runtime:
+    """The runtime of the app under ``client``, as its lifespan started it."""
+    app = client.app  # typed as any ASGI app: the runtime hangs off a Starlette app's state
+    assert isinstance(app, Starlette), app
+    return runtime_of_app(app)

@@ -187,7 +187,7 @@ def bystander(server: LiveServer) -> Iterator[Bystander]:
 def repeatedly(server: LiveServer, action: Any, seconds: float = 0.5) -> list[Any]:
     """Run ``action()`` over and over for ``seconds`` (at least once) while a ``bystander``
     checks health: a hostile request answered in a millisecond still overlaps some checks."""
-    results = []
+    results: list[Any] = []
     with bystander(server):
         deadline = time.monotonic() + seconds
         while not results or time.monotonic() < deadline:

@@ -12,9 +12,8 @@ from httpx import Response
 from support.framing import HEADER, framed
 from support.inprocess import TestClient, app_client
 from tensorbits.backends import Backend
-from tensorbits.batch import BatchLimits, plan_rest
+from tensorbits.batch import BatchLimits, plan_rest, run_batch
 from tensorbits.config import Settings
-from tensorbits.engine import run_batch
 
 
 def v1_client(**settings: Any) -> AbstractContextManager[TestClient]:

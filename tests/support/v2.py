@@ -71,7 +71,8 @@ def infer_binary(
         "parameters": {**(parameters or {}), "binary_data_output": binary_output},
     }
     body, headers = framed(header, *(a.tobytes() for a in arrays.values()))
-    return client.post(f"/v2/models/{model}/infer", content=body, headers=headers)
+    response: Response = client.post(f"/v2/models/{model}/infer", content=body, headers=headers)
+    return response
 
 
 def infer_json(
@@ -84,7 +85,10 @@ def infer_json(
     header: dict[str, Any] = {"inputs": [json_input(n, a) for n, a in arrays.items()], **extra}
     if parameters:
         header["parameters"] = dict(parameters)
-    return client.post(f"/v2/models/{model}/infer", content=json.dumps(header).encode())
+    response: Response = client.post(
+        f"/v2/models/{model}/infer", content=json.dumps(header).encode()
+    )
+    return response
 
 
 def output_array(response: Response, index: int = 0) -> np.ndarray[Any, Any]:

@@ -58,7 +58,7 @@ from tensorbits_client._exceptions import (
     RateLimitError,
     UnprocessableEntityError,
 )
-from tensorbits_client._families import DML, ONNX, OpenVINO, Runner
+from tensorbits_client._families import Families
 from tensorbits_client._streaming import BodySink
 from tensorbits_client._types import (
     NOT_GIVEN,
@@ -260,16 +260,12 @@ def _str_field(body: object | None, key: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
-class BaseClient(Generic[HttpT, R]):
+class BaseClient(Families[R], Generic[HttpT, R]):
     """Configuration and pure logic; subclasses add the I/O for one concurrency model: the
-    ``_http_class`` of their pool, and ``_run_op``, which the operator families call."""
+    ``_http_class`` of their pool, and the ``_runner`` the operator families call."""
 
     _http: HttpT
     _http_class: type[HttpT]
-    _run_op: Runner[R]
-    dml: DML[R]
-    openvino: OpenVINO[R]
-    onnx: ONNX[R]
 
     def __init__(
         self,
@@ -311,9 +307,7 @@ class BaseClient(Generic[HttpT, R]):
             limits=constants.DEFAULT_CONNECTION_LIMITS,
             verify=ssl_verify(verify),
         )
-        self.dml = DML(self._run_op)
-        self.openvino = OpenVINO(self._run_op)
-        self.onnx = ONNX(self._run_op)
+        self._add_families()
 
     def with_options(
         self,

@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tensorbits_client._codec import Body, Framed, raw_bytes, wire_array
-from tensorbits_client._families import DML, CountType, FeatureLevel, method_shape
+from tensorbits_client._families import DML, CountType, FeatureLevel, MethodOwner, method_shape
 from tensorbits_client._types import NOT_GIVEN, Array, NotGiven, ParameterValue, TimeoutTypes
 from tensorbits_protocol.dml import TensorDesc
 from tensorbits_protocol.dtypes import DataType, from_numpy, itemsize, numpy_dtype, parse_datatype
@@ -229,7 +229,7 @@ class PreparedBatch:
 BatchRunner = Callable[[PreparedBatch, TimeoutTypes | NotGiven], R]
 
 
-class Batch(Generic[R]):
+class Batch(MethodOwner[Binding], Generic[R]):
     """Builds one ``POST /v1/batch`` request; ``run()`` sends it and returns the outputs.
 
     Get one from ``client.batch()``. For ``Client`` ``run()`` returns ``dict[str, ndarray]``;

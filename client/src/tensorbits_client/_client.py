@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator
 from types import TracebackType
 from typing import Any, Self, TypeVar, cast
 
@@ -20,6 +20,7 @@ from tensorbits_client._batch import Batch, PreparedBatch
 from tensorbits_client._catalog import Registry
 from tensorbits_client._codec import HEADER_LENGTH, Body, FramingError, InferResult, decode_batch
 from tensorbits_client._exceptions import APIError, APIResponseValidationError
+from tensorbits_client._families import Runner, awaited_output_of, output_of
 from tensorbits_client._map import as_inputs, open_progress, pipeline, run_sync, total_of
 from tensorbits_client._shared_memory import (
     DEFAULT_ALIGNMENT,
@@ -34,7 +35,6 @@ from tensorbits_client._types import (
     Inputs,
     NotGiven,
     Parameters,
-    ParameterValue,
     TimeoutTypes,
 )
 from tensorbits_protocol.v2 import ModelConfigResponse, ModelStatisticsResponse
@@ -113,14 +113,8 @@ class Client(BaseClient[httpx.Client, Array]):
         )
         return self._request(call)
 
-    def _run_op(
-        self,
-        model: str,
-        inputs: Mapping[str, npt.ArrayLike],
-        parameters: Mapping[str, ParameterValue],
-        timeout: TimeoutTypes | NotGiven,
-    ) -> Array:
-        return self.infer(model, inputs, parameters, timeout=timeout).output
+    def _runner(self) -> Runner[Array]:
+        return output_of(self)
 
     def map(
         self,
@@ -309,14 +303,8 @@ class AsyncClient(BaseClient[httpx.AsyncClient, Coroutine[Any, Any, Array]]):
         )
         return await self._request(call)
 
-    async def _run_op(
-        self,
-        model: str,
-        inputs: Mapping[str, npt.ArrayLike],
-        parameters: Mapping[str, ParameterValue],
-        timeout: TimeoutTypes | NotGiven,
-    ) -> Array:
-        return (await self.infer(model, inputs, parameters, timeout=timeout)).output
+    def _runner(self) -> Runner[Coroutine[Any, Any, Array]]:
+        return awaited_output_of(self)
 
     async def map(
         self,

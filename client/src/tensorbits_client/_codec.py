@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -147,16 +147,26 @@ def header_length_hint(value: str | None) -> int:
         return 0
 
 
-def decode_infer(body: Body, header_length: str | None) -> InferResult:
+def _output_array(tensor: Tensor) -> Array:
+    return tensor.array("output")
+
+
+def decode_infer(
+    body: Body,
+    header_length: str | None,
+    array: Callable[[Tensor], Array] = _output_array,
+) -> InferResult:
     """Parse a v2 response; ``header_length`` is its ``Inference-Header-Content-Length`` (None:
     the whole body is JSON).
 
     Binary outputs become zero-copy views of ``body``; the decoder is the protocol's
-    (``InferResponse.from_rest``: sizes against shapes, nothing short, nothing left over)."""
+    (``InferResponse.from_rest``: sizes against shapes, nothing short, nothing left over).
+    ``array`` makes each output's array: a shared-memory region's decoder passes its own, for
+    the output it placed in the region."""
     head, tail = body.split(header_length)
     try:
         response = InferResponse.from_rest(head, tail, header_given=header_length is not None)
-        outputs = {tensor.name: tensor.array("output") for tensor in response.outputs}
+        outputs = {tensor.name: array(tensor) for tensor in response.outputs}
     except (ValidationError, InvalidRequest) as exc:
         raise FramingError(f"malformed inference response: {exc}") from None
     return InferResult(

@@ -17,16 +17,16 @@ shapes of their own (_batch.py).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from functools import partial
 from types import FunctionType, MethodType
 from typing import (
-    TYPE_CHECKING,
     Any,
     Concatenate,
     Generic,
     Literal,
     ParamSpec,
+    Protocol,
     Self,
     TypeAlias,
     TypeVar,
@@ -35,13 +35,12 @@ from typing import (
 
 import numpy.typing as npt
 
-from tensorbits_client._types import NOT_GIVEN, NotGiven, ParameterValue, TimeoutTypes
+from tensorbits_client._codec import InferResult
+from tensorbits_client._types import NOT_GIVEN, Array, NotGiven, ParameterValue, TimeoutTypes
 from tensorbits_protocol.operators import OperatorSpec, get_operator
 
-if TYPE_CHECKING:
-    from tensorbits_client._batch import Batch, Binding
-
 R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
 P = ParamSpec("P")
 
 # The parameters' values, for the type checker; each equals its ParameterSpec's choices (tested).
@@ -60,13 +59,62 @@ Runner: TypeAlias = Callable[
 ]
 
 
+class Infers(Protocol[R_co]):
+    """What runs operators through its ``infer`` (a client, a region), as a runner calls it."""
+
+    def infer(
+        self,
+        model: str,
+        inputs: Mapping[str, npt.ArrayLike],
+        parameters: Mapping[str, ParameterValue],
+        *,
+        timeout: Timeout,
+    ) -> R_co: ...
+
+
+def output_of(owner: Infers[InferResult]) -> Runner[Array]:
+    """The runner of an owner whose ``infer`` blocks: an operator method returns the output."""
+
+    def run(
+        model: str,
+        inputs: Mapping[str, npt.ArrayLike],
+        parameters: Mapping[str, ParameterValue],
+        timeout: Timeout,
+    ) -> Array:
+        return owner.infer(model, inputs, parameters, timeout=timeout).output
+
+    return run
+
+
+def awaited_output_of(
+    owner: Infers[Awaitable[InferResult]],
+) -> Runner[Coroutine[Any, Any, Array]]:
+    """``output_of`` for an owner whose ``infer`` is awaited: a method returns an awaitable."""
+
+    async def run(
+        model: str,
+        inputs: Mapping[str, npt.ArrayLike],
+        parameters: Mapping[str, ParameterValue],
+        timeout: Timeout,
+    ) -> Array:
+        return (await owner.infer(model, inputs, parameters, timeout=timeout)).output
+
+    return run
+
+
+class MethodOwner(Generic[R]):
+    """A class with operator methods whose calls return ``R``: a family (its client's result)
+    or ``Batch`` (a ``Binding``). Named here so that the methods' types need not know the
+    owners, and _batch.py can build on this module without it importing that one back."""
+
+
 class OperatorMethod(Generic[P]):
     """The method that sends one operator: ``spec`` is its row of the table, ``send`` its shape.
 
-    ``send(spec, owner, *args, **kwargs)`` does the work. Bound to an owner (a family, or a
-    ``Batch``) the method is a bound method of ``send`` with the spec filled in: its signature,
-    ``P``, is the shape's after those two, and its docstring is the table's summary followed by
-    the shape's.
+    ``send(spec, owner, *args, **kwargs)`` does the work. Bound to an owner (a ``MethodOwner``:
+    a family, or a ``Batch``) the method is a bound method of ``send`` with the spec filled in:
+    its signature, ``P``, is the shape's after those two, and its docstring is the table's
+    summary followed by the shape's.
     """
 
     def __init__(
@@ -104,11 +152,9 @@ class OperatorMethod(Generic[P]):
     @overload
     def __get__(self, instance: None, owner: type[Any] | None = None) -> Self: ...
     @overload
-    def __get__(self, instance: _Family[R], owner: type[Any] | None = None) -> Callable[P, R]: ...
-    @overload
     def __get__(
-        self, instance: Batch[Any], owner: type[Any] | None = None
-    ) -> Callable[P, Binding]: ...
+        self, instance: MethodOwner[R], owner: type[Any] | None = None
+    ) -> Callable[P, R]: ...
     def __get__(self, instance: object, owner: type[Any] | None = None) -> Any:
         if instance is None:
             return self
@@ -132,7 +178,7 @@ def method_shape(
     return partial(OperatorMethod, send)
 
 
-class _Family(Generic[R]):
+class _Family(MethodOwner[R]):
     def __init__(self, run: Runner[R]) -> None:
         self._run = run
 
@@ -272,3 +318,21 @@ class ONNX(_Family[R]):
     bitwise_xor = _binary("onnx.BitwiseXor-18")
     bitwise_not = _unary("onnx.BitwiseNot-18")
     bit_shift = _bit_shift("onnx.BitShift-11")
+
+
+class Families(Generic[R]):
+    """``dml``, ``openvino`` and ``onnx`` of what runs operators (a client, a shared-memory
+    region): ``_add_families`` makes them, sending through the subclass's ``_runner``."""
+
+    dml: DML[R]
+    openvino: OpenVINO[R]
+    onnx: ONNX[R]
+
+    def _runner(self) -> Runner[R]:
+        raise NotImplementedError
+
+    def _add_families(self) -> None:
+        run = self._runner()
+        self.dml = DML(run)
+        self.openvino = OpenVINO(run)
+        self.onnx = ONNX(run)

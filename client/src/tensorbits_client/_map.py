@@ -44,7 +44,7 @@ def open_progress(enabled: bool, total: int | None, description: str) -> Progres
         # The client is installed from the repository, not from PyPI: name commands that work.
         raise ImportError(
             "progress=True needs tqdm: pip install tqdm (or install the client with its "
-            "progress extra, from the repository: pip install './client[progress]')"
+            "progress extra, from the repository: pip install ./protocol './client[progress]')"
         ) from None
     bar: Progress = auto.tqdm(total=total, desc=description, unit="call")
     return bar

@@ -35,16 +35,15 @@ import os
 import secrets
 import threading
 import weakref
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
+from typing import Any, Generic, Protocol, Self, TypeVar
 from urllib.parse import quote
 
 import httpx
 import numpy as np
 import numpy.typing as npt
-from pydantic import ValidationError
 
 from tensorbits_client._base import BaseClient, Call, _model_path
 from tensorbits_client._catalog import Registry, datatype_of
@@ -54,27 +53,24 @@ from tensorbits_client._codec import (
     Framed,
     FramingError,
     InferResult,
+    decode_infer,
     plain_parameters,
 )
 from tensorbits_client._exceptions import LocalValidationError
-from tensorbits_client._families import DML, ONNX, OpenVINO
+from tensorbits_client._families import Families, Runner, awaited_output_of, output_of
 from tensorbits_client._types import (
     NOT_GIVEN,
     Array,
     Inputs,
     NotGiven,
     Parameters,
-    ParameterValue,
     TimeoutTypes,
 )
 from tensorbits_protocol.dtypes import wire_dtype
 from tensorbits_protocol.errors import InvalidRequest
-from tensorbits_protocol.infer import InferRequest, InferResponse, RequestedOutput, SharedMemoryRef
+from tensorbits_protocol.infer import InferRequest, RequestedOutput, SharedMemoryRef
 from tensorbits_protocol.infer import Tensor as WireTensor
 from tensorbits_protocol.validation import validate_call
-
-if TYPE_CHECKING:
-    from tensorbits_client._client import AsyncClient, Client
 
 #: The server's default ``TENSORBITS_SHARED_MEMORY_PREFIX``: object names start with it.
 DEFAULT_PREFIX = "/tensorbits"
@@ -84,8 +80,31 @@ DEFAULT_ALIGNMENT = 64
 SHM_DIR = Path("/dev/shm")
 SHARED_MEMORY_PATH = "/v2/systemsharedmemory"
 
-ClientT = TypeVar("ClientT", "Client", "AsyncClient")
-R = TypeVar("R")
+T = TypeVar("T")
+R = TypeVar("R")  # what an operator method returns: the array, or an awaitable of it
+
+
+# What a region asks of its client, as protocols: _client.py imports this module to make
+# regions, so this one names no class of that one.
+class RegionClient(Protocol):
+    """A ``SharedMemoryRegion``'s client (``Client`` is one): its request loop, retries
+    included, and the server's operator tables."""
+
+    def _request(self, call: Call[T]) -> T: ...
+
+    def _registry(self) -> Registry: ...
+
+
+class AsyncRegionClient(Protocol):
+    """An ``AsyncSharedMemoryRegion``'s client (``AsyncClient`` is one): ``RegionClient``,
+    awaited."""
+
+    async def _request(self, call: Call[T]) -> T: ...
+
+    async def _registry(self) -> Registry: ...
+
+
+ClientT = TypeVar("ClientT", RegionClient, AsyncRegionClient)
 
 
 class _Block:
@@ -170,13 +189,10 @@ def _empty_decode(response: httpx.Response, body: Body) -> None:
     return None
 
 
-class _Region(Generic[ClientT]):
-    """What both regions share: the object, its blocks, and each call's plan; the subclasses
-    add the I/O (``open``, ``close``, ``infer``), as ``Client`` and ``AsyncClient`` do."""
-
-    dml: DML[Any]
-    openvino: OpenVINO[Any]
-    onnx: ONNX[Any]
+class _Region(Families[R], Generic[ClientT, R]):
+    """What both regions share: the object, its blocks, each call's plan and the operator
+    families; the subclasses add the I/O (``open``, ``close``, ``infer``) and the ``_runner``,
+    as ``Client`` and ``AsyncClient`` do."""
 
     def __init__(
         self,
@@ -208,6 +224,7 @@ class _Region(Generic[ClientT]):
         self._root: Array | None = None
         self._address = 0
         self._blocks = _Blocks(nbytes, alignment)
+        self._add_families()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.key} {self.nbytes} bytes, {self._state}>"
@@ -463,43 +480,30 @@ def _decoder(
     view (its data type and shape checked against the answer's), any other is read off the
     body as ``Client.infer`` reads it."""
 
-    def decode(response: httpx.Response, body: Body) -> InferResult:
-        head, tail = body.split(response.headers.get(HEADER_LENGTH))
-        try:
-            answer = InferResponse.from_rest(
-                head, tail, header_given=response.headers.get(HEADER_LENGTH) is not None
+    def array(tensor: WireTensor) -> Array:
+        if output is None or tensor.name != output.name or tensor.raw is not None:
+            return tensor.array("output")
+        if tensor.data is not None or tensor.nbytes > output.ref.byte_size:
+            raise FramingError(
+                f"output '{tensor.name}' was asked in shared memory "
+                f"({output.ref.byte_size} bytes) but came back "
+                f"{'as data' if tensor.data is not None else 'larger'}"
             )
-            outputs: dict[str, Array] = {}
-            for tensor in answer.outputs:
-                if output is not None and tensor.name == output.name and tensor.raw is None:
-                    if tensor.data is not None or tensor.nbytes > output.ref.byte_size:
-                        raise FramingError(
-                            f"output '{tensor.name}' was asked in shared memory "
-                            f"({output.ref.byte_size} bytes) but came back "
-                            f"{'as data' if tensor.data is not None else 'larger'}"
-                        )
-                    array = output.array
-                    if array.dtype != wire_dtype(tensor.datatype) or array.shape != tensor.shape:
-                        array = array.reshape(-1).view(np.uint8)[: tensor.nbytes]
-                        array = array.view(wire_dtype(tensor.datatype)).reshape(tensor.shape)
-                    outputs[tensor.name] = array
-                else:
-                    outputs[tensor.name] = tensor.array("output")
-        except (ValidationError, InvalidRequest) as exc:
-            raise FramingError(f"malformed inference response: {exc}") from None
+        view = output.array
+        if view.dtype != wire_dtype(tensor.datatype) or view.shape != tensor.shape:
+            view = view.reshape(-1).view(np.uint8)[: tensor.nbytes]
+            view = view.view(wire_dtype(tensor.datatype)).reshape(tensor.shape)
+        return view
+
+    def decode(response: httpx.Response, body: Body) -> InferResult:
+        result = decode_infer(body, response.headers.get(HEADER_LENGTH), array)
         keep.clear()  # the inputs copied in are done with
-        return InferResult(
-            model_name=answer.model_name,
-            outputs=outputs,
-            id=answer.id,
-            model_version=answer.model_version,
-            parameters=dict(answer.parameters),
-        )
+        return result
 
     return decode
 
 
-class SharedMemoryRegion(_Region["Client"]):
+class SharedMemoryRegion(_Region[RegionClient, Array]):
     """A POSIX shared-memory region registered with the server, made by
     ``Client.shared_memory(nbytes)``; use it as a context manager (``with``).
 
@@ -507,23 +511,6 @@ class SharedMemoryRegion(_Region["Client"]):
     (and ``dml``, ``openvino``, ``onnx``, as on the client) run calls whose inputs and output
     live in it, and return the output as a view of it, without a copy. Inputs not in the region
     are copied in first. The module's docstring says how long views stay valid."""
-
-    dml: DML[Array]
-    openvino: OpenVINO[Array]
-    onnx: ONNX[Array]
-
-    def __init__(
-        self,
-        client: Client,
-        nbytes: int,
-        *,
-        prefix: str = DEFAULT_PREFIX,
-        alignment: int = DEFAULT_ALIGNMENT,
-    ) -> None:
-        super().__init__(client, nbytes, prefix=prefix, alignment=alignment)
-        self.dml = DML(self._run_op)
-        self.openvino = OpenVINO(self._run_op)
-        self.onnx = ONNX(self._run_op)
 
     def open(self) -> Self:
         """Create the object and register it (a server with the extension off answers 400:
@@ -589,36 +576,13 @@ class SharedMemoryRegion(_Region["Client"]):
         )
         return self._client._request(call)
 
-    def _run_op(
-        self,
-        model: str,
-        inputs: Mapping[str, npt.ArrayLike],
-        parameters: Mapping[str, ParameterValue],
-        timeout: TimeoutTypes | NotGiven,
-    ) -> Array:
-        return self.infer(model, inputs, parameters, timeout=timeout).output
+    def _runner(self) -> Runner[Array]:
+        return output_of(self)
 
 
-class AsyncSharedMemoryRegion(_Region["AsyncClient"]):
+class AsyncSharedMemoryRegion(_Region[AsyncRegionClient, Coroutine[Any, Any, Array]]):
     """The asyncio twin of ``SharedMemoryRegion`` (``AsyncClient.shared_memory(nbytes)``):
     ``async with``, and ``infer`` and the operator methods awaited."""
-
-    dml: DML[Coroutine[Any, Any, Array]]
-    openvino: OpenVINO[Coroutine[Any, Any, Array]]
-    onnx: ONNX[Coroutine[Any, Any, Array]]
-
-    def __init__(
-        self,
-        client: AsyncClient,
-        nbytes: int,
-        *,
-        prefix: str = DEFAULT_PREFIX,
-        alignment: int = DEFAULT_ALIGNMENT,
-    ) -> None:
-        super().__init__(client, nbytes, prefix=prefix, alignment=alignment)
-        self.dml = DML(self._run_op)
-        self.openvino = OpenVINO(self._run_op)
-        self.onnx = ONNX(self._run_op)
 
     async def open(self) -> Self:
         """Create the object and register it (see ``SharedMemoryRegion.open``)."""
@@ -679,14 +643,8 @@ class AsyncSharedMemoryRegion(_Region["AsyncClient"]):
         )
         return await self._client._request(call)
 
-    async def _run_op(
-        self,
-        model: str,
-        inputs: Mapping[str, npt.ArrayLike],
-        parameters: Mapping[str, ParameterValue],
-        timeout: TimeoutTypes | NotGiven,
-    ) -> Array:
-        return (await self.infer(model, inputs, parameters, timeout=timeout)).output
+    def _runner(self) -> Runner[Coroutine[Any, Any, Array]]:
+        return awaited_output_of(self)
 
 
 __all__ = [

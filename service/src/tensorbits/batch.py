@@ -9,7 +9,7 @@ an input. Each error names its field path in the header, e.g.
 header (``v1_codec.decode_request``) and remembers the plans of repeated headers
 (``header_cache.py``), as ``inference.plan_rest`` does for v2.
 
-``engine.run_batch`` then runs the plan: the buffers on the backend's device (the data buffers
+``run_batch`` then runs the plan: the buffers on the backend's device (the data buffers
 zero-copy on NumPy), the dispatches in order as strided views over them (a later dispatch reads
 what an earlier one wrote), only the output buffers copied to the host, into the response.
 """
@@ -19,15 +19,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import NamedTuple
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from tensorbits.backends.base import Backend
 from tensorbits.config import Settings
-from tensorbits.engine import run_batch
 from tensorbits.header_cache import HeaderCache
+from tensorbits.kernels import DeviceArray
 from tensorbits_protocol import codec
 from tensorbits_protocol.dml import DescLayout, TensorDesc, ViewLayout, check_placement, layout_of
-from tensorbits_protocol.dtypes import DataType, parse_datatype
+from tensorbits_protocol.dtypes import DataType, numpy_dtype, parse_datatype
 from tensorbits_protocol.errors import InvalidRequest, OperatorNotFound, PayloadTooLarge
 from tensorbits_protocol.jsondata import JsonLimits, MemberLimit, check_length
 from tensorbits_protocol.operators import OPERATORS, OperatorSpec, did_you_mean, get_operator
@@ -90,7 +92,7 @@ class DispatchPlan(NamedTuple):  # one per dispatch: a NamedTuple is built faste
 
 @dataclass(frozen=True, slots=True)
 class BatchPlan:
-    """A checked batch, ready to run (``engine.run_batch``), with its response's JSON header."""
+    """A checked batch, ready to run (``run_batch``), with its response's JSON header."""
 
     id: str | None
     buffers: tuple[BufferPlan, ...]
@@ -595,8 +597,92 @@ def plan_rest(
     return plan
 
 
+# --- running a plan -------------------------------------------------------------------------------
+_UINT8 = np.dtype(np.uint8)
+
+
+def _place(backend: Backend, body: bytearray, buffer: BufferPlan) -> DeviceArray:
+    """The buffer as a flat uint8 array on the device. On NumPy a data buffer is the body's own
+    memory (the body is a writable bytearray, so outputs may be written into it in place)."""
+    if buffer.body_offset is None:
+        return _zeros(backend, buffer.byte_size)
+    host = np.frombuffer(body, dtype=_UINT8, count=buffer.byte_size, offset=buffer.body_offset)
+    return backend.asarray(host)
+
+
+def _zeros(backend: Backend, nbytes: int) -> DeviceArray:
+    """``nbytes`` zero bytes on the backend's device (zeros: the bytes no output covers go back
+    to the client too). ``xp.zeros`` would allocate on the calling thread's current device,
+    device 0 on a worker thread whatever the backend's; ``empty`` allocates on the backend's,
+    and the fill runs under the array's own device (a CuPy array's ``device`` is its context)."""
+    if backend.host_memory:
+        return np.zeros(nbytes, dtype=_UINT8)
+    array = backend.empty((nbytes,), _UINT8)
+    with array.device:
+        array.fill(0)  # CuPy: a memset on that device's current stream
+    return array
+
+
+class _Views:
+    """The arrays a batch's dispatches work on, as views of the placed buffers.
+
+    A packed tensor (``DescLayout.packed``, the common case) is a slice of its buffer viewed as
+    its data type, reshaped: a few hundred nanoseconds, and the typed view of each buffer is made
+    once per data type. Any other layout goes through ``as_strided``, ten times slower. Both stay
+    within the bytes [offset, offset + total size) that the planner proved hold every element
+    (``dml.layout_of`` and ``dml.check_placement``), so neither
+    reads or writes outside the bound range: the unchecked ``as_strided`` included."""
+
+    def __init__(self, xp: Any, buffers: Sequence[DeviceArray]) -> None:
+        self.xp = xp
+        self.buffers = buffers
+        self.typed: dict[tuple[int, DataType], DeviceArray] = {}
+
+    def of(self, tensor: BoundTensor) -> DeviceArray:
+        desc = tensor.desc
+        if not desc.packed:
+            return self.strided(tensor)
+        typed = self.typed.get((tensor.buffer, desc.datatype))
+        if typed is None:
+            typed = self.typed_buffer(tensor.buffer, desc.datatype)
+        start = tensor.offset // desc.itemsize  # offsets are multiples of 16: whole elements
+        flat = typed[start : start + desc.elements]
+        return flat if len(desc.shape) == 1 else flat.reshape(desc.shape)
+
+    def typed_buffer(self, index: int, datatype: DataType) -> DeviceArray:
+        dtype = numpy_dtype(datatype)
+        buffer = self.buffers[index]
+        whole = buffer.shape[0] // dtype.itemsize * dtype.itemsize
+        typed = buffer[:whole].view(dtype)
+        self.typed[(index, datatype)] = typed
+        return typed
+
+    def strided(self, tensor: BoundTensor) -> DeviceArray:
+        desc = tensor.desc
+        dtype = numpy_dtype(desc.datatype)
+        whole = desc.total_size // dtype.itemsize * dtype.itemsize
+        base = self.buffers[tensor.buffer][tensor.offset : tensor.offset + whole].view(dtype)
+        return self.xp.lib.stride_tricks.as_strided(
+            base, shape=desc.shape, strides=desc.byte_strides
+        )
+
+
+def run_batch(
+    plan: BatchPlan, body: bytearray, backend: Backend, sinks: Sequence[memoryview]
+) -> None:
+    """Run a planned batch (``plan_batch``) over the request ``body``; copy each output
+    buffer into its sink (in ``plan.outputs`` order). Blocking (it waits for the device)."""
+    arrays = [_place(backend, body, b) for b in plan.buffers]
+    views = _Views(backend.xp, arrays)
+    for dispatch in plan.dispatches:
+        inputs = [views.of(t) for t in dispatch.inputs]
+        backend.run(dispatch.call, inputs, views.of(dispatch.output))
+    for i, sink in zip(plan.outputs, sinks, strict=True):
+        backend.to_host(arrays[i], np.frombuffer(sink, dtype=_UINT8))
+
+
 def execute(plan: BatchPlan, body: bytearray, backend: Backend) -> codec.Framed:
-    """Run a plan (``engine.run_batch``) into its response: one buffer, the header written in and
+    """Run a plan (``run_batch``) into its response: one buffer, the header written in and
     each output buffer copied into its place."""
     response, sinks = plan.response.allocate()
     run_batch(plan, body, backend, sinks)

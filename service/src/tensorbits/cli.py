@@ -9,21 +9,21 @@ from __future__ import annotations
 import argparse
 import difflib
 import errno
-import functools
 import os
 import socket
 import sys
 from collections.abc import Sequence
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from tensorbits import __version__
 
-if TYPE_CHECKING:
-    import uvicorn
+# The server process is assembled in serving.py (workers.py builds the same one); the command
+# calls it through these names, which the tests use too (a stub ``draining_server`` included).
+from tensorbits.serving import draining_server as draining_server
+from tensorbits.serving import uvicorn_kwargs as _uvicorn_kwargs
 
+if TYPE_CHECKING:
     from tensorbits.config import Settings
-    from tensorbits.runtime import Drain
     from tensorbits_protocol.v1 import OperatorInfo
 
 
@@ -139,39 +139,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _uvicorn_kwargs(
-    settings: Settings, drain: Drain | None = None, app: Any = None
-) -> dict[str, Any]:
-    """uvicorn's arguments for one server process (the only one, or one of ``--workers N``,
-    ``workers.py``): its app built from ``settings`` (or ``app``, built already), reporting not
-    ready once ``drain`` begins (None: a drain of its own, never begun)."""
-    from tensorbits import tls
-    from tensorbits.guarded_protocol import guarded_protocol
-    from tensorbits.runtime import Drain
-
-    drain = drain or Drain()
-    if app is None:
-        from tensorbits.app import create_app  # here: `tensorbits operators` needs no FastAPI
-
-        # A factory, so that uvicorn builds the app as it loads (and reports a failure).
-        app = functools.partial(create_app, settings, drain=drain)
-    return {
-        "app": app,
-        "factory": isinstance(app, functools.partial),
-        "host": settings.host,
-        "port": settings.port,
-        "loop": "uvloop",
-        "http": guarded_protocol(settings),  # httptools, the request head bounded (its module)
-        "ws": "none",  # no WebSocket routes: an upgrade request is an ordinary HTTP request
-        "log_config": None,  # configure_logging did it: JSON lines through one handler
-        "log_level": settings.log_level,
-        "access_log": False,  # the middleware logs each request, with its request id
-        "timeout_keep_alive": settings.timeout_keep_alive,
-        "timeout_graceful_shutdown": settings.timeout_graceful_shutdown,
-        **tls.uvicorn_options(settings),  # HTTPS when a certificate and key are configured
-    }
-
-
 PORT_CHOICE = "choose another port with TENSORBITS_PORT=<port> or --port <port>"
 GRPC_PORT_CHOICE = "choose another port with TENSORBITS_GRPC_PORT=<port> (0 switches gRPC off)"
 METRICS_PORT_CHOICE = (
@@ -275,73 +242,6 @@ def _serve(args: argparse.Namespace) -> int:
     config = uvicorn.Config(**_uvicorn_kwargs(settings, drain))
     draining_server(config, drain, settings.drain_delay).run()
     return 0
-
-
-def draining_server(config: uvicorn.Config, drain: Drain, delay_s: float = 0.0) -> uvicorn.Server:
-    """A uvicorn server that stops in the order load balancers route. On SIGTERM/SIGINT:
-    readiness false at once (``drain``, which the app's runtime was given); for ``delay_s``
-    (``TENSORBITS_DRAIN_DELAY``) every listener still accepts and serves, so that whatever
-    routes here stops before a connection is refused; then the listeners close (HTTP here, gRPC
-    through ``drain``'s hooks) and uvicorn finishes the requests in flight within its graceful
-    timeout. A second signal during the delay ends it; SIGINT once stopping forces the exit, as
-    in uvicorn. The class is made here, not at import, because subclassing uvicorn.Server
-    imports uvicorn."""
-    import asyncio
-    import contextvars
-    import logging
-    import signal
-
-    import uvicorn
-
-    logger = logging.getLogger("tensorbits")
-
-    def log(message: str, **fields: Any) -> None:
-        # One line per process (each of --workers N drains its own requests), in a context of
-        # its own: a signal handler runs in whatever task the signal interrupted, and that
-        # request's id is not this line's.
-        contextvars.Context().run(logger.info, message, extra={"pid": os.getpid(), **fields})
-
-    class DrainingServer(uvicorn.Server):
-        delay_cut = False
-
-        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-            if not drain.begun:
-                drain.begin()
-                if delay_s > 0:
-                    log(
-                        f"draining: not ready from now on; still accepting for {delay_s:g} s, "
-                        "then finishing the requests in flight",
-                        signal=signal.Signals(sig).name,
-                        drain_delay=delay_s,
-                    )
-                else:
-                    log(
-                        "draining: not ready from now on; finishing the requests in flight",
-                        signal=signal.Signals(sig).name,
-                    )
-            elif not self.delay_cut:
-                self.delay_cut = True  # told twice: stop accepting now
-            super().handle_exit(sig, frame)
-
-        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-            if drain.begun and delay_s > 0:
-                # The main loop has ended: keep its tick (the Date header) while the listeners,
-                # still open, serve whatever the load balancers have not yet routed elsewhere.
-                loop = asyncio.get_running_loop()
-                deadline = loop.time() + delay_s
-                counter = 0
-                while not (self.delay_cut or self.force_exit):
-                    left = deadline - loop.time()
-                    if left <= 0:
-                        break
-                    await asyncio.sleep(min(left, 0.1))
-                    counter += 1
-                    await self.on_tick(counter)
-                log("draining: no longer accepting; finishing the requests in flight")
-            drain.stop_accepting()
-            await super().shutdown(sockets)
-
-    return DrainingServer(config)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

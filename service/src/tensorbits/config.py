@@ -24,7 +24,8 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from tensorbits import auth, tls
+from tensorbits.api_keys import key_problem, read_key_file
+from tensorbits.certificates import check_certificate
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -180,7 +181,7 @@ class Settings(BaseSettings):
         "does this)",
     )
 
-    # --- Access control and TLS (auth.py, tls.py; docs/reliability.md) -------------------------
+    # --- Access control and TLS (api_keys.py, certificates.py; docs/reliability.md) -------------------------
     # Keys from both sources are accepted; none at all: no access control (nothing installed).
     # NoDecode: a comma-separated list in the environment, not pydantic-settings' JSON.
     api_keys: Annotated[tuple[SecretStr, ...], NoDecode] = Field(
@@ -217,7 +218,7 @@ class Settings(BaseSettings):
     @classmethod
     def _valid_keys(cls, keys: tuple[SecretStr, ...]) -> tuple[SecretStr, ...]:
         for number, key in enumerate(keys, start=1):
-            problem = auth.key_problem(key.get_secret_value())
+            problem = key_problem(key.get_secret_value())
             if problem is not None:
                 raise ValueError(f"API key number {number} {problem}")  # never the key itself
         return keys
@@ -240,13 +241,13 @@ class Settings(BaseSettings):
     def _read_keys_and_check_tls(self) -> Settings:
         keys = [key.get_secret_value() for key in self.api_keys]
         if self.api_keys_file is not None:
-            keys += auth.read_key_file(self.api_keys_file)
+            keys += read_key_file(self.api_keys_file)
         self._accepted_api_keys = tuple(SecretStr(key) for key in dict.fromkeys(keys))
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("tls_cert_file and tls_key_file go together: set both or neither")
         if self.tls_cert_file is not None and self.tls_key_file is not None:
             password = self.tls_key_password
-            tls.check_certificate(
+            check_certificate(
                 self.tls_cert_file,
                 self.tls_key_file,
                 password.get_secret_value() if password is not None else None,

@@ -16,9 +16,10 @@ thread. Every failure is a ``TensorbitsError`` (400, 404, 413), never a bare exc
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Self
 
 import numpy as np
 
@@ -474,25 +475,35 @@ def _run_streamed(
         regions.recycle([*buffers.values(), *([out_buffer] if out_buffer is not None else [])])
 
 
-class PlanTemplate(NamedTuple):
-    """What one all-binary request header decides: everything in a plan but the tensors' bytes,
-    and where those lie in the body's tail (per operator input: wire dtype, shape, start, end)."""
+# Where an input's bytes lie in a request: the buffer that holds them (its index in the buffers
+# a template is given), their span in it, and the wire dtype and shape they are read as.
+InputPlace = tuple[int, slice, np.dtype[Any], tuple[int, ...]]
 
+
+@dataclass(frozen=True, slots=True)
+class PlanTemplate:
+    """What one request whose inputs are all raw bytes decides: everything in its plan but those
+    bytes, and where they lie (per operator input, an ``InputPlace``). Keyed by the request
+    without those bytes, a repeated request is planned from it without being parsed or checked
+    again: over HTTP the one buffer is the body's tail (``from_rest``), over gRPC each input's raw
+    contents is one (``grpc.messages.PlanTemplate``)."""
+
+    op: OperatorSpec
     call: ResolvedCall
     request_id: str | None
     binary_output: bool
     output_nbytes: int
-    inputs: tuple[tuple[np.dtype[Any], tuple[int, ...], int, int], ...]
-    response_header: bytes | None  # for binary output
+    inputs: tuple[InputPlace, ...]
+    response_header: bytes | None  # for binary output over HTTP
 
-    def plan(self, op: OperatorSpec, tail: memoryview) -> Plan:
+    def plan(self, buffers: Sequence[memoryview]) -> Plan:
         return Plan(
-            op=op,
+            op=self.op,
             call=self.call,
             request_id=self.request_id,
             inputs=[
-                np.frombuffer(tail[start:end], dtype).reshape(shape)
-                for dtype, shape, start, end in self.inputs
+                np.frombuffer(buffers[index][span], dtype).reshape(shape)
+                for index, span, dtype, shape in self.inputs
             ],
             binary_output=self.binary_output,
             output_nbytes=self.output_nbytes,
@@ -500,22 +511,41 @@ class PlanTemplate(NamedTuple):
         )
 
     @classmethod
-    def of(cls, planned: Plan, request: InferRequest) -> PlanTemplate:
+    def decided(
+        cls,
+        planned: Plan,
+        where: Mapping[str, InputPlace],
+        *,
+        binary_output: bool,
+        response_header: bytes | None,
+        **added: Any,
+    ) -> Self:
+        """The template of ``planned``, whose inputs lie ``where`` (by name; kept in the
+        operator's input order), and the fields a subclass adds."""
+        return cls(
+            op=planned.op,
+            call=planned.call,
+            request_id=planned.request_id,
+            binary_output=binary_output,
+            output_nbytes=planned.output_nbytes,
+            inputs=tuple(where[name] for name in planned.op.inputs),
+            response_header=response_header,
+            **added,
+        )
+
+    @classmethod
+    def from_rest(cls, planned: Plan, request: InferRequest) -> PlanTemplate:
         """The template of a plan made from an all-binary request: where each input's bytes lie
-        in the tail (``codec.spans``, in the order sent), in the operator's input order."""
+        in the tail (``codec.spans``, in the order sent)."""
         places = codec.spans(tensor.nbytes for tensor in request.inputs)
         where = {
-            tensor.name: (wire_dtype(tensor.datatype), tensor.shape, *place)
+            tensor.name: (0, slice(*place), wire_dtype(tensor.datatype), tensor.shape)
             for tensor, place in zip(request.inputs, places, strict=True)
             if place is not None
         }
-        return cls(
-            call=planned.call,
-            request_id=planned.request_id,
-            binary_output=planned.binary_output,
-            output_nbytes=planned.output_nbytes,
-            inputs=tuple(where[name] for name in planned.op.inputs),
-            response_header=planned.response().to_rest().header if planned.binary_output else None,
+        header = planned.response().to_rest().header if planned.binary_output else None
+        return cls.decided(
+            planned, where, binary_output=planned.binary_output, response_header=header
         )
 
 
@@ -544,7 +574,7 @@ def plan_rest(
         key = (op.name, version, header, len(tail))
         template = cache.get(key)
         if template is not None:
-            return template.plan(op, tail)
+            return template.plan((tail,))
     request = InferRequest.from_rest(
         header, tail, model=op.name, header_given=header_length is not None, limits=limits
     )
@@ -556,7 +586,7 @@ def plan_rest(
         and planned.shared_output is None
         and all(t.raw is not None for t in request.inputs)
     ):
-        cache.put(key, PlanTemplate.of(planned, request), len(header))
+        cache.put(key, PlanTemplate.from_rest(planned, request), len(header))
     return planned
 
 

@@ -103,7 +103,7 @@ class Grant:
 class Drain:
     """Whether the server has been told to stop (SIGTERM), in the order load balancers route.
 
-    ``begin`` (the signal, ``cli.DrainingServer``) turns the runtime's readiness false first,
+    ``begin`` (the signal, ``serving.draining_server``) turns the runtime's readiness false first,
     while every listener still accepts: a load balancer or a Kubernetes Service, which only
     learns of the stop from failing probes (or the endpoint's removal, seconds later), stops
     sending work before any connection is refused. ``stop_accepting`` (after

@@ -2,7 +2,7 @@
 
 Each worker is the single-process server in full: the guarded HTTP protocol (the request head
 bounded in bytes and time), the app and its lifespan (so the gRPC endpoint too, where it is on),
-and the readiness-first drain on SIGTERM (``cli.draining_server``). What the workers share:
+and the readiness-first drain on SIGTERM (``serving.draining_server``). What the workers share:
 
 - **The port.** Each worker listens on a socket of its own with ``SO_REUSEPORT``, and the kernel
   spreads new connections over them by their addresses. (One socket shared by every worker lets
@@ -53,6 +53,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from tensorbits.config import Settings
+from tensorbits.serving import draining_server, uvicorn_kwargs
 
 if TYPE_CHECKING:
     import uvicorn
@@ -194,7 +195,7 @@ def run_worker(index: int, port: int, folder: str, supervisor: int) -> None:
 
     import uvicorn  # the worker's imports: after the spawn, not in the supervisor
 
-    from tensorbits import cli, observability
+    from tensorbits import observability
     from tensorbits.app import create_app
     from tensorbits.logs import configure_logging
     from tensorbits.runtime import Drain
@@ -219,13 +220,13 @@ def run_worker(index: int, port: int, folder: str, supervisor: int) -> None:
             observability.share_with_workers(Path(folder))
             drain = Drain()
             app = create_app(settings, drain=drain)
-            config = uvicorn.Config(**cli._uvicorn_kwargs(settings, drain, app))
+            config = uvicorn.Config(**uvicorn_kwargs(settings, drain, app))
             sock = port_socket(settings.host, port)
         except Exception:
             # Before serving: the next worker would fail the same way. The supervisor stops.
             logger.exception("worker %d could not start", index)
             sys.exit(STARTUP_FAILURE)
-        server = cli.draining_server(config, drain, settings.drain_delay)
+        server = draining_server(config, drain, settings.drain_delay)
         if not stop.hand_to(server):
             sock.close()
             logger.info("worker %d: stopped before it started serving", index)

@@ -24,8 +24,8 @@ from starlette.types import Message, Receive, Scope, Send
 
 from tensorbits.api.body import declared_length, header_values, receive_body
 from tensorbits.api.compression import accepted_coding, compress, compressed_bound
-from tensorbits.api.offload import offload
 from tensorbits.guarded_protocol import BODY_RECEIVED
+from tensorbits.offload import offload
 from tensorbits.runtime import Admission, Grant, Runtime
 from tensorbits_protocol import codec
 from tensorbits_protocol.errors import Overloaded
@@ -34,7 +34,7 @@ _HEADER_LENGTH = codec.HEADER_LENGTH.lower().encode()
 # codec.Framed.media_type's values, encoded once (the send runs for every response).
 _ENCODED_TYPES = {t: t.encode() for t in (codec.JSON_CONTENT_TYPE, codec.BINARY_CONTENT_TYPE)}
 # Bodies up to this size are compressed on the event loop (level 1 runs at about 100 MiB/s and
-# more: well under a millisecond); larger ones on a worker thread (api/offload.py).
+# more: well under a millisecond); larger ones on a worker thread (offload.py).
 COMPRESS_INLINE_MAX_BYTES = 64 << 10
 
 

@@ -21,8 +21,8 @@ from tensorbits import batch
 from tensorbits.api.admitted import AdmittedRequest
 from tensorbits.api.deps import runtime_of_app
 from tensorbits.api.fastpath import FastRoute, Operation
-from tensorbits.api.offload import offload
 from tensorbits.api.v2_openapi import ERROR_EXAMPLES, request_schema
+from tensorbits.offload import offload
 from tensorbits.runtime import Runtime
 from tensorbits_protocol.catalog import describe, listing
 from tensorbits_protocol.codec import BINARY_CONTENT_TYPE, HEADER_LENGTH
@@ -30,7 +30,7 @@ from tensorbits_protocol.operators import get_operator
 from tensorbits_protocol.v1 import BatchRequest, OperatorInfo, OperatorList
 from tensorbits_protocol.v2 import ErrorResponse
 
-# Below these sizes a batch is planned / run on the event loop (see api/offload.py).
+# Below these sizes a batch is planned / run on the event loop (see offload.py).
 PLAN_INLINE_MAX_BYTES = 64 << 10
 RUN_INLINE_MAX_BYTES = 1 << 20
 

@@ -13,10 +13,12 @@ reads a body declares no body parameter, so FastAPI never parses (or copies) it,
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 
 from tensorbits import inference, model_info
 from tensorbits.api import v2_openapi
@@ -57,8 +59,28 @@ async def _model_version(model: ModelName, version: ModelVersion) -> OperatorSpe
     return resolve_model(model, version)
 
 
-Model = Annotated[OperatorSpec, Depends(_model)]
-ModelAtVersion = Annotated[OperatorSpec, Depends(_model_version)]
+# Each path's model, as an endpoint's default for ``op`` (FastAPI's ``Depends`` marker): the
+# routes of a model and of a model version share their endpoint (``_per_model_route``).
+_PER_MODEL = (
+    ("/models/{model}", "model", Depends(_model)),
+    ("/models/{model}/versions/{version}", "model_version", Depends(_model_version)),
+)
+
+
+def _per_model_route(
+    tail: str,
+    name: str,
+    summaries: tuple[str, str],
+    endpoint_for: Callable[[Any], Callable[..., Awaitable[Any]]],
+    **route: Any,
+) -> None:
+    """``/models/{model}<tail>`` and ``/models/{model}/versions/{version}<tail>``, named
+    ``model_<name>`` and ``model_version_<name>`` (their operationIds): one endpoint, made by
+    ``endpoint_for`` around each path's model dependency."""
+    for (path, prefix, resolved), summary in zip(_PER_MODEL, summaries, strict=True):
+        router.add_api_route(
+            path + tail, endpoint_for(resolved), name=f"{prefix}_{name}", summary=summary, **route
+        )
 
 
 def _runtime(request: Request) -> Runtime | None:
@@ -100,12 +122,11 @@ def _model_readiness(request: Request, op: OperatorSpec) -> Response:
     return Response(status_code=200)
 
 
-async def _model_ready(request: Request, op: Model) -> Response:
-    return _model_readiness(request, op)
+def _model_ready(resolved: Any) -> Callable[..., Awaitable[Response]]:
+    async def endpoint(request: Request, op: OperatorSpec = resolved) -> Response:
+        return _model_readiness(request, op)
 
-
-async def _model_version_ready(request: Request, op: ModelAtVersion) -> Response:
-    return _model_readiness(request, op)
+    return endpoint
 
 
 # --- server --------------------------------------------------------------------------------------
@@ -224,24 +245,31 @@ _LIFECYCLE: dict[str, Any] = {
 }
 
 
-@router.post(
-    "/repository/models/{model}/load",
-    **_LIFECYCLE,
-    summary="Load a model: it is READY again (a no-op for a model already loaded)",
-)
-async def repository_model_load(model: ModelName, runtime: RuntimeDep) -> Response:
-    runtime.models.load(get_operator(model).name)
-    return Response(status_code=200)
+def _lifecycle_route(action: str, change: Callable[[ModelStates, str], None], summary: str) -> None:
+    """``POST /repository/models/{model}/<action>`` (named ``repository_model_<action>``)."""
+
+    async def endpoint(model: ModelName, runtime: RuntimeDep) -> Response:
+        change(runtime.models, get_operator(model).name)
+        return Response(status_code=200)
+
+    router.add_api_route(
+        f"/repository/models/{{model}}/{action}",
+        endpoint,
+        methods=["POST"],
+        name=f"repository_model_{action}",
+        summary=summary,
+        **_LIFECYCLE,
+    )
 
 
-@router.post(
-    "/repository/models/{model}/unload",
-    **_LIFECYCLE,
-    summary="Unload a model: UNAVAILABLE, not ready, and its inferences refused until it is loaded",
+_lifecycle_route(
+    "load", ModelStates.load, "Load a model: it is READY again (a no-op for a model already loaded)"
 )
-async def repository_model_unload(model: ModelName, runtime: RuntimeDep) -> Response:
-    runtime.models.unload(get_operator(model).name)
-    return Response(status_code=200)
+_lifecycle_route(
+    "unload",
+    ModelStates.unload,
+    "Unload a model: UNAVAILABLE, not ready, and its inferences refused until it is loaded",
+)
 
 
 # --- models --------------------------------------------------------------------------------------
@@ -285,38 +313,49 @@ async def models_statistics(request: Request, runtime: RuntimeDep) -> ModelStati
     return _statistics(request, runtime, list(OPERATORS))
 
 
-@router.get("/models/{model}/stats", **_STATS, summary="Inference statistics of one model")
-async def model_statistics(
-    request: Request, op: Model, runtime: RuntimeDep
-) -> ModelStatisticsResponse:
-    return _statistics(request, runtime, [op])
+def _model_statistics(resolved: Any) -> Callable[..., Awaitable[Any]]:
+    async def endpoint(
+        request: Request, op: OperatorSpec = resolved, *, runtime: RuntimeDep
+    ) -> ModelStatisticsResponse:
+        return _statistics(request, runtime, [op])
+
+    return endpoint
 
 
-@router.get(
-    "/models/{model}/versions/{version}/stats",
+_per_model_route(
+    "/stats",
+    "statistics",
+    ("Inference statistics of one model", "Inference statistics of one model version"),
+    _model_statistics,
     **_STATS,
-    summary="Inference statistics of one model version",
 )
-async def model_version_statistics(
-    request: Request, op: ModelAtVersion, runtime: RuntimeDep
-) -> ModelStatisticsResponse:
-    return _statistics(request, runtime, [op])
 
 
-@router.get(
-    "/models/{model}",
+def _from_tables(
+    answer: Callable[[OperatorSpec], BaseModel],
+) -> Callable[[Any], Callable[..., Awaitable[Any]]]:
+    """The endpoints of a route answered from the operator's tables alone (its response model
+    is the route's ``response_model``)."""
+
+    def endpoint_for(resolved: Any) -> Callable[..., Awaitable[Any]]:
+        async def endpoint(op: OperatorSpec = resolved) -> BaseModel:
+            return answer(op)
+
+        return endpoint
+
+    return endpoint_for
+
+
+_per_model_route(
+    "",
+    "metadata",
+    (
+        "Model metadata: input and output names, data types, ranks, parameters",
+        "Model metadata of one version",
+    ),
+    _from_tables(model_info.model_metadata),
     **_METADATA,
-    summary="Model metadata: input and output names, data types, ranks, parameters",
 )
-async def model_metadata(op: Model) -> ModelMetadataResponse:
-    return model_info.model_metadata(op)
-
-
-@router.get(
-    "/models/{model}/versions/{version}", **_METADATA, summary="Model metadata of one version"
-)
-async def model_version_metadata(op: ModelAtVersion) -> ModelMetadataResponse:
-    return model_info.model_metadata(op)
 
 
 # --- model configuration extension ---------------------------------------------------------------
@@ -327,32 +366,17 @@ _CONFIG: dict[str, Any] = {
 }
 
 
-@router.get(
-    "/models/{model}/config",
+_per_model_route(
+    "/config",
+    "config",
+    ("Model configuration: Triton's ModelConfig as JSON", "Model configuration of one version"),
+    _from_tables(model_info.model_config_response),
     **_CONFIG,
-    summary="Model configuration: Triton's ModelConfig as JSON",
 )
-async def model_config(op: Model) -> ModelConfigResponse:
-    return model_info.model_config_response(op)
-
-
-@router.get(
-    "/models/{model}/versions/{version}/config",
-    **_CONFIG,
-    summary="Model configuration of one version",
-)
-async def model_version_config(op: ModelAtVersion) -> ModelConfigResponse:
-    return model_info.model_config_response(op)
-
-
-router.add_api_route(
-    "/models/{model}/ready", _model_ready, name="model_ready", summary="Model readiness",
-    **_MODEL_READY,
-)  # fmt: skip
-router.add_api_route(
-    "/models/{model}/versions/{version}/ready",
-    _model_version_ready,
-    name="model_version_ready",
-    summary="Model readiness of one version",
+_per_model_route(
+    "/ready",
+    "ready",
+    ("Model readiness", "Model readiness of one version"),
+    _model_ready,
     **_MODEL_READY,
 )

@@ -24,14 +24,9 @@ from tensorbits.api import v2_openapi
 from tensorbits.api.admitted import AdmittedRequest
 from tensorbits.api.deps import runtime_of_app
 from tensorbits.api.fastpath import FastRoute
-from tensorbits.api.offload import offload
+from tensorbits.offload import COMPUTE_INLINE_MAX_BYTES, JSON_INLINE_MAX_BYTES, offload
 from tensorbits.runtime import Runtime
 from tensorbits_protocol.operators import OperatorSpec
-
-# Work below these sizes runs on the event loop: a hop to a worker thread costs more than it.
-# JSON is slow to parse per byte (about 20 ms per MiB), binary tensors fast (about 0.1 ms per MiB).
-JSON_INLINE_MAX_BYTES = 64 << 10
-COMPUTE_INLINE_MAX_BYTES = 1 << 20
 
 
 async def run_inference(

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -50,7 +51,6 @@ from tensorbits_protocol.infer import (
 from tensorbits_protocol.operators import OperatorSpec
 from tensorbits_protocol.schema_errors import validate_document
 from tensorbits_protocol.v2 import InferenceRequest
-from tensorbits_protocol.validation import ResolvedCall
 
 WHAT = "ModelInferRequest"
 # ModelStreamInferResponse.infer_response: a streamed answer is the unary one, framed in it.
@@ -133,7 +133,7 @@ def _contents(tensor: pb.ModelInferRequest.InferInputTensor, datatype: DataType)
             f"input '{name}': {datatype} has no typed contents in the protocol; send it in "
             "raw_input_contents",
             field=name,
-            rule="contents",
+            rule="typed_datatype",  # HTTP's rule for a type with no JSON form: one rule
         )
     if given and given != [field]:
         raise InvalidRequest(
@@ -149,7 +149,7 @@ def _contents(tensor: pb.ModelInferRequest.InferInputTensor, datatype: DataType)
             f"input '{name}': contents.{field} has {len(values)} values, shape "
             f"{list(tensor.shape)} has {count} elements",
             field=name,
-            rule="contents",
+            rule="data_size",  # as HTTP's JSON data of the wrong length
         )
     return list(values)
 
@@ -222,7 +222,7 @@ def infer_request(
                     f" has {own_raw.nbytes} bytes, {frame.datatype} {list(frame.shape)} needs "
                     f"{frame.nbytes}",
                     field=frame.name,
-                    rule="raw_contents",
+                    rule="binary_data_size",  # as HTTP's binary data of the wrong size
                 )
             inputs.append(Tensor(frame.name, frame.datatype, frame.shape, raw=own_raw))
         else:
@@ -319,32 +319,14 @@ def execute(
     return bytes(body)
 
 
-class PlanTemplate(NamedTuple):
-    """What one ``ModelInferRequest`` whose inputs are all raw contents decides: everything in
-    its plan but the tensors' bytes, and the response's head. Keyed by the message without its
-    raw contents (``wire.SplitRequest.message``) and the raw contents' sizes, a repeated request
-    is planned from it without being parsed or checked again (the HTTP side's
-    ``inference.PlanTemplate``, for gRPC's framing)."""
+@dataclass(frozen=True, slots=True)
+class PlanTemplate(inference.PlanTemplate):
+    """``inference.PlanTemplate`` for a ``ModelInferRequest`` whose inputs are all raw contents
+    (each input's buffer is its raw contents, whole), and the response's head. Keyed by the
+    message without its raw contents (``wire.SplitRequest.message``) and the raw contents'
+    sizes."""
 
-    op: OperatorSpec
-    call: ResolvedCall
-    request_id: str | None
-    output_nbytes: int
-    inputs: tuple[tuple[int, np.dtype[Any], tuple[int, ...]], ...]  # raw index, dtype, shape
     head: bytes
-
-    def plan(self, raw: list[memoryview]) -> Plan:
-        return Plan(
-            op=self.op,
-            call=self.call,
-            request_id=self.request_id,
-            inputs=[
-                np.frombuffer(raw[index], dtype).reshape(shape)
-                for index, dtype, shape in self.inputs
-            ],
-            binary_output=True,
-            output_nbytes=self.output_nbytes,
-        )
 
     @classmethod
     def of(cls, planned: Plan, message: pb.ModelInferRequest) -> PlanTemplate | None:
@@ -354,17 +336,13 @@ class PlanTemplate(NamedTuple):
             return None
         if any(tensor.HasField("contents") for tensor in message.inputs):
             return None
+        whole = slice(None)
         where = {
-            tensor.name: (index, wire_dtype(BY_NAME[tensor.datatype]), tuple(tensor.shape))
+            tensor.name: (index, whole, wire_dtype(BY_NAME[tensor.datatype]), tuple(tensor.shape))
             for index, tensor in enumerate(message.inputs)
         }
-        return cls(
-            op=planned.op,
-            call=planned.call,
-            request_id=planned.request_id,
-            output_nbytes=planned.output_nbytes,
-            inputs=tuple(where[name] for name in planned.op.inputs),
-            head=response_head(planned),
+        return cls.decided(
+            planned, where, binary_output=True, response_header=None, head=response_head(planned)
         )
 
 

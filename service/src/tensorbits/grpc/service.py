@@ -45,13 +45,12 @@ from google.protobuf.message import DecodeError, Message
 from starlette.concurrency import run_in_threadpool
 
 from tensorbits import auth, inference, model_info, refusals
-from tensorbits.api.offload import offload
-from tensorbits.api.v2_infer import COMPUTE_INLINE_MAX_BYTES, JSON_INLINE_MAX_BYTES
 from tensorbits.grpc import inference_pb2 as pb
 from tensorbits.grpc import messages, wire
 from tensorbits.header_cache import HeaderCache
 from tensorbits.inference import CACHED_HEADER_MAX_BYTES
 from tensorbits.observability import Metrics, access_fields
+from tensorbits.offload import COMPUTE_INLINE_MAX_BYTES, JSON_INLINE_MAX_BYTES, offload
 from tensorbits.runtime import Runtime
 from tensorbits.shared_memory import Kind, SharedMemoryRegions, switched_on
 from tensorbits_protocol.errors import (

@@ -1,27 +1,102 @@
-"""The floor of a grpcio asyncio server in Python: the gRPC analogue of the bare FastAPI ping.
+"""The floors the service is measured against, each doing no work of its own:
 
-A ``grpc.aio`` server (on uvloop, as ``tensorbits serve`` runs) whose ``ModelInfer`` does no
-work: the answer to a request it has seen is a cached serialized ``ModelInferResponse`` (the
-first answer to each distinct request is computed once, NumPy BIT_NOT on the raw input, so the
-load generator's check passes), and ``ModelStatistics`` reports the successes counted. Its
-handlers take and give bytes (no protobuf work per call). ``--stream-unary`` registers
-``ModelInfer`` as a stream-unary handler reading its one message from the request iterator, as
-``tensorbits.grpc.server`` does (to bound the wait for the message); the default is unary-unary.
-Whatever a call costs here, every grpcio servicer in Python pays at least that.
+* ``app``: a bare FastAPI app that echoes the request body (``POST /echo``) and answers a ping
+  (``GET``/``POST /ping``), served by the same uvicorn settings as tensorbits
+  (``bench.harness.baseline_server`` starts it; ``bench/small_request_in_process.py`` calls it
+  in process);
+* ``RawEcho``: a loopback TCP server that sends back exactly the bytes it got, the floor of a
+  round trip;
+* a bare ``grpc.aio`` server, the gRPC analogue of the ping (on uvloop, as ``tensorbits serve``
+  runs): its ``ModelInfer`` answers a request it has seen with a cached serialized
+  ``ModelInferResponse`` (the first answer to each distinct request is computed once, NumPy
+  BIT_NOT on the raw input, so the load generator's check passes), and ``ModelStatistics``
+  reports the successes counted. Its handlers take and give bytes (no protobuf work per call).
+  ``--stream-unary`` registers ``ModelInfer`` as a stream-unary handler reading its one message
+  from the request iterator, as ``tensorbits.grpc.server`` does (to bound the wait for the
+  message); the default is unary-unary. Whatever a call costs there, every grpcio servicer in
+  Python pays at least that. Run from the repository root:
 
-    .venv/bin/python bench/_grpc_baseline.py PORT [--stream-unary]
+    .venv/bin/python -m bench.harness.baselines PORT [--stream-unary]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-from collections.abc import AsyncIterator
+import socket
+import threading
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
 import numpy as np
+from fastapi import FastAPI, Request, Response
 from tritonclient.grpc import service_pb2
+
+app = FastAPI()
+
+
+@app.post("/echo")
+async def echo(request: Request) -> Response:
+    return Response(await request.body(), media_type="application/octet-stream")
+
+
+@app.get("/ping")
+async def ping() -> Response:
+    return Response(b"", media_type="text/plain")
+
+
+@app.post("/ping")
+async def ping_post(request: Request) -> Response:
+    await request.body()
+    return Response(b"", media_type="text/plain")
+
+
+class RawEcho:
+    """A loopback TCP server that sends back exactly the bytes it got: the floor for a round trip."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            conn, _ = self.listener.accept()
+            threading.Thread(target=self._echo, args=(conn,), daemon=True).start()
+
+    def _echo(self, conn: socket.socket) -> None:
+        with conn:
+            buf = bytearray(1 << 27)
+            view = memoryview(buf)
+            while True:
+                header = conn.recv(8)
+                if len(header) < 8:
+                    return
+                size = int.from_bytes(header, "little")
+                filled = 0
+                while filled < size:
+                    filled += conn.recv_into(view[filled:size])
+                conn.sendall(view[:size])
+
+    def round_trip_fn(self, size: int) -> Callable[[], None]:
+        sock = socket.create_connection(("127.0.0.1", self.port))
+        payload = bytearray(size)
+        back = bytearray(size)
+        view = memoryview(back)
+
+        def once() -> None:
+            sock.sendall(size.to_bytes(8, "little"))
+            sock.sendall(payload)
+            filled = 0
+            while filled < size:
+                filled += sock.recv_into(view[filled:], size - filled)
+
+        return once
+
+
+# --- the bare grpc.aio server ----------------------------------------------------------------
 
 SERVICE = "inference.GRPCInferenceService"
 CACHED = 16  # distinct requests remembered: a benchmark sends one or two

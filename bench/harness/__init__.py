@@ -1,20 +1,36 @@
-"""Shared by the HTTP benchmarks: start servers on free loopback ports, a plain-socket HTTP/1.1
-client that reads a response into one preallocated buffer, and best-of-N timing."""
+"""The benchmarks' harness: servers started on free loopback ports, a plain-socket HTTP/1.1 client
+that reads a response into one preallocated buffer, and best-of-N timing in interleaved rounds.
+
+Its modules, one concept each:
+
+* ``bench.harness`` (this one): ``free_port``, ``server``/``tensorbits_server``/``baseline_server``
+  (a process started, waited for until its health URL answers, stopped), ``PlainClient``,
+  ``best_of``, ``best_per_call`` and ``interleaved_best`` (every contestant once per round, so
+  drift in a shared machine hits all of them alike), ``in_process_rounds``, ``note``;
+* ``bench.harness.baselines``: the floors measured beside the service: a bare FastAPI app
+  (``/echo``, ``/ping``), a raw loopback TCP echo, a bare grpc.aio server;
+* ``bench.harness.memory``: a process's resident memory from ``/proc`` (``vm``, ``RssSampler``),
+  and ``tensorbits serve`` with its memory watched from inside (the probe);
+* ``bench.harness.grpc_load``: bounded gRPC load generators (grpc.aio, h2load);
+* ``bench.harness.abuse``: abusive HTTP clients in a process of their own.
+
+The real Triton peer is ``bench/peers.py``."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import logging
 import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / ".venv" / "bin"
 START_TIMEOUT_S = 180.0  # at most; a server that exits first is reported at once
 UVICORN_FLAGS = [
@@ -72,9 +88,15 @@ def tensorbits_server(**env: str) -> Iterator[int]:
     """``tensorbits serve`` on a free port, NumPy backend unless ``env`` says otherwise. Started
     with this interpreter (``-m tensorbits.cli``): a GPU machine given the source tree on
     PYTHONPATH has no .venv and no ``tensorbits`` script; a CuPy server there may compile its
-    probe kernels first (START_TIMEOUT_S)."""
+    probe kernels first (START_TIMEOUT_S). Its gRPC endpoint gets a free port too (the default
+    one may be taken by another server on the machine)."""
     port = free_port()
-    settings = {"TENSORBITS_BACKEND": "numpy", "TENSORBITS_LOG_LEVEL": "warning", **env}
+    settings = {
+        "TENSORBITS_BACKEND": "numpy",
+        "TENSORBITS_LOG_LEVEL": "warning",
+        "TENSORBITS_GRPC_PORT": str(free_port()),
+        **env,
+    }
     argv = [sys.executable, "-m", "tensorbits.cli", "serve", "--port", str(port)]
     with server(argv, f"http://127.0.0.1:{port}/v2/health/live", settings, START_TIMEOUT_S):
         yield port
@@ -83,7 +105,13 @@ def tensorbits_server(**env: str) -> Iterator[int]:
 @contextlib.contextmanager
 def baseline_server() -> Iterator[int]:
     port = free_port()
-    argv = [str(BIN / "uvicorn"), "bench._baseline_app:app", "--port", str(port), *UVICORN_FLAGS]
+    argv = [
+        str(BIN / "uvicorn"),
+        "bench.harness.baselines:app",
+        "--port",
+        str(port),
+        *UVICORN_FLAGS,
+    ]
     with server(argv, f"http://127.0.0.1:{port}/ping"):
         yield port
 
@@ -136,50 +164,6 @@ class PlainClient:
         self.sock.close()
 
 
-class RawEcho:
-    """A loopback TCP server that sends back exactly the bytes it got: the floor for a round trip."""
-
-    def __init__(self) -> None:
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            conn, _ = self.listener.accept()
-            threading.Thread(target=self._echo, args=(conn,), daemon=True).start()
-
-    def _echo(self, conn: socket.socket) -> None:
-        with conn:
-            buf = bytearray(1 << 27)
-            view = memoryview(buf)
-            while True:
-                header = conn.recv(8)
-                if len(header) < 8:
-                    return
-                size = int.from_bytes(header, "little")
-                filled = 0
-                while filled < size:
-                    filled += conn.recv_into(view[filled:size])
-                conn.sendall(view[:size])
-
-    def round_trip_fn(self, size: int) -> Callable[[], None]:
-        sock = socket.create_connection(("127.0.0.1", self.port))
-        payload = bytearray(size)
-        back = bytearray(size)
-        view = memoryview(back)
-
-        def once() -> None:
-            sock.sendall(size.to_bytes(8, "little"))
-            sock.sendall(payload)
-            filled = 0
-            while filled < size:
-                filled += sock.recv_into(view[filled:], size - filled)
-
-        return once
-
-
 def best_of(fn: Callable[[], object], repeat: int) -> float:
     fn()  # warm-up: connections, allocator, page faults
     times = []
@@ -188,6 +172,19 @@ def best_of(fn: Callable[[], object], repeat: int) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return min(times)
+
+
+def best_per_call(fn: Callable[[], object], rounds: int, calls: int) -> float:
+    """Seconds per call of the best of ``rounds`` rounds of ``calls`` calls each: for calls too
+    quick to time one by one."""
+    fn()  # warm-up, as in best_of
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - start) / calls)
+    return best
 
 
 def interleaved_best(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
@@ -201,6 +198,19 @@ def interleaved_best(fns: dict[str, Callable[[], object]], repeat: int) -> dict[
             fn()
             best[name] = min(best[name], time.perf_counter() - start)
     return best
+
+
+def in_process_rounds(doc: str | None, default: int) -> int:
+    """``--rounds`` of a benchmark that runs the app in this process (its docstring is the
+    help). The app's logging is set to warnings, as a server's is: its info lines would land
+    among the figures."""
+    parser = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=default)
+    rounds: int = parser.parse_args().rounds
+    logging.getLogger().setLevel(logging.WARNING)
+    return rounds
 
 
 def note(text: str) -> None:

@@ -5,7 +5,7 @@ Every contestant is started once, then measured in ``--rounds`` interleaved roun
 rotates each round, so drift in this shared machine hits all of them alike): ``wrk -t1 -c32
 --latency`` for ``--seconds`` each, the 16-element BIT_NOT in v2 binary (the same request bytes
 to tensorbits and to Triton, whose Python-backend model does the same NumPy call;
-``bench/_triton_peer.py``), an empty ``GET /ping`` to the FastAPI app (``bench/_baseline_app.py``,
+``bench/peers.py``), an empty ``GET /ping`` to the FastAPI app (``bench/harness/baselines.py``,
 uvicorn with uvloop and httptools, one worker). Reported: each contestant's median req/s, p50
 and p99 over the rounds, and the median over rounds of its ratio to Triton and to the ping,
 each ratio taken within one round; and the CPU time its processes (every worker, Triton's
@@ -15,9 +15,9 @@ must answer 200 only.
 
 Targets: tensorbits with 1 worker >= 0.9x Triton; the best configuration >= 1.2x.
 
-    .venv/bin/python bench/small_requests.py                    # 5 rounds of 4 s: about 2 min
-    .venv/bin/python bench/small_requests.py --rounds 7 --seconds 5 --no-triton
-    git worktree add /tmp/before <commit> && .venv/bin/python bench/small_requests.py --before /tmp/before
+    .venv/bin/python bench/http_vs_triton.py                    # 5 rounds of 4 s: about 2 min
+    .venv/bin/python bench/http_vs_triton.py --rounds 7 --seconds 5 --no-triton
+    B=$(mktemp -d) && git worktree add "$B" <commit> && .venv/bin/python bench/http_vs_triton.py --before "$B"
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._harness import baseline_server, note, tensorbits_server
+from bench.harness import baseline_server, note, tensorbits_server
+from bench.http_service import wrk_latency_ms
 
 MODEL = "DML_OPERATOR_ELEMENT_WISE_BIT_NOT"
 TARGETS = {"tensorbits, 1 worker": 0.9, "best": 1.2}
@@ -160,16 +161,6 @@ def cpu_seconds(pids: frozenset[int]) -> float:
     return total / ticks
 
 
-_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
-
-
-def _latency(out: str, percentile: str) -> float:
-    match = re.search(rf"^\s+{percentile}%\s+([\d.]+)(us|ms|s)\s*$", out, re.MULTILINE)
-    if match is None:
-        raise RuntimeError(f"no {percentile}% latency in wrk's output:\n{out}")
-    return float(match.group(1)) * _UNITS[match.group(2)]
-
-
 def wrk(
     target: WrkTarget, seconds: float, connections: int = 32, server: frozenset[int] = frozenset()
 ) -> WrkResult:
@@ -193,7 +184,11 @@ def wrk(
     if rate is None or done is None:
         raise RuntimeError(f"could not read wrk's output:\n{out}")
     return WrkResult(
-        float(rate.group(1)), _latency(out, "50"), _latency(out, "99"), int(done.group(1)), cpu
+        float(rate.group(1)),
+        wrk_latency_ms(out, 50),
+        wrk_latency_ms(out, 99),
+        int(done.group(1)),
+        cpu,
     )
 
 
@@ -206,7 +201,9 @@ Contestant = Callable[[], contextlib.AbstractContextManager[WrkTarget]]
 def _tensorbits(workers: int, sources: Path | None = None) -> Iterator[WrkTarget]:
     env = {"TENSORBITS_WORKERS": str(workers), "TENSORBITS_GRPC_PORT": "0"}
     if sources is not None:  # another checkout's server code (--before), this one's .venv
-        env["PYTHONPATH"] = f"{sources / 'service' / 'src'}:{sources / 'client' / 'src'}"
+        env["PYTHONPATH"] = ":".join(
+            str(sources / member / "src") for member in ("service", "client", "protocol")
+        )
     with tensorbits_server(**env) as port:
         yield WrkTarget.for_port(port, small_infer())
 
@@ -219,7 +216,7 @@ def _ping() -> Iterator[WrkTarget]:
 
 @contextlib.contextmanager
 def _triton() -> Iterator[WrkTarget]:
-    from bench._triton_peer import triton_peer
+    from bench.peers import triton_peer
 
     with triton_peer() as peer:
         yield WrkTarget(f"{peer.http_url}{small_infer().path}", small_infer())
@@ -321,7 +318,7 @@ def main() -> int:
         type=Path,
         metavar="CHECKOUT",
         help="also tensorbits (1 worker) from another checkout's sources, e.g. a git worktree "
-        "of an earlier commit: its service/src and client/src first on PYTHONPATH",
+        "of an earlier commit: its service/src, client/src and protocol/src first on PYTHONPATH",
     )
     args = parser.parse_args()
     if shutil.which("wrk") is None:

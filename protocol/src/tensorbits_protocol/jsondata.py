@@ -475,7 +475,7 @@ def _no_json_form(name: str, datatype: DataType, direction: Direction) -> Invali
         f"{direction} '{name}': {datatype} has no JSON representation; send it as binary data "
         f"({'parameters.binary_data_size' if direction == 'input' else 'binary_data: true'})",
         field=name,
-        rule="json_datatype",
+        rule="typed_datatype",
     )
 
 

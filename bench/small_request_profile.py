@@ -12,8 +12,8 @@ of an unprofiled run), so read the budget as shares (at 100 samples a second it 
 
 py-spy is not a project dependency: install it apart and name it, e.g.::
 
-    .tools/bin/uv venv /tmp/prof && .tools/bin/uv pip install --python /tmp/prof/bin/python py-spy
-    .venv/bin/python bench/profile_layers.py --py-spy /tmp/prof/bin/py-spy [--seconds 8]
+    PROF=$(mktemp -d) && .tools/bin/uv venv "$PROF" && .tools/bin/uv pip install --python "$PROF/bin/python" py-spy
+    .venv/bin/python bench/small_request_profile.py --py-spy "$PROF/bin/py-spy" [--seconds 8]
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._harness import BIN, free_port, wait_until_up
-from bench.small_requests import WrkResult, WrkTarget, small_infer, wrk
+from bench.harness import BIN, free_port, wait_until_up
+from bench.http_vs_triton import WrkResult, WrkTarget, small_infer, wrk
 
 # A stack is its frames, root first: "function (file:line)" for Python, "symbol (lib)" native.
 Stack = list[str]
@@ -83,7 +83,7 @@ LAYERS: tuple[tuple[str, Rule], ...] = (
             "tensorbits/api/v2_infer.py",
             "tensorbits/api/admitted.py",
             "tensorbits/api/body.py",
-            "tensorbits/api/offload.py",
+            "tensorbits/offload.py",
             "tensorbits/api/deps.py",
             "tensorbits/runtime.py",
         ),

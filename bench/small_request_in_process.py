@@ -9,16 +9,13 @@
          running the plan on the NumPy backend
 
 Best of several rounds of many calls; every figure is per call. Usage:
-.venv/bin/python bench/in_process.py [--rounds N]
+.venv/bin/python bench/small_request_in_process.py [--rounds N]
 """
 
 from __future__ import annotations
 
-import argparse
-import logging
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +25,10 @@ from pydantic import SecretStr
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._baseline_app import app as bare_app
+from bench.harness import best_per_call, in_process_rounds
+from bench.harness.baselines import app as bare_app
 from bench.http_service import NOT, row_xor_batch, row_xors, v2_binary_request
 from tensorbits import batch as planner
-from tensorbits import engine
 from tensorbits.app import create_app
 from tensorbits.auth import ApiKeyMiddleware
 from tensorbits.backends.numpy_backend import NumpyBackend
@@ -92,7 +89,8 @@ async def v2_small(rounds: int) -> dict[str, float]:
         ("v2 infer, cache off", infer, {"header_cache_bytes": 0}),
         ("v2 infer, cache on, one API key", keyed, {"api_keys": key}),  # auth.py checks it
     ):
-        app = create_app(Settings(backend="numpy", log_level="warning", **settings))
+        # grpc_port=0: no gRPC listener (the default port may be taken by a server running here)
+        app = create_app(Settings(backend="numpy", log_level="warning", grpc_port=0, **settings))
         async with app.router.lifespan_context(app):
             times[label] = await _per_call(app, scope, body, rounds, 4000)
     # The check by itself: the middleware in front of an app that only answers, minus that app.
@@ -106,17 +104,6 @@ async def v2_small(rounds: int) -> dict[str, float]:
 async def _answer(scope: Scope, receive: Any, send: Any) -> None:
     await send({"type": "http.response.start", "status": 200, "headers": []})
     await send({"type": "http.response.body", "body": b""})
-
-
-def _best(fn: Callable[[], object], rounds: int, calls: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.perf_counter() - start) / calls)
-    return best
 
 
 def batch_small(rounds: int, dispatches: int = 100) -> dict[str, float]:
@@ -136,15 +123,15 @@ def batch_small(rounds: int, dispatches: int = 100) -> dict[str, float]:
     sinks = [memoryview(bytearray(plan.buffers[i].byte_size)) for i in plan.outputs]
     backend = NumpyBackend(1)
     times = {
-        "SDK: build and encode the batch": _best(build, rounds, 50),
-        "server: decode and plan, cache off": _best(
+        "SDK: build and encode the batch": best_per_call(build, rounds, 50),
+        "server: decode and plan, cache off": best_per_call(
             lambda: planner.plan_rest(body, header_length, limits), rounds, 50
         ),
-        "server: decode and plan, cache on": _best(
+        "server: decode and plan, cache on": best_per_call(
             lambda: planner.plan_rest(body, header_length, limits, cache), rounds, 50
         ),
-        "server: run the plan (NumPy)": _best(
-            lambda: engine.run_batch(plan, body, backend, sinks), rounds, 50
+        "server: run the plan (NumPy)": best_per_call(
+            lambda: planner.run_batch(plan, body, backend, sinks), rounds, 50
         ),
     }
     client.close()
@@ -153,19 +140,14 @@ def batch_small(rounds: int, dispatches: int = 100) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--rounds", type=int, default=7)
-    args = parser.parse_args()
-    logging.getLogger().setLevel(logging.WARNING)
-    small = uvloop.run(v2_small(args.rounds))  # the event loop the server runs on
+    rounds = in_process_rounds(__doc__, default=7)
+    small = uvloop.run(v2_small(rounds))  # the event loop the server runs on
     ping = small["bare FastAPI GET /ping"]
-    print(f"v2, one 16-element BIT_NOT through the ASGI app, best of {args.rounds}")
+    print(f"v2, one 16-element BIT_NOT through the ASGI app, best of {rounds}")
     for label, seconds in small.items():
         print(f"  {label:<34} {seconds * 1e6:7.1f} µs  ({seconds / ping:.2f}x the ping)")
-    print(f"\n/v1, one batch of 100 16-element XORs, best of {args.rounds}")
-    for label, seconds in batch_small(args.rounds).items():
+    print(f"\n/v1, one batch of 100 16-element XORs, best of {rounds}")
+    for label, seconds in batch_small(rounds).items():
         print(f"  {label:<34} {seconds * 1e3:7.2f} ms")
 
 

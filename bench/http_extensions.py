@@ -9,13 +9,11 @@ same run, in interleaved rounds:
                the app with Accept-Encoding: gzip against identity
 
 Per-call figures are medians of the rounds. Usage:
-.venv/bin/python bench/extensions.py [--rounds N]
+.venv/bin/python bench/http_extensions.py [--rounds N]
 """
 
 from __future__ import annotations
 
-import argparse
-import logging
 import statistics as stats
 import sys
 import time
@@ -29,6 +27,7 @@ import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.harness import best_per_call, in_process_rounds
 from bench.http_service import NOT, v2_binary_request
 from tensorbits.api.compression import WBITS, compress
 from tensorbits.app import create_app
@@ -97,16 +96,6 @@ async def _interleaved(
     return {label: stats.median(values) for label, values in times.items()}
 
 
-def _per_call(fn: Callable[[], object], calls: int, rounds: int) -> float:
-    best = float("inf")
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.perf_counter() - start) / calls)
-    return best
-
-
 async def statistics_cost(rounds: int) -> dict[str, float]:
     head, parts = v2_binary_request({"InputTensor": np.full(16, 65, np.uint8)}, "OutputTensor")
     body = b"".join(bytes(p) for p in parts)
@@ -126,10 +115,10 @@ async def statistics_cost(rounds: int) -> dict[str, float]:
 
         times = await _interleaved({"counted": with_counts, "not counted": without}, rounds, 2000)
     alone = Statistics()
-    times["record() alone"] = _per_call(lambda: alone.record(NOT, 0, 1, 2, 3, 6), 200_000, 5)
+    times["record() alone"] = best_per_call(lambda: alone.record(NOT, 0, 1, 2, 3, 6), 5, 200_000)
     clock = time.perf_counter_ns
-    times["5 clock reads"] = _per_call(
-        lambda: (clock(), clock(), clock(), clock(), clock()), 200_000, 5
+    times["5 clock reads"] = best_per_call(
+        lambda: (clock(), clock(), clock(), clock(), clock()), 5, 200_000
     )
     return times
 
@@ -151,8 +140,8 @@ def compressor_cost(rounds: int) -> list[tuple[str, int, float, float, float, fl
             return len(c.compress(data) + c.flush())
 
         rows.append((
-            label, size, _per_call(level_1, 1, rounds), level_1() / size,
-            _per_call(level_6, 1, rounds), level_6() / size,
+            label, size, best_per_call(level_1, rounds, 1), level_1() / size,
+            best_per_call(level_6, rounds, 1), level_6() / size,
         ))  # fmt: skip
     return rows
 
@@ -172,31 +161,26 @@ async def compressed_request(rounds: int) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--rounds", type=int, default=9)
-    args = parser.parse_args()
-    logging.getLogger().setLevel(logging.WARNING)
+    rounds = in_process_rounds(__doc__, default=9)
 
-    cost = uvloop.run(statistics_cost(args.rounds))
+    cost = uvloop.run(statistics_cost(rounds))
     base = cost["not counted"]
-    print(f"statistics: one 16-element BIT_NOT through the ASGI app, median of {args.rounds}")
+    print(f"statistics: one 16-element BIT_NOT through the ASGI app, median of {rounds}")
     print(f"  not counted                 {base * 1e6:8.2f} µs")
     print(f"  counted                     {cost['counted'] * 1e6:8.2f} µs  "
           f"({cost['counted'] / base:.3f}x)")  # fmt: skip
     for label in ("record() alone", "5 clock reads"):
         print(f"  {label:<27} {cost[label] * 1e9:8.0f} ns  ({cost[label] / base:.2%} of a call)")
 
-    print(f"\ncompression: the compressor alone, best of {args.rounds}")
-    for label, size, t1, r1, t6, r6 in compressor_cost(args.rounds):
+    print(f"\ncompression: the compressor alone, best of {rounds}")
+    for label, size, t1, r1, t6, r6 in compressor_cost(rounds):
         print(f"  {label:<26} {size // MiB} MiB  level 1: {t1 * 1e3:7.1f} ms "
               f"({size / t1 / MiB:6.0f} MiB/s, size {r1:.3f}x)  level 6: {t6 * 1e3:7.1f} ms "
               f"({size / t6 / MiB:6.0f} MiB/s, size {r6:.3f}x)")  # fmt: skip
 
-    request = uvloop.run(compressed_request(args.rounds))
+    request = uvloop.run(compressed_request(rounds))
     plain = request["identity"]
-    print(f"\n1 MiB BIT_NOT (values 0-3) through the ASGI app, median of {args.rounds}")
+    print(f"\n1 MiB BIT_NOT (values 0-3) through the ASGI app, median of {rounds}")
     for label, seconds in request.items():
         print(f"  {label:<10} {seconds * 1e3:7.2f} ms  ({seconds / plain:.2f}x identity)")
 

@@ -1,7 +1,9 @@
 """Where CPU-bound work runs: inline on the event loop when small, on a worker thread when not.
 
 Small work inline because the hop to a worker thread and back costs more than the work itself;
-large work off the loop so one big tensor never stalls every other connection."""
+large work off the loop so one big tensor never stalls every other connection. Both front ends
+use it: the HTTP app (api/) and the gRPC endpoint (grpc/), with the same limits for v2 inference.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +14,12 @@ from starlette.concurrency import run_in_threadpool
 
 P = ParamSpec("P")
 T = TypeVar("T")
+
+# v2 inference below these sizes runs on the event loop: a hop to a worker thread costs more than
+# it. JSON is slow to parse per byte (about 20 ms per MiB), binary tensors fast (about 0.1 ms per
+# MiB). The same for an HTTP request and a gRPC one: the same planner and executor run both.
+JSON_INLINE_MAX_BYTES = 64 << 10
+COMPUTE_INLINE_MAX_BYTES = 1 << 20
 
 
 async def offload(

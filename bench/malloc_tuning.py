@@ -8,9 +8,9 @@ With the setting, every body and output buffer of 1 MiB or more is a fresh mappi
 on first touch) instead of reused heap memory: the time ratio is that cost. Then each server's
 RSS and peak (VmRSS, VmHWM) after the rounds.
 
-    .venv/bin/python bench/alloc.py                      # 2 x 1, 4, 8, 32 MiB; 15 rounds
-    .venv/bin/python bench/alloc.py --sizes 8 --repeat 31
-    .venv/bin/python bench/alloc.py --server-env GLIBC_TUNABLES=glibc.malloc.hugetlb=1
+    .venv/bin/python bench/malloc_tuning.py                      # 2 x 1, 4, 8, 32 MiB; 15 rounds
+    .venv/bin/python bench/malloc_tuning.py --sizes 8 --repeat 31
+    .venv/bin/python bench/malloc_tuning.py --server-env GLIBC_TUNABLES=glibc.malloc.hugetlb=1
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._harness import BIN, PlainClient, free_port, interleaved_best, wait_until_up
-from bench._rss import MiB, vm
+from bench.harness import BIN, PlainClient, free_port, interleaved_best, wait_until_up
+from bench.harness.memory import MiB, vm
 from bench.http_service import XOR, v2_binary_request
 
 
@@ -36,7 +36,12 @@ from bench.http_service import XOR, v2_binary_request
 def serve(env: dict[str, str]) -> Iterator[tuple[int, int]]:
     """(port, pid) of a tensorbits server with ``env`` added."""
     port = free_port()
-    settings = {"TENSORBITS_BACKEND": "numpy", "TENSORBITS_LOG_LEVEL": "warning", **env}
+    settings = {
+        "TENSORBITS_BACKEND": "numpy",
+        "TENSORBITS_LOG_LEVEL": "warning",
+        "TENSORBITS_GRPC_PORT": str(free_port()),
+        **env,
+    }
     proc = subprocess.Popen(
         [str(BIN / "tensorbits"), "serve", "--port", str(port)],
         env={**os.environ, **settings},

@@ -1,4 +1,4 @@
-"""A real Triton Inference Server as a benchmark peer, started by the benchmark itself.
+"""The benchmarks' peer: a real Triton Inference Server, started by the benchmark itself.
 
 The ``nvidia-pytriton`` wheel ships the ``tritonserver`` binary and its Python backend. It is
 installed ON DEMAND into a throwaway venv outside the project's lock (default
@@ -22,7 +22,7 @@ first on ``PATH`` (the embedded interpreter finds its prefix, hence the venv's N
     with triton_peer() as peer:
         peer.http_url, peer.grpc_url      # "http://127.0.0.1:PORT", "127.0.0.1:PORT"
 
-    .venv/bin/python bench/_triton_peer.py       # start one, print its URLs, stop on Ctrl-C
+    .venv/bin/python bench/peers.py       # start one, print its URLs, stop on Ctrl-C
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._harness import free_port, note
+from bench.harness import free_port, note
 
 # Pinned so that every run measures the same server (0.7.0 ships Triton 2.5x and its stubs for
 # CPython 3.8 to 3.13).

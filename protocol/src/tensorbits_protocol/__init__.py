@@ -1,7 +1,8 @@
 """Shared between the tensorbits server and its client: the wire models, the data-type table,
 the operator rule tables and the validation that reads them.
 
-Nothing in here imports FastAPI or CuPy; the client installs with httpx, pydantic and NumPy only.
+Its own distribution, ``tensorbits-protocol`` (protocol/), which the service and the client both
+depend on. Nothing in here imports FastAPI or CuPy; it installs with pydantic, NumPy and jiter only.
 """
 
 from tensorbits_protocol.dtypes import DataType

@@ -24,8 +24,8 @@ Reports requests/s, p50 and p99 latency (ms) and the client's CPU per call. The 
 Open Inference Protocol's, from the stock ``tritonclient.grpc`` package (its ``service_pb2``), so
 one request serves Triton and tensorbits.
 
-    .venv/bin/python bench/_grpc_load.py 127.0.0.1:8001                 # 16-element BIT_NOT, aio
-    .venv/bin/python bench/_grpc_load.py 127.0.0.1:8001 --driver h2load --json
+    .venv/bin/python -m bench.harness.grpc_load 127.0.0.1:8001                 # 16-element BIT_NOT, aio
+    .venv/bin/python -m bench.harness.grpc_load 127.0.0.1:8001 --driver h2load --json
 """
 
 from __future__ import annotations
@@ -139,6 +139,23 @@ class Load:
     @property
     def model(self) -> str:
         return str(service_pb2.ModelInferRequest.FromString(self.body).model_name)
+
+
+def add_load_options(parser: argparse.ArgumentParser, part: str = "") -> None:
+    """``--streams`` and ``--channels``, with ``Load``'s defaults: this module's options, and
+    those of a benchmark that runs it (``part`` starts their help)."""
+    parser.add_argument(
+        "--streams",
+        type=int,
+        default=Load.streams,
+        help=f"{part}gRPC calls in flight (default {Load.streams})",
+    )
+    parser.add_argument(
+        "--channels",
+        type=int,
+        default=Load.channels,
+        help=f"{part}gRPC connections (default {Load.channels})",
+    )
 
 
 # --- the check on the server ------------------------------------------------------------------
@@ -297,8 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=NOT)
     parser.add_argument("--input", default="InputTensor", help="the model's input name")
     parser.add_argument("--elements", type=int, default=16, help="UINT8 elements (default 16)")
-    parser.add_argument("--streams", type=int, default=32, help="calls in flight (default 32)")
-    parser.add_argument("--channels", type=int, default=2, help="connections (default 2)")
+    add_load_options(parser)
     parser.add_argument("--duration", type=float, default=4.0, help="seconds (default 4)")
     parser.add_argument("--warmup", type=float, default=0.5, help="seconds not timed")
     parser.add_argument("--json", action="store_true", help="one JSON line (for bench scripts)")
