@@ -122,20 +122,14 @@ def _every_field(r: Recorder) -> list[str]:
 def _no_plain_form(r: Recorder) -> list[str]:
     # Non-ASCII names and values, and a float parameter, go through the wire models.
     d = r.input("données", np.arange(16, dtype=np.uint8))
-    r.dispatch(
-        XOR,
-        {"feature_level": "6_4"},
-        ATensor=d.tensor(),
-        BTensor=d.tensor(),
-        OutputTensor=d.tensor(),
-    )
-    r.dispatch(
-        XOR,
-        {"feature_level": "6_4é"},
-        ATensor=d.tensor(),
-        BTensor=d.tensor(),
-        OutputTensor=d.tensor(),
-    )
+    for level in ("6_4", "6_4é"):
+        r.dispatch(
+            XOR,
+            {"feature_level": level},
+            ATensor=d.tensor(),
+            BTensor=d.tensor(),
+            OutputTensor=d.tensor(),
+        )
     r.dispatch(AND_OV, {"axis": 1.5}, input_1=d.tensor(), input_2=d.tensor(), output_1=d.tensor())
     long = {"auto_broadcast": "n" * 300}
     r.dispatch(AND_OV, long, input_1=d.tensor(), input_2=d.tensor(), output_1=d.tensor())

@@ -43,6 +43,7 @@ from core.bitref import assert_bits_equal, reference
 from gpu.gpu_support import cupy_backend_or_skip, unavailable
 from support.grpc_live import GrpcServer
 from support.live import LiveServer, free_port, serve
+from support.regions import region_input, region_inputs, region_output
 from support.v2 import uint8_inputs
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
@@ -213,26 +214,10 @@ def expendable_regions(expendable_server: GrpcServer) -> Iterator[Regions]:
     made.close()
 
 
-def region_input(
-    module: Any, name: str, array: Arr, region: CudaRegion | SystemRegion, offset: int = 0
-) -> Any:
-    tensor = module.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-    tensor.set_shared_memory(region.name, array.nbytes, offset=offset)
-    return tensor
-
-
 def body_input(module: Any, name: str, array: Arr) -> Any:
     tensor = module.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
     tensor.set_data_from_numpy(array)
     return tensor
-
-
-def region_output(
-    module: Any, name: str, region: CudaRegion | SystemRegion, nbytes: int, offset: int = 0
-) -> Any:
-    output = module.InferRequestedOutput(name)
-    output.set_shared_memory(region.name, nbytes, offset=offset)
-    return output
 
 
 def no_output_bytes(protocol: str, result: Any, output: str) -> None:
@@ -322,10 +307,7 @@ def test_every_model_in_cuda_regions(regions: Regions, op: OperatorSpec, protoco
     arrays, params = uint8_inputs(op, RNG)
     want = reference(op.name, arrays, params)
     region = regions.cuda(4096, register=protocol)
-    tensors = []
-    for index, (name, array) in enumerate(arrays.items()):
-        region.put(array, offset=index * 64)
-        tensors.append(region_input(module, name, array, region, offset=index * 64))
+    tensors = region_inputs(module, arrays, region)
     out = region_output(module, op.output, region, want.nbytes, offset=1024)
     result = client.infer(op.name, tensors, outputs=[out], parameters=params)
     no_output_bytes(protocol, result, op.output)

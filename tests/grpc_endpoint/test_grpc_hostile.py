@@ -20,11 +20,11 @@ from typing import NamedTuple, TypeAlias, cast
 import grpc
 import pytest
 from support.grpc_live import GrpcServer, serve_grpc
-from support.rawhttp import bystander
+from support.rawhttp import bystander, start_warmed_up
 
 from tensorbits.grpc import inference_pb2 as pb
 from tensorbits.grpc import wire
-from tensorbits.grpc.service import CONTROL_SLOTS
+from tensorbits.grpc.pools import CONTROL_SLOTS
 from tensorbits_protocol.parameters import MAX_PARAMETERS
 
 MiB = 1 << 20
@@ -75,12 +75,7 @@ def bystanders(server: GrpcServer) -> Iterator[GrpcBystander]:
     """gRPC ServerLive and HTTP health probed for as long as the block runs: after it, both
     were answered, never failing, in a median under 100 ms."""
     watcher = GrpcBystander(server)
-    thread = threading.Thread(target=watcher.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not watcher.latencies and time.monotonic() < deadline:
-        time.sleep(0.01)
-    watcher.latencies.clear()
+    thread = start_warmed_up(watcher)
     try:
         with bystander(server.http):
             yield watcher

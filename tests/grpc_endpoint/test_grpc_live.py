@@ -31,13 +31,6 @@ INFER = "/inference.GRPCInferenceService/ModelInfer"
 
 
 @pytest.fixture(scope="module")
-def client(grpc_server: GrpcServer) -> Iterator[triton.InferenceServerClient]:
-    c = triton.InferenceServerClient(grpc_server.grpc_url)
-    yield c
-    c.close()
-
-
-@pytest.fixture(scope="module")
 def channel(grpc_server: GrpcServer) -> Iterator[grpc.Channel]:
     with grpc.insecure_channel(
         grpc_server.grpc_url, options=[("grpc.max_send_message_length", -1)]
@@ -89,32 +82,32 @@ def refused(call: Any) -> InferenceServerException:
 # --- health, metadata, repository ------------------------------------------------------------------
 
 
-def test_health_and_metadata(client: triton.InferenceServerClient) -> None:
-    assert client.is_server_live()
-    assert client.is_server_ready()
-    assert client.is_model_ready(NOT)
-    assert client.is_model_ready(NOT, model_version="1")
-    metadata = client.get_server_metadata()
+def test_health_and_metadata(grpc_client: triton.InferenceServerClient) -> None:
+    assert grpc_client.is_server_live()
+    assert grpc_client.is_server_ready()
+    assert grpc_client.is_model_ready(NOT)
+    assert grpc_client.is_model_ready(NOT, model_version="1")
+    metadata = grpc_client.get_server_metadata()
     assert metadata.name == "tensorbits"
     assert "binary_tensor_data" in metadata.extensions
-    model = client.get_model_metadata(NOT)
+    model = grpc_client.get_model_metadata(NOT)
     assert (model.name, list(model.versions)) == (NOT, ["1"])
     assert [t.name for t in model.inputs] == ["InputTensor"]
     assert [t.name for t in model.outputs] == ["OutputTensor"]
-    index = client.get_model_repository_index()
+    index = grpc_client.get_model_repository_index()
     assert {m.name for m in index.models} == {op.name for op in OPERATORS}
     assert {m.state for m in index.models} == {"READY"}
 
 
-def test_unknown_model_and_version(client: triton.InferenceServerClient) -> None:
-    error = refused(lambda: client.is_model_ready("nope"))
+def test_unknown_model_and_version(grpc_client: triton.InferenceServerClient) -> None:
+    error = refused(lambda: grpc_client.is_model_ready("nope"))
     assert error.status() == "StatusCode.NOT_FOUND"
     assert "unknown model or operator 'nope'" in str(error.message())
-    error = refused(lambda: client.get_model_metadata(NOT, model_version="2"))
+    error = refused(lambda: grpc_client.get_model_metadata(NOT, model_version="2"))
     assert error.status() == "StatusCode.NOT_FOUND"
     assert "has no version '2'" in str(error.message())
     x = np.array([1], np.uint8)
-    error = refused(lambda: infer(client, "nope", {"InputTensor": x}))
+    error = refused(lambda: infer(grpc_client, "nope", {"InputTensor": x}))
     assert error.status() == "StatusCode.NOT_FOUND"
 
 
@@ -128,20 +121,20 @@ def test_health_service(grpc_server: GrpcServer, channel: grpc.Channel) -> None:
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
 
 
-def test_unload_and_load(client: triton.InferenceServerClient) -> None:
+def test_unload_and_load(grpc_client: triton.InferenceServerClient) -> None:
     model = "openvino.BitwiseOr-13"
-    client.unload_model(model)
+    grpc_client.unload_model(model)
     try:
-        assert not client.is_model_ready(model)
-        states = {m.name: m.state for m in client.get_model_repository_index().models}
+        assert not grpc_client.is_model_ready(model)
+        states = {m.name: m.state for m in grpc_client.get_model_repository_index().models}
         assert states[model] == "UNAVAILABLE"
         x = np.ones(3, np.uint8)
-        error = refused(lambda: infer(client, model, {"A": x, "B": x}))
+        error = refused(lambda: infer(grpc_client, model, {"A": x, "B": x}))
         assert error.status() == "StatusCode.FAILED_PRECONDITION"
         assert "unloaded" in str(error.message())
     finally:
-        client.load_model(model)
-    assert client.is_model_ready(model)
+        grpc_client.load_model(model)
+    assert grpc_client.is_model_ready(model)
 
 
 # --- inference ------------------------------------------------------------------------------------
@@ -149,50 +142,54 @@ def test_unload_and_load(client: triton.InferenceServerClient) -> None:
 
 @pytest.mark.parametrize("typed", [False, True], ids=["raw", "typed"])
 @pytest.mark.parametrize("op", OPERATORS, ids=lambda op: op.name)
-def test_every_model(client: triton.InferenceServerClient, op: OperatorSpec, typed: bool) -> None:
+def test_every_model(
+    grpc_client: triton.InferenceServerClient, op: OperatorSpec, typed: bool
+) -> None:
     arrays, params = uint8_inputs(op, RNG)
-    result = infer(client, op.name, arrays, typed=typed, parameters=params)
+    result = infer(grpc_client, op.name, arrays, typed=typed, parameters=params)
     assert_bits_equal(result.as_numpy(op.output), reference(op.name, arrays, params))
     response = result.get_response()
     assert (response.model_name, response.model_version) == (op.name, "1")
 
 
-def test_request_id_echoed(client: triton.InferenceServerClient) -> None:
+def test_request_id_echoed(grpc_client: triton.InferenceServerClient) -> None:
     x = RNG.integers(0, 2**32, size=(4, 5), dtype=np.uint32)
-    result = infer(client, NOT, {"InputTensor": x}, request_id="r1")
+    result = infer(grpc_client, NOT, {"InputTensor": x}, request_id="r1")
     assert_bits_equal(result.as_numpy("OutputTensor"), ~x)
     assert result.get_response().id == "r1"
 
 
-def test_broadcast_and_64_bit_values(client: triton.InferenceServerClient) -> None:
+def test_broadcast_and_64_bit_values(grpc_client: triton.InferenceServerClient) -> None:
     a = RNG.integers(-(2**63), 2**63, size=(4, 1), dtype=np.int64)
     b = RNG.integers(-(2**63), 2**63, size=(1, 3), dtype=np.int64)
     for typed in (False, True):
-        result = infer(client, XOR, {"A": a, "B": b}, typed=typed)
+        result = infer(grpc_client, XOR, {"A": a, "B": b}, typed=typed)
         assert_bits_equal(result.as_numpy("C"), a ^ b)
     u = np.array([0, 1, 2**63, 2**64 - 1], np.uint64)
-    result = infer(client, "onnx.BitwiseNot-18", {"X": u}, typed=True)
+    result = infer(grpc_client, "onnx.BitwiseNot-18", {"X": u}, typed=True)
     assert_bits_equal(result.as_numpy("Y"), ~u)
 
 
-def test_fp16_bits_exact(client: triton.InferenceServerClient) -> None:
+def test_fp16_bits_exact(grpc_client: triton.InferenceServerClient) -> None:
     bits = np.array([0x7E01, 0xFC00, 0x8000, 0x0001, 0x3C00, 0x7C00], np.uint16)
-    result = infer(client, NOT, {"InputTensor": bits.view(np.float16)})
+    result = infer(grpc_client, NOT, {"InputTensor": bits.view(np.float16)})
     assert result.as_numpy("OutputTensor").view(np.uint16).tolist() == (~bits).tolist()
 
 
-def test_bool(client: triton.InferenceServerClient) -> None:
+def test_bool(grpc_client: triton.InferenceServerClient) -> None:
     a = np.array([True, False, True, False])
     b = np.array([True, True, False, False])
     for typed in (False, True):
-        result = infer(client, "openvino.BitwiseXor-13", {"input_1": a, "input_2": b}, typed=typed)
+        result = infer(
+            grpc_client, "openvino.BitwiseXor-13", {"input_1": a, "input_2": b}, typed=typed
+        )
         assert result.as_numpy("output_1").tolist() == (a ^ b).tolist()
 
 
-def test_feature_level_rejection(client: triton.InferenceServerClient) -> None:
+def test_feature_level_rejection(grpc_client: triton.InferenceServerClient) -> None:
     x = np.array([1, 2], np.int32)
     error = refused(
-        lambda: infer(client, NOT, {"InputTensor": x}, parameters={"feature_level": "3_0"})
+        lambda: infer(grpc_client, NOT, {"InputTensor": x}, parameters={"feature_level": "3_0"})
     )
     assert error.status() == "StatusCode.INVALID_ARGUMENT"
     # The HTTP side's words, exactly (tests/integration/test_v2_live.py).
@@ -202,9 +199,9 @@ def test_feature_level_rejection(client: triton.InferenceServerClient) -> None:
     )
 
 
-def test_large_raw_round_trip(client: triton.InferenceServerClient) -> None:
+def test_large_raw_round_trip(grpc_client: triton.InferenceServerClient) -> None:
     x = RNG.integers(0, 256, size=8 << 20, dtype=np.uint8)
-    result = infer(client, NOT, {"InputTensor": x})
+    result = infer(grpc_client, NOT, {"InputTensor": x})
     assert np.array_equal(result.as_numpy("OutputTensor"), ~x)
 
 
@@ -218,7 +215,7 @@ def raw_call(channel: grpc.Channel, request: bytes, method: str = INFER) -> grpc
     return caught.value
 
 
-def test_lying_shapes(client: triton.InferenceServerClient, channel: grpc.Channel) -> None:
+def test_lying_shapes(grpc_client: triton.InferenceServerClient, channel: grpc.Channel) -> None:
     request = service_pb2.ModelInferRequest(model_name=NOT)
     request.inputs.add(name="InputTensor", datatype="UINT32", shape=[4])
     request.raw_input_contents.append(b"\x00" * 12)  # 3 elements' bytes for 4
@@ -234,7 +231,7 @@ def test_lying_shapes(client: triton.InferenceServerClient, channel: grpc.Channe
     error = raw_call(channel, request.SerializeToString())
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "contents must not be given" in str(error.details())
-    assert client.is_server_live()
+    assert grpc_client.is_server_live()
 
 
 @pytest.mark.parametrize(
@@ -258,14 +255,16 @@ def test_typed_contents_refused(
     assert words in str(error.details())
 
 
-def test_malformed_messages(client: triton.InferenceServerClient, channel: grpc.Channel) -> None:
+def test_malformed_messages(
+    grpc_client: triton.InferenceServerClient, channel: grpc.Channel
+) -> None:
     for garbage in (b"\xff", b"\x0a\xff\xff\xff\xff\x0f", b"\x3a\x05ab", b"\x00\x00"):
         error = raw_call(channel, garbage)
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, garbage
         assert "malformed ModelInferRequest" in str(error.details())
     error = raw_call(channel, b"\xff", "/inference.GRPCInferenceService/ModelMetadata")
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert client.is_server_live()
+    assert grpc_client.is_server_live()
 
 
 def test_too_many_tensors(channel: grpc.Channel) -> None:

@@ -19,7 +19,8 @@ from google.protobuf.descriptor import (
 from tritonclient.grpc import model_config_pb2, service_pb2
 
 from tensorbits.grpc import inference_pb2 as ours
-from tensorbits.grpc.service import RPC_RULES, RPCS, SERVICE_NAME, InferenceService
+from tensorbits.grpc.pools import RPC_RULES
+from tensorbits.grpc.service import RPCS, SERVICE_NAME, InferenceService
 
 ROOT = Path(__file__).resolve().parents[2]
 OUR_SERVICE = ours.DESCRIPTOR.services_by_name["GRPCInferenceService"]

@@ -33,7 +33,9 @@ from tritonclient.utils import (
 )
 
 from tensorbits.grpc import inference_pb2 as pb
-from tensorbits.grpc.service import STREAM_MAX_IN_FLIGHT, Context, InferenceService
+from tensorbits.grpc.service import InferenceService
+from tensorbits.grpc.status import Context
+from tensorbits.grpc.streams import STREAM_MAX_IN_FLIGHT
 
 NOT = "DML_OPERATOR_ELEMENT_WISE_BIT_NOT"
 STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
 from support.live import START_TIMEOUT_S, free_port, serve
+from support.tls import write_tls_files
 from tritonclient.utils import InferenceServerException
 
 trustme = pytest.importorskip("trustme", reason="trustme not installed (dev dependency)")
@@ -21,20 +22,9 @@ NOT = "DML_OPERATOR_ELEMENT_WISE_BIT_NOT"
 
 
 def test_grpc_serves_tls_with_the_https_certificate(tmp_path: Path) -> None:
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1", "localhost")
-    cert_file, key_file, ca_file = tmp_path / "tls.crt", tmp_path / "tls.key", tmp_path / "ca.crt"
-    cert.private_key_pem.write_to_path(str(key_file))
-    for blob in cert.cert_chain_pems:
-        blob.write_to_path(str(cert_file), append=True)
-    ca.cert_pem.write_to_path(str(ca_file))
+    tls, ca_file = write_tls_files(trustme.CA(), tmp_path)
     port = free_port()
-    env = {
-        "TENSORBITS_TLS_CERT_FILE": str(cert_file),
-        "TENSORBITS_TLS_KEY_FILE": str(key_file),
-        "TENSORBITS_API_KEYS": KEY,
-        "TENSORBITS_GRPC_PORT": str(port),
-    }
+    env = {**tls, "TENSORBITS_API_KEYS": KEY, "TENSORBITS_GRPC_PORT": str(port)}
     with serve(env, ready=None) as server:
         client = triton_grpc.InferenceServerClient(
             f"127.0.0.1:{port}", ssl=True, root_certificates=str(ca_file)

@@ -439,13 +439,6 @@ def test_a_long_unknown_key_is_cut(both: Both) -> None:
 
 
 @pytest.fixture(scope="module")
-def grpc_client(grpc_server: GrpcServer) -> Iterator[triton_grpc.InferenceServerClient]:
-    client = triton_grpc.InferenceServerClient(grpc_server.grpc_url)
-    yield client
-    client.close()
-
-
-@pytest.fixture(scope="module")
 def http_client(grpc_server: GrpcServer) -> Iterator[triton_http.InferenceServerClient]:
     client = triton_http.InferenceServerClient(grpc_server.http.url)
     yield client

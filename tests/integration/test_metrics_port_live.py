@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 import urllib.error
 import urllib.request
 from typing import Any
 
 import numpy as np
 import pytest
-from support.live import free_port, serve
+from support.live import free_port, serve, settled_metric_samples
 from support.rawhttp import ask, read_response
 from support.v2 import NOT
 
@@ -28,19 +27,6 @@ def _raw(port: int, head: bytes) -> tuple[int, dict[str, str], bytes]:
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         sock.sendall(head)
         return read_response(sock)
-
-
-def _samples(port: int) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        assert response.status == 200
-        assert response.headers["content-type"].startswith("text/plain")
-        text = response.read().decode()
-    found = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            found[name] = float(value)
-    return found
 
 
 def _infer_request(data: np.ndarray[Any, Any]) -> bytes:
@@ -74,12 +60,8 @@ def test_metrics_port_serves_metrics_without_a_key(workers: int) -> None:
             f'tensorbits_requests_total{{model="{NOT}",'
             'route="/v2/models/{model}/infer",status="200"}'
         )
-        # Every worker publishes its counts once a second: wait for the sum, bounded.
-        deadline = time.monotonic() + 15
-        samples = _samples(metrics_port)
-        while samples.get(key) != 6 and time.monotonic() < deadline:
-            time.sleep(0.2)
-            samples = _samples(metrics_port)
+        metrics_url = f"http://127.0.0.1:{metrics_port}"
+        samples = settled_metric_samples(metrics_url, lambda s: s.get(key) == 6, 15)
         assert samples.get(key) == 6, {k: v for k, v in samples.items() if "requests" in k}
         assert samples[f'nv_inference_request_success{{model="{NOT}",version="1"}}'] == 6
         # Nothing but /metrics on that port.

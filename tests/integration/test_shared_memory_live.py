@@ -22,8 +22,9 @@ import tritonclient.http as triton
 import tritonclient.utils.shared_memory as shm
 from core.bitref import assert_bits_equal, reference
 from support.grpc_live import GrpcServer, serve_grpc
+from support.regions import region_input, region_inputs, region_output
 from support.v2 import uint8_inputs
-from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+from tritonclient.utils import InferenceServerException
 
 from tensorbits_protocol.operators import OPERATORS, OperatorSpec
 
@@ -89,18 +90,6 @@ def make(regions: list[Region], byte_size: int) -> Region:
     return region
 
 
-def shm_input(module: Any, name: str, array: Arr, region: Region, offset: int = 0) -> Any:
-    tensor = module.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-    tensor.set_shared_memory(region.name, array.nbytes, offset=offset)
-    return tensor
-
-
-def shm_output(module: Any, name: str, region: Region, nbytes: int, offset: int = 0) -> Any:
-    output = module.InferRequestedOutput(name)
-    output.set_shared_memory(region.name, nbytes, offset=offset)
-    return output
-
-
 # --- round trips ----------------------------------------------------------------------------------
 
 
@@ -112,11 +101,8 @@ def test_every_model_in_shared_memory(
     want = reference(op.name, arrays, params)
     region = make(regions, 4096)
     client.register_system_shared_memory(region.name, region.key, region.byte_size)
-    tensors = []
-    for index, (name, array) in enumerate(arrays.items()):
-        region.put(array, offset=index * 64)
-        tensors.append(shm_input(triton, name, array, region, offset=index * 64))
-    out = shm_output(triton, op.output, region, want.nbytes, offset=1024)
+    tensors = region_inputs(triton, arrays, region)
+    out = region_output(triton, op.output, region, want.nbytes, offset=1024)
     result = client.infer(op.name, tensors, outputs=[out], parameters=params)
     output = result.get_output(op.output)
     # No byte of the output came over the socket, and no parameters either, as Triton answers
@@ -138,7 +124,7 @@ def test_mixed_body_and_shared_memory(
     in_body.set_data_from_numpy(a)
     result = client.infer(
         "onnx.BitwiseAnd-18",
-        [in_body, shm_input(triton, "B", b, region)],
+        [in_body, region_input(triton, "B", b, region)],
         outputs=[triton.InferRequestedOutput("C")],
     )
     assert_bits_equal(result.as_numpy("C"), a & b)
@@ -153,8 +139,8 @@ def test_two_requests_share_a_region_and_status(
     client.register_system_shared_memory(region.name, region.key, 256)
     for offset in (64, 128):  # both read the same input, write their own output
         client.infer(
-            NOT, [shm_input(triton, "InputTensor", x, region)],
-            outputs=[shm_output(triton, "OutputTensor", region, 32, offset=offset)],
+            NOT, [region_input(triton, "InputTensor", x, region)],
+            outputs=[region_output(triton, "OutputTensor", region, 32, offset=offset)],
         )  # fmt: skip
         assert_bits_equal(region.get(np.uint8, [32], offset=offset), ~x)
     status = client.get_system_shared_memory_status()
@@ -173,8 +159,8 @@ def test_over_grpc(server: GrpcServer, regions: list[Region]) -> None:
         status = client.get_system_shared_memory_status()
         assert status.regions[region.name].byte_size == 128
         result = client.infer(
-            NOT, [shm_input(triton_grpc, "InputTensor", x, region)],
-            outputs=[shm_output(triton_grpc, "OutputTensor", region, 16, offset=64)],
+            NOT, [region_input(triton_grpc, "InputTensor", x, region)],
+            outputs=[region_output(triton_grpc, "OutputTensor", region, 16, offset=64)],
         )  # fmt: skip
         assert list(result.get_response().raw_output_contents) == [b""]  # one per output
         assert_bits_equal(region.get(np.uint16, [8], offset=64), ~x)
@@ -194,7 +180,7 @@ def test_unregister_semantics(client: triton.InferenceServerClient, regions: lis
     client.unregister_system_shared_memory(region.name)
     client.unregister_system_shared_memory(region.name)  # not registered: nothing, as Triton
     with pytest.raises(InferenceServerException) as caught:
-        client.infer(NOT, [shm_input(triton, "InputTensor", x, region)])
+        client.infer(NOT, [region_input(triton, "InputTensor", x, region)])
     assert caught.value.status() == "400"
     assert f"region '{region.name}' is not registered" in str(caught.value.message())
     assert client.get_system_shared_memory_status() == []
@@ -292,8 +278,8 @@ def test_unknown_region_and_partial_aliasing(
     x = np.arange(8, dtype=np.uint8)
     with pytest.raises(InferenceServerException) as caught:  # output overlaps the input by half
         client.infer(
-            NOT, [shm_input(triton, "InputTensor", x, region)],
-            outputs=[shm_output(triton, "OutputTensor", region, 8, offset=4)],
+            NOT, [region_input(triton, "InputTensor", x, region)],
+            outputs=[region_output(triton, "OutputTensor", region, 8, offset=4)],
         )  # fmt: skip
     assert "overlap" in str(caught.value.message())
 
@@ -308,8 +294,8 @@ def test_in_place_over_exactly_the_input(
     region.put(x)
     client.register_system_shared_memory(region.name, region.key, 64)
     client.infer(
-        NOT, [shm_input(triton, "InputTensor", x, region)],
-        outputs=[shm_output(triton, "OutputTensor", region, 8)],
+        NOT, [region_input(triton, "InputTensor", x, region)],
+        outputs=[region_output(triton, "OutputTensor", region, 8)],
     )  # fmt: skip
     assert_bits_equal(region.get(np.uint8, [8]), ~x)
 
@@ -329,18 +315,18 @@ def test_shrunk_and_unlinked_regions(
         for output_offset in (None, 8192):
             outputs = None
             if output_offset is not None:
-                outputs = [shm_output(triton, "OutputTensor", region, 4096, output_offset)]
+                outputs = [region_output(triton, "OutputTensor", region, 4096, output_offset)]
             with pytest.raises(InferenceServerException) as caught:
-                client.infer(NOT, [shm_input(triton, "InputTensor", x, region)], outputs=outputs)
+                client.infer(NOT, [region_input(triton, "InputTensor", x, region)], outputs=outputs)
             assert caught.value.status() == "400"
             assert "smaller than when it was registered" in str(caught.value.message())
         os.truncate(path, 1 << 16)  # and back: the registration works again
         region.put(x)
-        result = client.infer(NOT, [shm_input(triton, "InputTensor", x, region)])
+        result = client.infer(NOT, [region_input(triton, "InputTensor", x, region)])
         assert_bits_equal(result.as_numpy("OutputTensor"), ~x)
     # Unlinked after registration: the server still holds the object it registered.
     os.unlink(path)
-    result = client.infer(NOT, [shm_input(triton, "InputTensor", x, region)])
+    result = client.infer(NOT, [region_input(triton, "InputTensor", x, region)])
     assert_bits_equal(result.as_numpy("OutputTensor"), ~x)
     assert server.http.get("/v2/health/live") == 200
     regions.remove(region)  # its key is gone already

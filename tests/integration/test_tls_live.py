@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from support.live import START_TIMEOUT_S, LiveServer, serve
 from support.sdk import assert_both_apis_answer
+from support.tls import write_tls_files
 
 from tensorbits_client import APIConnectionError, AsyncClient, AuthenticationError, Client
 
@@ -61,18 +62,8 @@ def _wait_ready_https(server: LiveServer, context: ssl.SSLContext) -> None:
 def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsServer]:
     folder = tmp_path_factory.mktemp("tls")
     ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1", "localhost")
-    cert_file, key_file, ca_file = folder / "tls.crt", folder / "tls.key", folder / "ca.crt"
-    cert.private_key_pem.write_to_path(str(key_file))
-    # The chain as a Kubernetes TLS Secret holds it: leaf first, then any intermediates.
-    for blob in cert.cert_chain_pems:
-        blob.write_to_path(str(cert_file), append=True)
-    ca.cert_pem.write_to_path(str(ca_file))
-    env = {
-        "TENSORBITS_TLS_CERT_FILE": str(cert_file),
-        "TENSORBITS_TLS_KEY_FILE": str(key_file),
-        "TENSORBITS_API_KEYS": KEY,
-    }
+    tls, ca_file = write_tls_files(ca, folder)
+    env = {**tls, "TENSORBITS_API_KEYS": KEY}
     with serve(env, ready=None) as server:
         context = ssl.create_default_context()
         ca.configure_trust(context)

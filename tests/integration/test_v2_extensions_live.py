@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 from support.live import LiveServer, serve
+from support.v2 import statistics_counts
 from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 
 from tensorbits_client import Client
@@ -49,13 +50,7 @@ def _not_input(array: np.ndarray[Any, Any], binary: bool = True) -> list[triton.
 
 def _counts(client: triton.InferenceServerClient, model: str) -> tuple[int, int, int, int]:
     (entry,) = client.get_inference_statistics(model)["model_stats"]
-    stats = entry["inference_stats"]
-    return (
-        stats["success"]["count"],
-        stats["fail"]["count"],
-        entry["inference_count"],
-        entry["execution_count"],
-    )
+    return statistics_counts(entry)
 
 
 # --- model configuration and statistics, as tritonclient reads them ------------------------------

@@ -13,38 +13,44 @@ import signal
 import socket
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from support.framing import framed
-from support.live import LiveServer, serve
+from support.live import LiveServer, metric_samples, serve, settled_metric_samples
 from support.rawhttp import ask, assert_json_error, read_response, request
-from support.v2 import NOT, binary_input
+from support.v2 import NOT, assert_bit_not, bit_not_request
 
 from tensorbits.config import Settings
 
 MiB = 1 << 20
 WORKERS = {"TENSORBITS_WORKERS": "2", "TENSORBITS_GRPC_PORT": "0"}
-INFER = f"/v2/models/{NOT}/infer"
 
 
-def _not_request(data: np.ndarray[Any, Any]) -> bytes:
-    body, headers = framed(
-        {"inputs": [binary_input("InputTensor", data)], "parameters": {"binary_data_output": True}},
-        data.tobytes(),
-    )
-    return request("POST", INFER, headers, body)
-
-
-def _check_not(reply: tuple[int, dict[str, str], bytes], data: np.ndarray[Any, Any]) -> None:
-    status, headers, body = reply
-    assert status == 200, body[:300]
-    offset = int(headers["inference-header-content-length"])
-    np.testing.assert_array_equal(np.frombuffer(body[offset:], data.dtype), ~data)
+@contextlib.contextmanager
+def _half_uploaded(server: LiveServer, data: np.ndarray[Any, Any]) -> Iterator[None]:
+    """Eight connections, each with half of a NOT request for ``data`` sent (in flight on
+    whichever worker took it) while the block runs; after it, each sends the rest and gets its
+    correct 200."""
+    raw = bit_not_request(data)
+    half = len(raw) // 2
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(8):
+            sock = socket.create_connection((server.host, server.port), timeout=30)
+            socks.append(sock)
+            sock.sendall(raw[:half])
+        yield
+        for sock in socks:
+            sock.sendall(raw[half:])
+        for sock in socks:
+            assert_bit_not(read_response(sock), data)
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 @pytest.fixture(scope="module")
@@ -115,23 +121,12 @@ def test_each_worker_admits_its_share_of_the_inflight_bytes(workers: LiveServer)
     # 600 KiB in and 600 KiB out: within the server's 2 MiB, past one worker's 1 MiB.
     large = np.arange(600 << 10, dtype=np.uint8)
     for _ in range(6):  # whichever worker takes it
-        reply = ask(workers, _not_request(large))
+        reply = ask(workers, bit_not_request(large))
         body = assert_json_error(reply, 413, "body", "max_inflight_bytes")
         assert f"this worker's limit of {MiB}" in body["error"], body
         assert "shared by 2 workers" in body["error"], body
     small = np.arange(300 << 10, dtype=np.uint8)  # 600 KiB in all: within a share
-    _check_not(ask(workers, _not_request(small)), small)
-
-
-def _samples(server: LiveServer) -> dict[str, float]:
-    with urllib.request.urlopen(f"{server.base_url}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    found = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            found[name] = float(value)
-    return found
+    assert_bit_not(ask(workers, bit_not_request(small)), small)
 
 
 def test_metrics_add_up_across_the_workers() -> None:
@@ -141,8 +136,8 @@ def test_metrics_add_up_across_the_workers() -> None:
         data = np.arange(16, dtype=np.uint8)
         served_by = set()
         for _ in range(40):  # a new connection each: both workers get some
-            reply = ask(server, _not_request(data))
-            _check_not(reply, data)
+            reply = ask(server, bit_not_request(data))
+            assert_bit_not(reply, data)
             served_by.add(reply.headers["x-request-id"][:16])
         assert len(served_by) == 2, "one worker served every connection"
         key = (
@@ -151,11 +146,9 @@ def test_metrics_add_up_across_the_workers() -> None:
         )
         # Triton's per-model series too, from the workers' inference statistics.
         triton = f'nv_inference_request_success{{model="{NOT}",version="1"}}'
-        deadline = time.monotonic() + 10
-        samples = _samples(server)
-        while (samples.get(key), samples.get(triton)) != (40, 40) and time.monotonic() < deadline:
-            time.sleep(0.2)  # the other worker publishes its counts once a second
-            samples = _samples(server)
+        samples = settled_metric_samples(
+            server.base_url, lambda s: (s.get(key), s.get(triton)) == (40, 40), 10
+        )
         assert samples.get(key) == 40, {k: v for k, v in samples.items() if "requests" in k}
         assert samples.get(triton) == 40, {k: v for k, v in samples.items() if "nv_" in k}
         assert samples[f'nv_inference_exec_count{{model="{NOT}",version="1"}}'] == 40
@@ -171,28 +164,14 @@ def test_sigterm_drains_every_worker() -> None:
     server exits 0."""
     env = {**WORKERS, "TENSORBITS_LOG_LEVEL": "info", "TENSORBITS_LOG_JSON": "true"}
     data = np.arange(MiB // 4, dtype=np.uint32)
-    raw = _not_request(data)
-    half = len(raw) // 2
     with tempfile.TemporaryFile() as log:
         with serve(env, stderr=log) as server:
             assert len(_seen_workers(server)) == 2
-            socks = []
-            try:
-                for _ in range(8):
-                    sock = socket.create_connection((server.host, server.port), timeout=30)
-                    socks.append(sock)
-                    sock.sendall(raw[:half])  # in flight on whichever worker took it
+            with _half_uploaded(server, data):
                 time.sleep(0.5)
                 server.proc.send_signal(signal.SIGTERM)
                 time.sleep(0.5)
                 assert server.proc.poll() is None, "the server quit with requests in flight"
-                for sock in socks:
-                    sock.sendall(raw[half:])
-                for sock in socks:
-                    _check_not(read_response(sock), data)
-            finally:
-                for sock in socks:
-                    sock.close()
             assert server.proc.wait(timeout=30) == 0
         log.seek(0)
         records = [json.loads(line) for line in log.read().decode().splitlines() if line[:1] == "{"]
@@ -294,8 +273,6 @@ def test_killing_the_supervisor_drains_the_requests_in_flight(tmp_path: Path) ->
         "TENSORBITS_LOG_JSON": "true",
     }
     data = np.arange(MiB // 4, dtype=np.uint32)
-    raw = _not_request(data)
-    half = len(raw) // 2
 
     def draining() -> set[int]:
         pids = set()
@@ -309,26 +286,14 @@ def test_killing_the_supervisor_drains_the_requests_in_flight(tmp_path: Path) ->
     with log_path.open("wb") as log, serve(env, stderr=log) as server:
         assert len(_seen_workers(server)) == 2
         processes = _children(server.proc.pid)
-        socks = []
-        try:
-            for _ in range(8):
-                sock = socket.create_connection((server.host, server.port), timeout=30)
-                socks.append(sock)
-                sock.sendall(raw[:half])
+        with _half_uploaded(server, data):
             # In flight once admitted (at the declared length, before the body is read):
             # each worker's figure reaches /metrics within a second.
-            inflight = "tensorbits_inflight_requests"
-            assert _within(10, lambda: _samples(server)[inflight] == 8), _samples(server)
+            samples = partial(metric_samples, server.base_url)
+            assert _within(10, lambda: samples()["tensorbits_inflight_requests"] == 8), samples()
             server.proc.kill()
             server.proc.wait()
             assert _within(10, lambda: len(draining()) == 2), draining()
-            for sock in socks:
-                sock.sendall(raw[half:])
-            for sock in socks:
-                _check_not(read_response(sock), data)
-        finally:
-            for sock in socks:
-                sock.close()
         _assert_nothing_left(processes, server.port, temporary)
 
 

@@ -12,7 +12,7 @@ import resource
 import signal
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
@@ -127,9 +127,25 @@ def _body_output(
     return b"".join(bytes(part) for part in framed.parts)[framed.header_length :]
 
 
-def _mixed(model: str, dt: DataType) -> tuple[dict[str, Arr], dict[str, int | None], Arr]:
-    """Random inputs of ``model`` and where they go: the first from the body when there are two
-    (mixed), the rest from the region; and the reference's output."""
+class Mixed(NamedTuple):
+    """Random inputs of ``model`` in ``dt`` and where they go (``places``), and the reference's
+    output."""
+
+    model: str
+    dt: DataType
+    arrays: dict[str, Arr]
+    places: dict[str, int | None]
+    want: Arr
+
+    def request(self, out_offset: int | None) -> InferRequest:
+        return _request(self.model, self.arrays, self.places, out_offset, self.dt)
+
+
+@pytest.fixture(params=OP_TYPES, ids=[f"{m}-{d.value}" for m, d in OP_TYPES])
+def mixed(request: pytest.FixtureRequest) -> Mixed:
+    """Every operator with every data type it takes: the first input from the body when there
+    are two (mixed), the rest from the region."""
+    model, dt = request.param
     op = get_operator(model)
     arrays = {name: _random(dt, SHAPE) for name in op.inputs}
     params = {"direction": "LEFT"} if op.function is Function.SHIFT else {}
@@ -137,19 +153,17 @@ def _mixed(model: str, dt: DataType) -> tuple[dict[str, Arr], dict[str, int | No
         name: (None if index == 0 and len(arrays) > 1 else 4096 * (index + 1))
         for index, name in enumerate(arrays)
     }
-    return arrays, places, reference(model, arrays, params)
+    return Mixed(model, dt, arrays, places, reference(model, arrays, params))
 
 
-@pytest.mark.parametrize(("model", "dt"), OP_TYPES, ids=[f"{m}-{d.value}" for m, d in OP_TYPES])
 def test_streamed_equals_whole_and_reference(
     regions: SharedMemoryRegions,
     backend: NumpyBackend,
     monkeypatch: pytest.MonkeyPatch,
-    model: str,
-    dt: DataType,
+    mixed: Mixed,
 ) -> None:
-    arrays, places, want = _mixed(model, dt)
-    request = _request(model, arrays, places, 32768 + 8, dt)
+    model, want = mixed.model, mixed.want
+    request = mixed.request(32768 + 8)
     planned = _run(regions, backend, request, model)
     assert inference._streams(planned, backend)
     streamed = _get(want, 32768 + 8)
@@ -161,18 +175,16 @@ def test_streamed_equals_whole_and_reference(
     assert_bits_equal(_get(want, 32768 + 8), streamed)
 
 
-@pytest.mark.parametrize(("model", "dt"), OP_TYPES, ids=[f"{m}-{d.value}" for m, d in OP_TYPES])
 def test_streamed_into_the_body_equals_whole_and_reference(
     regions: SharedMemoryRegions,
     backend: NumpyBackend,
     monkeypatch: pytest.MonkeyPatch,
-    model: str,
-    dt: DataType,
+    mixed: Mixed,
 ) -> None:
     """Inputs in the region (one from the body when there are two), the output in the response:
     streamed straight into the response's buffer, the same bytes as the whole-tensor path."""
-    arrays, places, want = _mixed(model, dt)
-    request = _request(model, arrays, places, None, dt)
+    model, want = mixed.model, mixed.want
+    request = mixed.request(None)
     planned = inference.plan(get_operator(model), request, LIMITS, regions)
     assert inference._streams(planned, backend)
     streamed = _body_output(regions, backend, request, model)

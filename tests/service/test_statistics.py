@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from support.inprocess import TestClient, runtime_of
 from support.v1 import bind, data, post, v1_client, zeros
-from support.v2 import AND, NOT, infer_binary, infer_json
+from support.v2 import AND, NOT, infer_binary, infer_json, statistics_counts
 
 from tensorbits.statistics import Statistics
 
@@ -23,14 +23,7 @@ def _stats(client: TestClient) -> Statistics:
 
 
 def _counts(client: TestClient, model: str) -> tuple[int, int, int, int]:
-    entry = _stats(client).model_stats(model)
-    stats = entry["inference_stats"]
-    return (
-        stats["success"]["count"],
-        stats["fail"]["count"],
-        entry["inference_count"],
-        entry["execution_count"],
-    )
+    return statistics_counts(_stats(client).model_stats(model))
 
 
 def test_v2_successes_and_failures_count_exactly(v2: TestClient) -> None:

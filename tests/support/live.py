@@ -13,7 +13,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -73,6 +73,34 @@ class LiveServer:
             if line.startswith(f"{key}:"):
                 return int(line.split()[1])
         raise AssertionError(f"{key} not in /proc/{self.proc.pid}/status")
+
+
+def metric_samples(base_url: str) -> dict[str, float]:
+    """Every sample ``/metrics`` at ``base_url`` answers (a 200 in the text format), by its
+    name with its labels."""
+    with urllib.request.urlopen(f"{base_url}/metrics", timeout=10) as response:
+        assert response.status == 200
+        assert response.headers["content-type"].startswith("text/plain")
+        text = response.read().decode()
+    found = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            found[name] = float(value)
+    return found
+
+
+def settled_metric_samples(
+    base_url: str, done: Callable[[dict[str, float]], bool], seconds: float
+) -> dict[str, float]:
+    """``metric_samples`` once ``done`` holds of them, or the last read after ``seconds``: with
+    several workers, each publishes its counts to the sum only once a second."""
+    deadline = time.monotonic() + seconds
+    samples = metric_samples(base_url)
+    while not done(samples) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        samples = metric_samples(base_url)
+    return samples
 
 
 def wait_ready(server: LiveServer, path: str = "/v2/health/ready") -> None:

@@ -13,6 +13,7 @@ from httpx import Response
 
 from support.framing import HEADER, framed
 from support.inprocess import TestClient, app_client
+from support.rawhttp import request
 from tensorbits.runtime import Drain
 from tensorbits_protocol.dtypes import from_numpy
 from tensorbits_protocol.operators import Function, OperatorSpec
@@ -55,6 +56,38 @@ def binary_input(name: str, array: np.ndarray[Any, Any]) -> dict[str, Any]:
         "datatype": str(from_numpy(array.dtype)),
         "parameters": {"binary_data_size": array.nbytes},
     }
+
+
+def statistics_counts(entry: Mapping[str, Any]) -> tuple[int, int, int, int]:
+    """A model's entry of the statistics extension, as the counts a request moves: successes,
+    failures, inferences and executions."""
+    stats = entry["inference_stats"]
+    return (
+        stats["success"]["count"],
+        stats["fail"]["count"],
+        entry["inference_count"],
+        entry["execution_count"],
+    )
+
+
+def bit_not_request(data: np.ndarray[Any, Any]) -> bytes:
+    """A whole HTTP/1.1 request (head and body) for NOT of ``data``, written by hand for a live
+    server's socket: the input and the output as binary data."""
+    header = {
+        "inputs": [binary_input("InputTensor", data)],
+        "parameters": {"binary_data_output": True},
+    }
+    body, headers = framed(header, data.tobytes())
+    return request("POST", f"/v2/models/{NOT}/infer", headers, body)
+
+
+def assert_bit_not(reply: tuple[int, dict[str, str], bytes], data: np.ndarray[Any, Any]) -> None:
+    """``reply`` (status, headers, body) to a ``bit_not_request`` for ``data`` is a 200 whose
+    binary output is NOT of every element."""
+    status, headers, body = reply
+    assert status == 200, (headers, body[:300])
+    offset = int(headers["inference-header-content-length"])
+    np.testing.assert_array_equal(np.frombuffer(body[offset:], data.dtype), ~data)
 
 
 def infer_binary(

@@ -63,22 +63,15 @@ def cases() -> Iterator[Case]:
             a, b = random(size, dtype, rng), random(size, dtype, rng)
             one = random(1, dtype, rng)
             for function, ufunc in BITWISE.items():
-                yield Case(
-                    f"{function.name}-{dtype}-{size}",
-                    function,
-                    None,
-                    [a, b],
-                    aligned(size, dtype),
-                    ufunc(a, b),
-                )
-                yield Case(
-                    f"{function.name}-{dtype}-{size}-scalar",
-                    function,
-                    None,
-                    [a, one],
-                    aligned(size, dtype),
-                    ufunc(a, one),
-                )
+                for tag, other in (("", b), ("-scalar", one)):
+                    yield Case(
+                        f"{function.name}-{dtype}-{size}{tag}",
+                        function,
+                        None,
+                        [a, other],
+                        aligned(size, dtype),
+                        ufunc(a, other),
+                    )
             yield Case(f"NOT-{dtype}-{size}", Function.NOT, None, [a], aligned(size, dtype), ~a)
             counts = shift_counts(size, dtype, rng)
             scalar = np.array([rng.integers(0, 8 * dtype.itemsize + 3)], dtype)

@@ -19,12 +19,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
 from tensorbits.backends.base import Backend
-from tensorbits.config import Settings
 from tensorbits.header_cache import HeaderCache
 from tensorbits.kernels import DeviceArray
 from tensorbits_protocol import codec
@@ -181,9 +180,27 @@ _VALUES_PER_BUFFER = 4
 MEMBERS_PARSED_BELOW = 8192
 
 
+class BatchSettings(Protocol):
+    """The settings one batch's limits are made of (``config.Settings`` has them): the core
+    takes these values, not the server's configuration."""
+
+    @property
+    def max_buffers(self) -> int: ...
+    @property
+    def max_dispatches(self) -> int: ...
+    @property
+    def max_json_depth(self) -> int: ...
+    @property
+    def max_batch_header_bytes(self) -> int: ...
+    @property
+    def max_body_bytes(self) -> int: ...
+    @property
+    def max_tensor_elements(self) -> int: ...
+
+
 @dataclass(frozen=True, slots=True)
 class BatchLimits:
-    """The limits of ``Settings`` that one batch is held to, built once a runtime (as v2's
+    """The limits that one batch is held to, built once a runtime (as v2's
     ``RequestLimits``): the header's JSON bounds, checked on its bytes before it is parsed and
     again, exactly, on what was parsed (the count limits, the header's length, and as many JSON
     values as the largest header those limits allow); the zero-filled bytes; the elements of a
@@ -194,7 +211,7 @@ class BatchLimits:
     max_tensor_elements: int
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> BatchLimits:
+    def from_settings(cls, settings: BatchSettings) -> BatchLimits:
         members = (
             MemberLimit(
                 ("buffers",),

@@ -19,12 +19,11 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Self
+from typing import Any, NamedTuple, Protocol, Self
 
 import numpy as np
 
 from tensorbits.backends.base import Backend
-from tensorbits.config import Settings
 from tensorbits.engine import flat_call, is_flat_elementwise, run_into
 from tensorbits.header_cache import HeaderCache
 from tensorbits.shared_memory import Location, SharedMemoryRegions, switched_on
@@ -65,8 +64,22 @@ JSON_BYTES_PER_ELEMENT = 8
 STREAM_PIECE_BYTES = 1 << 20
 
 
-def request_limits(settings: Settings) -> RequestLimits:
-    """The request limits of ``Settings`` that one inference is held to, built once a runtime."""
+class LimitSettings(Protocol):
+    """The settings one inference's limits are made of (``config.Settings`` has them): the core
+    takes these values, not the server's configuration."""
+
+    @property
+    def max_tensors(self) -> int: ...
+    @property
+    def max_tensor_elements(self) -> int: ...
+    @property
+    def max_json_elements(self) -> int: ...
+    @property
+    def max_json_depth(self) -> int: ...
+
+
+def request_limits(settings: LimitSettings) -> RequestLimits:
+    """The request limits one inference is held to, built once a runtime."""
     envelope = ENVELOPE_VALUES + ENVELOPE_VALUES_PER_TENSOR * settings.max_tensors
     return RequestLimits(
         max_tensors=settings.max_tensors,

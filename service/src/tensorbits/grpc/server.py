@@ -7,13 +7,13 @@ drain, whichever process (or worker) runs the app. Its bounds are the HTTP side'
 
 * a message is at most ``TENSORBITS_MAX_BODY_BYTES`` (grpcio refuses a longer one with
   RESOURCE_EXHAUSTED before the handler runs);
-* every call's capacity is bounded before its message is read, probes apart (``service.py``,
+* every call's capacity is bounded before its message is read, probes apart (``pools.py``,
   ``RPC_RULES``): grpcio's own bound on concurrent calls is not used, as it counts the probes
   with the rest (80 calls that never send their message would make ServerLive and the health
   service answer RESOURCE_EXHAUSTED). One connection carries at most ``MAX_STREAMS`` calls at
   once, and its metadata at most ``TENSORBITS_MAX_HEAD_BYTES`` (HTTP's head limit);
-* a message must arrive within ``TENSORBITS_TIMEOUT_BODY_READ`` (service.py; on a stream, once
-  it has nothing in flight).
+* a message must arrive within ``TENSORBITS_TIMEOUT_BODY_READ`` (service.py; on a stream,
+  streams.py, once it has nothing in flight).
 
 TLS when the HTTP side has it (the same certificate and key). The health service
 (``grpc.health.v1.Health``, what Kubernetes' gRPC probes call) answers SERVING while the runtime
@@ -32,14 +32,15 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tensorbits.config import Settings
-from tensorbits.grpc.service import RPC_RULES, SERVICE_NAME, InferenceService
+from tensorbits.grpc.pools import RPC_RULES
+from tensorbits.grpc.service import SERVICE_NAME, InferenceService
 from tensorbits.observability import Metrics
 from tensorbits.runtime import Runtime
 
 logger = logging.getLogger("tensorbits.grpc")
 
 # Calls one HTTP/2 connection may have open at once: what one client multiplexes. More wait in
-# the client; the pools of service.py bound what every connection together may hold.
+# the client; the pools of pools.py bound what every connection together may hold.
 MAX_STREAMS = 128
 # grpcio's channel arguments are C ints, and protobuf messages are under 2 GiB anyway.
 MAX_MESSAGE_BYTES = 2**31 - 1

@@ -4,25 +4,16 @@ Every RPC reads the same runtime as the HTTP routes (backend, admission, limits,
 statistics, drain) and answers from the same definitions: metadata, model configuration and
 statistics are the HTTP documents turned into messages (``json_format.ParseDict``), inference
 goes through ``inference.plan`` like every front end. A refusal is the same ``TensorbitsError``
-with the same words, sent as the gRPC status its class carries (``errors.STATUSES``: one table
-for both protocols) with trailing metadata naming the field and the rule, as the HTTP JSON error
-does. An exception that is not a refusal is answered by ``refusals.refusal_of`` as HTTP answers
-it (out of memory: UNAVAILABLE, as HTTP's 503), or as INTERNAL with no internals named (a bug).
+with the same words, sent as the gRPC status its class carries with trailing metadata naming the
+field and the rule (``status.py``), as the HTTP JSON error does. An exception that is not a
+refusal is answered by ``refusals.refusal_of`` as HTTP answers it (out of memory: UNAVAILABLE,
+as HTTP's 503), or as INTERNAL with no internals named (a bug).
 
-Every call's capacity is bounded before its message is read, and probes share none of it
-(``RPC_RULES``): ModelInfer calls take a slot of the inference pool (this worker's share of
-TENSORBITS_MAX_INFLIGHT_REQUESTS), ModelStreamInfer streams one of a stream pool of the same
-size, the other RPCs but the probes one of a small control pool, and each holds it until its
-answer (a stream: until its end); past any, UNAVAILABLE at once. ServerLive, ServerReady and ModelReady take no slot: a flood of stalled or
-oversized calls cannot make a liveness probe fail. A message must arrive within
-TENSORBITS_TIMEOUT_BODY_READ; every RPC but ModelInfer and ModelStreamInfer takes a message of at
-most ``SMALL_MESSAGE_BYTES`` (protobuf parses it on the event loop).
-
-ModelStreamInfer, the bidirectional stream, answers each of its messages as ModelInfer would, in
-the order they came, inside a ``ModelStreamInferResponse``; a refusal is an answer in the stream
-(``error_message``, as Triton sends it), and the stream goes on. It holds one stream slot for
-its life (open streams never take ModelInfer's slots: each of their messages is admitted
-for its work, as any request is), and at most ``STREAM_MAX_IN_FLIGHT`` messages in flight.
+This module owns the servicer: the call around every unary RPC (its slot of the pool
+``RPC_RULES`` names, in ``pools.py``; its API key; its one message, which must arrive within
+TENSORBITS_TIMEOUT_BODY_READ; its count and access log) and the RPCs' bodies. ModelStreamInfer's
+stream runs in ``streams.py``, on the same slots, key check, accounting and inference: the
+servicer is what both kinds of call share, so it stays the one place each RPC is answered.
 
 Each RPC's handler takes the request's bytes and returns the response's (``server.py``
 registers them without (de)serializers): a malformed message is then an INVALID_ARGUMENT with
@@ -32,21 +23,22 @@ protobuf's words, not the INTERNAL that grpcio answers when its own deserializer
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any, NamedTuple, NoReturn, TypeVar
+from typing import Any, TypeVar
 
-import grpc
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
 from starlette.concurrency import run_in_threadpool
 
 from tensorbits import auth, inference, model_info, refusals
 from tensorbits.grpc import inference_pb2 as pb
-from tensorbits.grpc import messages, wire
+from tensorbits.grpc import messages, streams, wire
+from tensorbits.grpc.pools import RPC_RULES, Pool, Slots, worker_pools
+from tensorbits.grpc.status import Context, error_metadata, status_code
+from tensorbits.grpc.streams import StreamBehaviour
 from tensorbits.header_cache import HeaderCache
 from tensorbits.inference import CACHED_HEADER_MAX_BYTES
 from tensorbits.observability import Metrics, access_fields
@@ -56,10 +48,8 @@ from tensorbits.shared_memory import Kind, SharedMemoryRegions, switched_on
 from tensorbits_protocol.errors import (
     InvalidRequest,
     OperatorNotFound,
-    Overloaded,
     PayloadTooLarge,
     RequestTimeout,
-    TensorbitsError,
     Unauthorized,
 )
 from tensorbits_protocol.operators import OPERATORS, OperatorSpec
@@ -70,88 +60,6 @@ logger = logging.getLogger("tensorbits.grpc")
 
 # The published service name: clients call /inference.GRPCInferenceService/<Method>.
 SERVICE_NAME = "inference.GRPCInferenceService"
-
-# The largest message of every RPC but ModelInfer: names, keys, a 64-byte CUDA handle. Parsed on
-# the event loop, so bounded well below what would hold it up.
-SMALL_MESSAGE_BYTES = 64 << 10
-# Calls of the control RPCs (metadata, configuration, statistics, repository, shared memory) in
-# progress at once, stalled ones included.
-CONTROL_SLOTS = 32
-# Messages of one ModelStreamInfer stream read and not yet answered. Past it the stream reads
-# nothing more until its oldest answer is sent: HTTP/2 flow control then holds the client back.
-STREAM_MAX_IN_FLIGHT = 8
-
-
-class Pool(enum.Enum):
-    """Which capacity a call holds from its start to its answer."""
-
-    NONE = "none"  # probes: never refused for capacity
-    INFERENCE = "inference"  # this worker's share of TENSORBITS_MAX_INFLIGHT_REQUESTS
-    # Open ModelStreamInfer streams: as many as the inference pool, apart from it, so that idle
-    # streams (one message a minute keeps one open) never leave ModelInfer without a slot; each
-    # message is admitted for its work like any request.
-    STREAMS = "streams"
-    CONTROL = "control"  # CONTROL_SLOTS
-
-
-class RpcRule(NamedTuple):
-    pool: Pool
-    max_message_bytes: int | None  # None: TENSORBITS_MAX_BODY_BYTES, grpcio's bound
-    streaming: bool = False  # a stream of requests and one of answers (``stream``), not unary
-
-
-_PROBE = RpcRule(Pool.NONE, SMALL_MESSAGE_BYTES)
-_CONTROL = RpcRule(Pool.CONTROL, SMALL_MESSAGE_BYTES)
-# Every RPC of inference.proto's service: the capacity it holds and its message bound (the
-# service checks the table is complete).
-RPC_RULES: Mapping[str, RpcRule] = {
-    "ServerLive": _PROBE,
-    "ServerReady": _PROBE,
-    "ModelReady": _PROBE,
-    "ModelInfer": RpcRule(Pool.INFERENCE, None),
-    # One slot for the stream's life, however many messages it carries (``stream``).
-    "ModelStreamInfer": RpcRule(Pool.STREAMS, None, streaming=True),
-    **{
-        rpc: _CONTROL
-        for rpc in (
-            "ServerMetadata", "ModelMetadata", "ModelConfig", "ModelStatistics",
-            "RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload",
-            "SystemSharedMemoryStatus", "SystemSharedMemoryRegister",
-            "SystemSharedMemoryUnregister", "CudaSharedMemoryStatus",
-            "CudaSharedMemoryRegister", "CudaSharedMemoryUnregister",
-        )
-    },
-}  # fmt: skip
-
-
-def status_code(error: TensorbitsError) -> grpc.StatusCode:
-    """The gRPC status of a refusal: the one its class carries (``errors.STATUSES``)."""
-    return grpc.StatusCode[error.grpc_code]
-
-
-class Slots:
-    """A pool of call slots: ``take`` or Overloaded at once (never a queue), ``give`` back."""
-
-    __slots__ = ("capacity", "name", "setting", "taken")
-
-    def __init__(self, capacity: int, name: str, setting: str) -> None:
-        self.capacity = capacity
-        self.name = name
-        self.setting = setting
-        self.taken = 0
-
-    def take(self) -> None:
-        # No await between the check and the increment: on one event loop this is atomic.
-        if self.taken >= self.capacity:
-            raise Overloaded(
-                f"server busy: {self.taken} {self.name} calls in progress (limit "
-                f"{self.capacity}, {self.setting}); retry later"
-            )
-        self.taken += 1
-
-    def give(self) -> None:
-        self.taken -= 1
-
 
 # The RPCs a client may call without an API key when the HTTP route they mirror is open
 # (TENSORBITS_AUTH_OPEN_PATHS); the gRPC health service is always open, like a probe must be.
@@ -167,10 +75,8 @@ RPCS = tuple(
 )
 
 M = TypeVar("M", bound=Message)
-Context = grpc.aio.ServicerContext[Any, Any]
 Handler = Callable[[bytes], Awaitable[bytes]]
 Behaviour = Callable[[AsyncIterator[bytes], Context], Awaitable[bytes]]
-StreamBehaviour = Callable[[AsyncIterator[bytes], Context], AsyncIterator[bytes]]
 
 
 def _parse(message_type: type[M], data: bytes) -> M:
@@ -183,47 +89,6 @@ def _parse(message_type: type[M], data: bytes) -> M:
 
 def _version(version: str) -> str | None:
     return version or None  # the protocol's "no version": the server's choice
-
-
-async def _next(requests: AsyncIterator[bytes]) -> bytes | None:
-    return await anext(requests, None)
-
-
-class _Message:
-    """One message of a stream, in flight: its request's id once read (an error's answer
-    carries it) and whether it is admitted yet (the stream reads no further until then)."""
-
-    __slots__ = ("admitted", "id")
-
-    def __init__(self) -> None:
-        self.id = ""
-        self.admitted = asyncio.Event()
-
-
-class _Flight:
-    """A stream's messages in flight: their answers' tasks, queued in the order the messages
-    came (None: no more), bounded by ``room``; ``idle_since``: when the last answer went out."""
-
-    __slots__ = ("answers", "count", "idle_since", "room", "tasks")
-
-    def __init__(self, most: int) -> None:
-        self.answers: asyncio.Queue[asyncio.Task[bytes] | None] = asyncio.Queue()
-        self.room = asyncio.Semaphore(most)
-        self.tasks: set[asyncio.Task[bytes]] = set()
-        self.count = 0
-        self.idle_since = time.monotonic()
-
-    def started(self, task: asyncio.Task[bytes]) -> None:
-        self.count += 1
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-        self.answers.put_nowait(task)
-
-    def answered(self) -> None:
-        self.count -= 1
-        self.room.release()
-        if not self.count:
-            self.idle_since = time.monotonic()
 
 
 class InferenceService:
@@ -249,14 +114,7 @@ class InferenceService:
         self.handlers: dict[str, Handler] = {rpc: getattr(self, method) for rpc, method in RPCS}
         missing = set(self.handlers) ^ set(RPC_RULES)
         assert not missing, f"RPC_RULES does not match inference.proto: {sorted(missing)}"
-        inflight = "TENSORBITS_MAX_INFLIGHT_REQUESTS" + (
-            f" shared by {settings.workers} workers" if settings.workers > 1 else ""
-        )
-        self.pools: dict[Pool, Slots] = {
-            Pool.INFERENCE: Slots(settings.worker_inflight_requests, "ModelInfer", inflight),
-            Pool.STREAMS: Slots(settings.worker_inflight_requests, "ModelStreamInfer", inflight),
-            Pool.CONTROL: Slots(CONTROL_SLOTS, "metadata and control", "the server's"),
-        }
+        self.pools: dict[Pool, Slots] = worker_pools(settings)
         self.wire_limits = wire.WireLimits.of(
             runtime.limits.max_tensors, runtime.limits.max_json_elements
         )
@@ -301,7 +159,7 @@ class InferenceService:
                 await context.abort(
                     status_code(refusal),
                     refusal.message,
-                    trailing_metadata=_error_metadata(refusal),
+                    trailing_metadata=error_metadata(refusal),
                 )
                 raise  # abort raises; this line is for the type checker
             except BaseException:
@@ -336,135 +194,13 @@ class InferenceService:
             ) from None
 
     def stream(self, name: str) -> StreamBehaviour:
-        """The stream-stream behaviour registered for a streaming RPC (ModelStreamInfer): each
-        message answered, in the order the messages came, as ``model_stream_infer`` answers it
-        (a refusal is an answer in the stream, as Triton sends one; the stream goes on).
-
-        The stream holds one slot of its pool from its start to its end (past the pool,
-        UNAVAILABLE at once, as a unary call) and its API key is checked once, at its start; a
-        refusal there ends the call with its status. Each message is admitted, counted in the
-        statistics and in /metrics under the stream's route, and logged, as a unary call is.
-        At most ``STREAM_MAX_IN_FLIGHT`` messages are in flight at once, and the next is read
-        only once the last one read is admitted or answered: like a unary call's slot, the
-        stream's holds at most one message not yet admitted. A stream with no message in flight
-        must send its next one within TENSORBITS_TIMEOUT_BODY_READ, or it ends with
-        DEADLINE_EXCEEDED: an idle stream holds its slot no longer than a stalled unary call."""
+        """The stream-stream behaviour registered for a streaming RPC (ModelStreamInfer), as
+        ``streams.stream_behaviour`` runs it: with a slot of its pool, its route and whether its
+        API key is checked, read as ``rpc`` reads them for a unary call."""
         needs_key = self.keys is not None and name not in self.open_rpcs
         route = f"/{SERVICE_NAME}/{name}"
         slots = self.pools[RPC_RULES[name].pool]
-
-        async def behaviour(
-            requests: AsyncIterator[bytes], context: Context
-        ) -> AsyncIterator[bytes]:
-            started = time.perf_counter()
-            try:
-                slots.take()
-            except Overloaded as exc:
-                await self._refuse_call(context, route, exc, started)
-            flight = _Flight(STREAM_MAX_IN_FLIGHT)
-            reader: asyncio.Task[None] | None = None
-            try:
-                if needs_key:
-                    try:
-                        self._authenticate(context)
-                    except Unauthorized as exc:
-                        await self._refuse_call(context, route, exc, started)
-                reader = asyncio.create_task(self._read_stream(name, route, requests, flight))
-                while (answer := await flight.answers.get()) is not None:
-                    yield await answer
-                    flight.answered()
-                try:
-                    await reader  # its end: the client's, or the read deadline's
-                except RequestTimeout as exc:
-                    await self._refuse_call(context, route, exc, started)
-            finally:
-                if reader is not None:
-                    reader.cancel()
-                for task in list(flight.tasks):
-                    task.cancel()  # the client went away: what it sent is answered to no one
-                slots.give()
-
-        return behaviour
-
-    async def _read_stream(
-        self, name: str, route: str, requests: AsyncIterator[bytes], flight: _Flight
-    ) -> None:
-        """Read a stream's messages, each answered by a task of its own, queued in order on
-        ``flight.answers``; None queued at the end, whatever ends it."""
-        last: _Message | None = None
-        try:
-            while True:
-                await flight.room.acquire()
-                if last is not None:
-                    await last.admitted.wait()  # at most one message read and not admitted
-                data = await self._next_message(name, requests, flight)
-                if data is None:
-                    return  # the client half-closed: answer what is in flight, then end
-                last = _Message()
-                flight.started(asyncio.create_task(self._stream_answer(route, data, last)))
-        finally:
-            flight.answers.put_nowait(None)
-
-    async def _next_message(
-        self, name: str, requests: AsyncIterator[bytes], flight: _Flight
-    ) -> bytes | None:
-        """A stream's next message (None at its end). The read deadline runs only while the
-        stream has nothing in flight: a client may wait for its answers before it sends more."""
-        read: asyncio.Task[bytes | None] = asyncio.create_task(_next(requests))
-        try:
-            while True:
-                if flight.count:
-                    remaining = self.receive_timeout
-                else:
-                    remaining = self.receive_timeout - (time.monotonic() - flight.idle_since)
-                done, _ = await asyncio.wait((read,), timeout=max(remaining, 0))
-                if done:
-                    return read.result()
-                if (
-                    not flight.count
-                    and time.monotonic() - flight.idle_since >= self.receive_timeout
-                ):
-                    raise RequestTimeout(
-                        f"no {name} request message arrived in the {self.receive_timeout} s "
-                        "the stream sat idle, nothing in flight (TENSORBITS_TIMEOUT_BODY_READ)",
-                        field="message",
-                        rule="timeout_body_read",
-                    )
-        finally:
-            read.cancel()
-
-    async def _stream_answer(self, route: str, data: bytes, message: _Message) -> bytes:
-        """One message of a stream answered (``model_stream_infer``), counted and logged as a
-        unary call is, under the stream's route."""
-        started = time.perf_counter()
-        status, answer = 200, b""
-        try:
-            answer = await self._infer(data, message, streamed=True)
-        except Exception as exc:  # every exception is answered (a cancelled one is not one)
-            refusal = refusals.answer_for(exc, logger, route)
-            status, words = refusal.status_code, refusal.message
-            # Triton's form: the words, and a response holding only the request's id, so that
-            # a client can tell which of its requests failed.
-            answer = pb.ModelStreamInferResponse(
-                error_message=words, infer_response=pb.ModelInferResponse(id=message.id)
-            ).SerializeToString()
-        except BaseException:
-            status = 499  # cancelled by the client or the server's stop
-            raise
-        finally:
-            message.admitted.set()  # refused or done: either way, no longer waiting to be
-            self._account(route, status, time.perf_counter() - started, len(data), len(answer))
-        return answer
-
-    async def _refuse_call(
-        self, context: Context, route: str, refusal: TensorbitsError, started: float
-    ) -> NoReturn:
-        """End a whole call with ``refusal``'s status, counted and logged as a call."""
-        self._account(route, refusal.status_code, time.perf_counter() - started, 0, 0)
-        await context.abort(
-            status_code(refusal), refusal.message, trailing_metadata=_error_metadata(refusal)
-        )
-        raise AssertionError("context.abort returned")  # it raises
+        return streams.stream_behaviour(self, name, route, slots, needs_key)
 
     def _account(
         self, route: str, status: int, seconds: float, size_in: int, size_out: int
@@ -643,10 +379,12 @@ class InferenceService:
         """One message of a ModelStreamInfer stream, answered as the stream answers it: the
         ModelInfer response, marked final, in a ``ModelStreamInferResponse``, or the refusal's
         words in its ``error_message``."""
-        return await self._stream_answer(f"/{SERVICE_NAME}/ModelStreamInfer", data, _Message())
+        return await streams.answer_message(
+            self, f"/{SERVICE_NAME}/ModelStreamInfer", data, streams.Message()
+        )
 
     async def _infer(
-        self, data: bytes, message_state: _Message | None = None, *, streamed: bool = False
+        self, data: bytes, message_state: streams.Message | None = None, *, streamed: bool = False
     ) -> bytes:
         """One inference, admitted for its message before it is parsed, counted in
         ``runtime.statistics`` with the HTTP path's phases (statistics.py). A message planned
@@ -754,30 +492,4 @@ def _no_repository_parameters(
         )
 
 
-def _error_metadata(error: TensorbitsError) -> tuple[tuple[str, str], ...]:
-    pairs = [("tensorbits-error-code", error.code)]
-    if error.field is not None:
-        pairs.append(("tensorbits-error-field", _metadata_value(error.field)))
-    if error.rule is not None:
-        pairs.append(("tensorbits-error-rule", error.rule))
-    return tuple(pairs)
-
-
-def _metadata_value(text: str) -> str:
-    # Metadata values are printable ASCII; a field name is the caller's and may be anything.
-    return "".join(c if " " <= c <= "~" else "?" for c in text[:200])
-
-
-__all__ = [
-    "CONTROL_SLOTS",
-    "OPEN_WHEN",
-    "RPC_RULES",
-    "SERVICE_NAME",
-    "SMALL_MESSAGE_BYTES",
-    "STREAM_MAX_IN_FLIGHT",
-    "InferenceService",
-    "Pool",
-    "RpcRule",
-    "Slots",
-    "status_code",
-]
+__all__ = ["OPEN_WHEN", "SERVICE_NAME", "InferenceService"]
