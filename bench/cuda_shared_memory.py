@@ -46,6 +46,7 @@ import argparse  # noqa: E402
 import contextlib  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
+import time  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -213,7 +214,6 @@ class Contestants:
         """Where a request's time goes in the server: the model's statistics over ``requests``
         more of them, per request (queue, decode and plan, run, encode), beside the time the
         client saw."""
-        import time
 
         def totals() -> dict[str, int]:
             stats = self.http.get_inference_statistics(NOT)["model_stats"][0]

@@ -11,7 +11,7 @@
 #   bash scripts/gpu_session.sh dry-run  # anywhere, no GPU: the same steps on stand-ins (make test)
 #   bash scripts/gpu_session.sh plan [MODE]  # the steps of MODE and their limits
 #
-# The GPU machine is offline, with Python 3.12, CuPy for CUDA 13 and NumPy; everything else the
+# A GPU machine without network has Python 3.12, CuPy and NumPy of its own; everything else the
 # service and the tests import comes as wheels at uv.lock's versions (scripts/gpu_wheels.py).
 # The steps run in this order, each under a time limit cut to what is left of the mode's limit,
 # each with its log under $OUT: install the wheels, print the environment, the preflight
