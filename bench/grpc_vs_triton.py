@@ -335,21 +335,23 @@ def print_large(best: dict[str, tuple[float, float]], repeat: int) -> None:
 
 
 @contextlib.contextmanager
-def tensorbits() -> Iterator[Endpoints]:
+def tensorbits(label: str = "tensorbits", **extra: str) -> Iterator[Endpoints]:
     """``tensorbits serve`` as bench.harness.tensorbits_server starts it, with gRPC on a free
-    port too, and its pid kept (the server's CPU time is read from /proc)."""
+    port too, and its pid kept (the server's CPU time is read from /proc). ``extra`` adds to its
+    environment (bench/revisions.py: a ``PYTHONPATH`` to another revision's source)."""
     http_port, grpc_port = free_port(), free_port()
     env = {
         **os.environ,
         "TENSORBITS_BACKEND": "numpy",
         "TENSORBITS_LOG_LEVEL": "warning",
         "TENSORBITS_GRPC_PORT": str(grpc_port),
+        **extra,
     }
     argv = [str(BIN / "tensorbits"), "serve", "--port", str(http_port)]
     proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
     try:
-        wait_until_up(f"http://127.0.0.1:{http_port}/v2/health/ready")
-        yield Endpoints("tensorbits", http_port, f"127.0.0.1:{grpc_port}", proc.pid)
+        wait_until_up(f"http://127.0.0.1:{http_port}/v2/health/ready", proc=proc)
+        yield Endpoints(label, http_port, f"127.0.0.1:{grpc_port}", proc.pid)
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -2,7 +2,7 @@
 same run, in interleaved rounds:
 
   statistics   one 16-element BIT_NOT in v2 binary through the whole ASGI app, counted
-               (runtime.statistics, as served) against the same app with a Statistics whose
+               (the data plane's statistics, as served) against the same app with a Statistics whose
                record does nothing; and the record call and the clock reads by themselves
   compression  the compressor alone at level 1 (what the server uses) and level 6 (zlib's
                default), on tensors of low and of full entropy; and a 1 MiB BIT_NOT through
@@ -102,15 +102,15 @@ async def statistics_cost(rounds: int) -> dict[str, float]:
     app = create_app(Settings(backend="numpy", log_level="warning", grpc_port=0))
     async with app.router.lifespan_context(app):
         runtime = app.state.runtime
-        counted, uncounted = runtime.statistics, NoStatistics()
+        counted, uncounted = runtime.plane.statistics, NoStatistics()
         call = _caller(app, _infer_scope(body, head), body)
 
         async def with_counts() -> None:
-            runtime.statistics = counted
+            runtime.plane.statistics = counted
             await call()
 
         async def without() -> None:
-            runtime.statistics = uncounted
+            runtime.plane.statistics = uncounted
             await call()
 
         times = await _interleaved({"counted": with_counts, "not counted": without}, rounds, 2000)

@@ -114,19 +114,10 @@ class PeerUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class TritonPeer:
-    http_port: int
-    grpc_port: int
+    http_url: str
+    grpc_url: str  # grpc's target form (and tritonclient.grpc's url): host:port, no scheme
     version: str
     pid: int  # tritonserver's; the backend's stubs are its children
-
-    @property
-    def http_url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
-
-    @property
-    def grpc_url(self) -> str:
-        # grpc's target form (and tritonclient.grpc's url): host:port, no scheme
-        return f"127.0.0.1:{self.grpc_port}"
 
 
 def venv_dir() -> Path:
@@ -295,9 +286,9 @@ def triton_peer(venv: Path | None = None) -> Iterator[TritonPeer]:
                 start_new_session=True,  # a Ctrl-C at the benchmark reaches it through _stop only
             )
             try:
-                peer = TritonPeer(http_port, grpc_port, "", proc.pid)
-                triton_version = _wait_ready(proc, peer.http_url, log)
-                yield TritonPeer(http_port, grpc_port, triton_version, proc.pid)
+                http_url = f"http://127.0.0.1:{http_port}"
+                triton_version = _wait_ready(proc, http_url, log)
+                yield TritonPeer(http_url, f"127.0.0.1:{grpc_port}", triton_version, proc.pid)
             finally:
                 _stop(proc)
 

@@ -118,7 +118,7 @@ def batch_small(rounds: int, dispatches: int = 100) -> dict[str, float]:
     header_length = int(encoded.headers["Inference-Header-Content-Length"])
     settings = Settings(backend="numpy")
     cache: HeaderCache[planner.BatchPlan] = HeaderCache(4 * MiB, 256 << 10)
-    limits = planner.BatchLimits.from_settings(settings)
+    limits = planner.BatchLimits.of(settings.core_limits)
     plan = planner.plan_rest(body, header_length, limits)
     sinks = [memoryview(bytearray(plan.buffers[i].byte_size)) for i in plan.outputs]
     backend = NumpyBackend(1)

@@ -72,10 +72,10 @@ LAYERS: tuple[tuple[str, Rule], ...] = (
         lambda f: f[-1].startswith(("read ", "recv")) and _anywhere("uv__read")(f),
     ),
     ("body deadline (asyncio.timeout)", _innermost("asyncio/timeouts.py")),
-    ("compute (execute, kernels, NumPy)", _anywhere("execute (tensorbits/inference.py")),
+    ("compute (encode, kernels, NumPy)", _anywhere("encode (tensorbits/api/rest_infer.py")),
     (
         "plan (header cache, codec)",
-        _anywhere("plan_rest (tensorbits/inference.py", "tensorbits_protocol/"),
+        _anywhere("plan (tensorbits/api/rest_infer.py", "tensorbits_protocol/"),
     ),
     (
         "endpoint (admission, body, response framing)",
@@ -85,7 +85,8 @@ LAYERS: tuple[tuple[str, Rule], ...] = (
             "tensorbits/api/body.py",
             "tensorbits/offload.py",
             "tensorbits/api/deps.py",
-            "tensorbits/runtime.py",
+            "tensorbits/core/dataplane.py",
+            "tensorbits/core/admission.py",
         ),
     ),
     ("metrics + request id + access log (observability.py)", _innermost("observability.py")),

@@ -22,6 +22,9 @@ from tensorbits_protocol.dtypes import DTYPES, DataType
 from tensorbits_protocol.operators import OPERATORS, Encoding, Function, OperatorSpec, get_operator
 
 Shape = tuple[int, ...]
+Array = np.ndarray[Any, Any]
+Arrays = Mapping[str, Array]
+Params = Mapping[str, Any] | None
 SIGNED = {DataType.INT8, DataType.INT16, DataType.INT32, DataType.INT64}
 FLOATS = {DataType.FP16, DataType.FP32, DataType.FP64}
 
@@ -38,7 +41,7 @@ def bits_dtype(dt: DataType) -> np.dtype[Any]:
     return DTYPES[dt].bits
 
 
-def from_bits(values: list[int], dt: DataType, shape: Shape) -> np.ndarray[Any, Any]:
+def from_bits(values: list[int], dt: DataType, shape: Shape) -> Array:
     """An array of data type ``dt`` whose elements have the given stored bits."""
     size = DTYPES[dt].itemsize
     raw = b"".join(v.to_bytes(size, "little") for v in values)
@@ -46,7 +49,7 @@ def from_bits(values: list[int], dt: DataType, shape: Shape) -> np.ndarray[Any, 
     return np.frombuffer(raw, dtype=little).astype(np_dtype(dt)).reshape(shape)
 
 
-def stored_bits(array: np.ndarray[Any, Any]) -> list[int]:
+def stored_bits(array: Array) -> list[int]:
     """Each element's stored bits, row-major, as unsigned Python ints."""
     little = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
     raw = little.tobytes()
@@ -128,9 +131,7 @@ def element(op: OperatorSpec, dt: DataType, args: list[int], left: bool | None) 
     return r & mask
 
 
-def reference(
-    model: str, arrays: Mapping[str, np.ndarray[Any, Any]], params: Mapping[str, Any] | None = None
-) -> np.ndarray[Any, Any]:
+def reference(model: str, arrays: Arrays, params: Params = None) -> Array:
     """What ``model`` must return for ``arrays``, computed element by element."""
     params = dict(params or {})
     op = get_operator(model)
@@ -169,7 +170,7 @@ def reference(
     return from_bits(values, out_dt, out_shape)
 
 
-def _datatype_of(array: np.ndarray[Any, Any]) -> DataType:
+def _datatype_of(array: Array) -> DataType:
     native = array.dtype.newbyteorder("=") if array.dtype.byteorder == ">" else array.dtype
     for dt, info in DTYPES.items():
         if info.numpy == native:
@@ -177,7 +178,7 @@ def _datatype_of(array: np.ndarray[Any, Any]) -> DataType:
     raise AssertionError(f"no data type for {array.dtype}")
 
 
-def assert_bits_equal(got: np.ndarray[Any, Any], want: np.ndarray[Any, Any]) -> None:
+def assert_bits_equal(got: Array, want: Array) -> None:
     """Same shape, same data type, same stored bits (so NaN payloads and -0.0 count)."""
     assert isinstance(got, np.ndarray)
     assert got.shape == want.shape, (got.shape, want.shape)
@@ -186,13 +187,8 @@ def assert_bits_equal(got: np.ndarray[Any, Any], want: np.ndarray[Any, Any]) -> 
 
 
 def check(
-    backend: Any,
-    model: str,
-    arrays: Mapping[str, np.ndarray[Any, Any]],
-    params: Mapping[str, Any] | None = None,
-    *,
-    out: np.ndarray[Any, Any] | None = None,
-) -> np.ndarray[Any, Any]:
+    backend: Any, model: str, arrays: Arrays, params: Params = None, *, out: Array | None = None
+) -> Array:
     """Run ``model`` on ``backend`` through the engine and compare with the reference."""
     want = reference(model, arrays, params)  # before the call: ``out`` may alias an input
     got = compute(backend, model, arrays, params, out=out)
@@ -201,6 +197,12 @@ def check(
         assert got is out or np.shares_memory(got, out)
         assert_bits_equal(out, want)
     return got
+
+
+def check_drawn(backend: Any, model: str, dt: DataType, data: st.DataObject) -> None:
+    """``check`` a case of ``model`` on ``dt`` drawn from ``cases``."""
+    case = data.draw(cases(model, dt))
+    check(backend, case.model, case.arrays, case.params)
 
 
 # --- operators and data types ----------------------------------------------------------------------
@@ -244,7 +246,7 @@ def count_values(dt: DataType) -> st.SearchStrategy[int]:
 @st.composite
 def tensors(
     draw: st.DrawFn, dt: DataType, shape: Shape, values: st.SearchStrategy[int] | None = None
-) -> np.ndarray[Any, Any]:
+) -> Array:
     """An array of ``dt`` and ``shape``, sometimes strided, sometimes big-endian."""
     if dt is DataType.BOOL:
         base = draw(hnp.arrays(np.bool_, shape))
@@ -267,7 +269,7 @@ def tensors(
 @dataclass
 class Case:
     model: str
-    arrays: dict[str, np.ndarray[Any, Any]]
+    arrays: dict[str, Array]
     params: dict[str, Any] = field(default_factory=dict)
 
 

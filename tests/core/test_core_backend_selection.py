@@ -89,23 +89,40 @@ def test_auto_falls_back_when_cupy_is_absent(
     _works(selection)
 
 
-def test_auto_falls_back_when_no_device_works(
-    select: Callable[..., Selection], cupy_without_device: None
+@pytest.mark.parametrize(
+    ("fake_cupy", "options", "phrases"),
+    [
+        pytest.param(
+            "cupy_without_device",
+            {"cpu_threads": 1},
+            [
+                "fell back to numpy",
+                "CuPy is installed but no CUDA device works",
+                "cudaErrorNoDevice",
+            ],
+            id="no-device-works",
+        ),
+        pytest.param(
+            "cupy_with_zero_devices",
+            {"device_id": 0},
+            ["CUDA device 0 not found (0 present)"],
+            id="the-device-id-does-not-exist",
+        ),
+    ],
+)
+def test_auto_falls_back_to_numpy_without_a_usable_device(
+    select: Callable[..., Selection],
+    request: pytest.FixtureRequest,
+    fake_cupy: str,
+    options: dict[str, Any],
+    phrases: list[str],
 ) -> None:
-    selection = select("auto", cpu_threads=1)
+    request.getfixturevalue(fake_cupy)
+    selection = select("auto", **options)
     assert selection.backend.name == "numpy"
-    assert "fell back to numpy" in selection.reason
-    assert "CuPy is installed but no CUDA device works" in selection.reason
-    assert "cudaErrorNoDevice" in selection.reason
+    for phrase in phrases:
+        assert phrase in selection.reason
     _works(selection)
-
-
-def test_auto_falls_back_when_the_device_id_does_not_exist(
-    select: Callable[..., Selection], cupy_with_zero_devices: None
-) -> None:
-    selection = select("auto", device_id=0)
-    assert selection.backend.name == "numpy"
-    assert "CUDA device 0 not found (0 present)" in selection.reason
 
 
 def test_cupy_requested_without_cupy_raises(no_cupy: None) -> None:

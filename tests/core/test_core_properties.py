@@ -17,6 +17,7 @@ from core.bitref import (
     bits_dtype,
     cases,
     check,
+    check_drawn,
     from_bits,
     np_dtype,
     reference,
@@ -51,8 +52,7 @@ def test_every_operator_and_type_is_covered() -> None:
 def test_operator_matches_reference(
     numpy_backend: Backend, model: str, dt: DataType, data: st.DataObject
 ) -> None:
-    case = data.draw(cases(model, dt))
-    check(numpy_backend, case.model, case.arrays, case.params)
+    check_drawn(numpy_backend, model, dt, data)
 
 
 @pytest.mark.parametrize(

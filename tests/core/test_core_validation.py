@@ -60,67 +60,117 @@ def ab(dt: DataType, shape: tuple[int, ...] = (2, 2), dt_b: DataType | None = No
     return {"ATensor": TensorSpec(dt, shape), "BTensor": TensorSpec(dt_b or dt, shape)}
 
 
-# --- data types and feature levels ---------------------------------------------------------------
-# Each data-type refusal, verbatim: (operator, inputs, parameters, message, field).
-DATATYPE_REFUSALS = [
-    pytest.param(
-        DML + "BIT_AND", ab(I32), {"feature_level": "3_0"},
+# --- refusals of one call, verbatim ------------------------------------------------------------
+CALL_REFUSALS = {
+    # id: (operator, inputs, parameters, field, rule, message)
+    # data types and feature levels
+    "at-a-feature-level": (
+        DML + "BIT_AND", ab(I32), {"feature_level": "3_0"}, "ATensor", "datatype",
         "ATensor: data type INT32 is not supported by DML_OPERATOR_ELEMENT_WISE_BIT_AND at "
-        "feature level 3_0 (allowed: UINT8, UINT16, UINT32)",
-        "ATensor", id="at-a-feature-level",
-    ),
-    pytest.param(
-        DML + "BIT_SHIFT_LEFT", ab(U64), {"feature_level": "4_0"},
+        "feature level 3_0 (allowed: UINT8, UINT16, UINT32)"),
+    "dml-shift-at-4_0": (
+        DML + "BIT_SHIFT_LEFT", ab(U64), {"feature_level": "4_0"}, "ATensor", "datatype",
         "ATensor: data type UINT64 is not supported by DML_OPERATOR_ELEMENT_WISE_BIT_SHIFT_LEFT"
-        " at feature level 4_0 (allowed: UINT8, UINT16, UINT32)",
-        "ATensor", id="dml-shift-at-4_0",
-    ),
-    pytest.param(
+        " at feature level 4_0 (allowed: UINT8, UINT16, UINT32)"),
+    "openvino-shift-bool": (
         "openvino.BitwiseLeftShift-15", {"input_1": spec(BOOL, 2), "input_2": spec(BOOL, 2)}, None,
+        "input_1", "datatype",
         "input_1: data type BOOL is not supported by openvino.BitwiseLeftShift-15 (allowed: "
-        "UINT8, UINT16, UINT32, UINT64, INT8, INT16, INT32, INT64)",
-        "input_1", id="openvino-shift-bool",
-    ),
-    pytest.param(  # shifts never take signed or float types on DML
-        DML + "BIT_SHIFT_RIGHT", ab(I32), None,
+        "UINT8, UINT16, UINT32, UINT64, INT8, INT16, INT32, INT64)"),
+    "dml-shift-signed": (  # shifts never take signed or float types on DML
+        DML + "BIT_SHIFT_RIGHT", ab(I32), None, "ATensor", "datatype",
         "data type INT32 is not supported by DML_OPERATOR_ELEMENT_WISE_BIT_SHIFT_RIGHT at "
-        "feature level 6_4 (allowed: UINT8, UINT16, UINT32, UINT64)",
-        "ATensor", id="dml-shift-signed",
-    ),
-    pytest.param(
-        "onnx.BitwiseNot-18", {"X": spec(BOOL, 3)}, None,
+        "feature level 6_4 (allowed: UINT8, UINT16, UINT32, UINT64)"),
+    "onnx-bool": (
+        "onnx.BitwiseNot-18", {"X": spec(BOOL, 3)}, None, "X", "datatype",
         "X: data type BOOL is not supported by onnx.BitwiseNot-18 (allowed: UINT8, UINT16, "
-        "UINT32, UINT64, INT8, INT16, INT32, INT64)",
-        "X", id="onnx-bool",
-    ),
-    pytest.param(
+        "UINT32, UINT64, INT8, INT16, INT32, INT64)"),
+    "onnx-bitshift-signed": (
         "onnx.BitShift-11", {"X": spec(I8, 3), "Y": spec(I8, 3)}, {"direction": "LEFT"},
+        "X", "datatype",
         "X: data type INT8 is not supported by onnx.BitShift-11 (allowed: UINT8, UINT16, "
-        "UINT32, UINT64)",
-        "X", id="onnx-bitshift-signed",
-    ),
-]  # fmt: skip
+        "UINT32, UINT64)"),
+    "bit-and-before-its-feature-level": (
+        DML + "BIT_AND", ab(U8), {"feature_level": "2_1"},
+        "parameters.feature_level", "feature_level",
+        "parameters.feature_level: DML_OPERATOR_ELEMENT_WISE_BIT_AND does not exist at feature "
+        "level 2_1 (introduced at 3_0)"),
+    # ranks and sizes
+    "negative-dimension": (
+        "onnx.BitwiseNot-18", {"X": spec(U8, 3, -1)}, None, "X", "shape",
+        "X: dimension 1 has negative size -1"),
+    # inputs
+    "mixed-datatypes-dml": (
+        DML + "BIT_AND", ab(U8, dt_b=U16), None, "BTensor", "mixed_datatype",
+        "BTensor: data type UINT16 differs from ATensor's UINT8; all inputs of "
+        "DML_OPERATOR_ELEMENT_WISE_BIT_AND share one data type (allowed: UINT8)"),
+    "mixed-datatypes-onnx": (
+        "onnx.BitwiseXor-18", {"A": spec(U8, 2), "B": spec(I8, 2)}, None, "B", "mixed_datatype",
+        "B: data type INT8 differs from A's UINT8"),
+    "missing-input": (
+        DML + "BIT_AND", {"ATensor": spec(U8, 2)}, None, "BTensor", "missing_input",
+        "BTensor: missing input of DML_OPERATOR_ELEMENT_WISE_BIT_AND (inputs: ATensor, BTensor)"),
+    "unknown-input-name": (
+        "onnx.BitwiseNot-18", {"X": spec(U8, 2), "input_1": spec(U8, 2)}, None,
+        "input_1", "unknown_input",
+        "input_1: onnx.BitwiseNot-18 has no input of that name (inputs: X)"),
+    # parameters
+    "unknown-parameter-dml": (
+        DML + "BIT_NOT", {"InputTensor": spec(U8, 2)}, {"output_datatype": "UINT8"},
+        "parameters.output_datatype", "unknown_parameter",
+        "parameters.output_datatype: unknown parameter for DML_OPERATOR_ELEMENT_WISE_BIT_NOT "
+        "(allowed: feature_level; the protocol's: binary_data_output, sequence_id, "
+        "sequence_start, sequence_end, priority, timeout, headers, triton_*)"),
+    "unknown-parameter-onnx": (
+        "onnx.BitwiseAnd-18", {"A": spec(U8, 2), "B": spec(U8, 2)}, {"axis": 0},
+        "parameters.axis", "unknown_parameter",
+        "parameters.axis: unknown parameter for onnx.BitwiseAnd-18 (allowed: none; the "
+        "protocol's: binary_data_output, sequence_id, sequence_start, sequence_end, priority, "
+        "timeout, headers, triton_*)"),
+    "missing-required-direction": (
+        "onnx.BitShift-11", {"X": spec(U8, 2), "Y": spec(U8, 2)}, None,
+        "parameters.direction", "required_parameter",
+        "parameters.direction: required by onnx.BitShift-11 (allowed: LEFT, RIGHT)"),
+    # broadcasting
+    "numpy-broadcast-onnx": (
+        "onnx.BitwiseAnd-18", {"A": spec(U8, 2, 3), "B": spec(U8, 4)}, None, "B", "broadcast",
+        "B: shapes A [2, 3] and B [4] do not broadcast under NumPy rules for onnx.BitwiseAnd-18 "
+        "(allowed: equal sizes or 1, aligned from the last dimension)"),
+    "numpy-broadcast-openvino-default-rule": (  # openvino's default rule is NumPy's
+        "openvino.BitwiseXor-13", {"input_1": spec(I64, 8, 1, 6, 1), "input_2": spec(I64, 7, 2, 5)},
+        None, "input_2", "broadcast",
+        "input_2: shapes input_1 [8, 1, 6, 1] and input_2 [7, 2, 5] do not broadcast under NumPy "
+        "rules for openvino.BitwiseXor-13"),
+    "none-requires-equal-shapes": (
+        "openvino.BitwiseOr-13", {"input_1": spec(U8, 2, 3), "input_2": spec(U8, 1, 3)},
+        {"auto_broadcast": "none"}, "input_2", "shape",
+        "input_2: shape [1, 3] differs from input_1 [2, 3]; openvino.BitwiseOr-13 requires equal "
+        "shapes (allowed: [2, 3])"),
+    "dml-requires-identical-sizes": (
+        DML + "BIT_XOR", {"ATensor": spec(U8, 2, 3), "BTensor": spec(U8, 1, 3)}, None,
+        "BTensor", "shape",
+        "BTensor: shape [1, 3] differs from ATensor [2, 3]; DML_OPERATOR_ELEMENT_WISE_BIT_XOR "
+        "requires identical Sizes (allowed: [2, 3])"),
+}  # fmt: skip
 
 
-@pytest.mark.parametrize(("model", "inputs", "params", "message", "field"), DATATYPE_REFUSALS)
-def test_datatype_refusals_verbatim(
+@pytest.mark.parametrize(
+    ("model", "inputs", "params", "field", "rule", "message"),
+    CALL_REFUSALS.values(),
+    ids=list(CALL_REFUSALS),
+)
+def test_call_refusals_verbatim(
     model: str,
     inputs: Mapping[str, TensorSpec],
     params: Mapping[str, object] | None,
-    message: str,
     field: str,
+    rule: str,
+    message: str,
 ) -> None:
-    rejected(lambda: call(model, inputs, params), message, field, "datatype")
+    rejected(lambda: call(model, inputs, params), message, field, rule)
 
 
-def test_operator_missing_at_feature_level_bit_and_at_2_1() -> None:
-    rejected(
-        lambda: call(DML + "BIT_AND", ab(U8), {"feature_level": "2_1"}),
-        "parameters.feature_level: DML_OPERATOR_ELEMENT_WISE_BIT_AND does not exist at feature "
-        "level 2_1 (introduced at 3_0)",
-        "parameters.feature_level",
-        "feature_level",
-    )
+# --- feature levels ------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("model", ["BIT_SHIFT_LEFT", "BIT_SHIFT_RIGHT"])
@@ -208,48 +258,7 @@ def test_empty_dimension_rejected_for_dml_allowed_for_onnx_and_openvino() -> Non
     assert got.output_shape == (2, 0)
 
 
-def test_negative_dimension() -> None:
-    rejected(
-        lambda: call("onnx.BitwiseNot-18", {"X": spec(U8, 3, -1)}),
-        "X: dimension 1 has negative size -1",
-        "X",
-        "shape",
-    )
-
-
 # --- inputs --------------------------------------------------------------------------------------
-def test_mixed_datatypes() -> None:
-    rejected(
-        lambda: call(DML + "BIT_AND", ab(U8, dt_b=U16)),
-        "BTensor: data type UINT16 differs from ATensor's UINT8; all inputs of "
-        "DML_OPERATOR_ELEMENT_WISE_BIT_AND share one data type (allowed: UINT8)",
-        "BTensor",
-        "mixed_datatype",
-    )
-    rejected(
-        lambda: call("onnx.BitwiseXor-18", {"A": spec(U8, 2), "B": spec(I8, 2)}),
-        "B: data type INT8 differs from A's UINT8",
-        "B",
-        "mixed_datatype",
-    )
-
-
-def test_missing_input() -> None:
-    rejected(
-        lambda: call(DML + "BIT_AND", {"ATensor": spec(U8, 2)}),
-        "BTensor: missing input of DML_OPERATOR_ELEMENT_WISE_BIT_AND (inputs: ATensor, BTensor)",
-        "BTensor",
-        "missing_input",
-    )
-
-
-def test_unknown_input_name() -> None:
-    rejected(
-        lambda: call("onnx.BitwiseNot-18", {"X": spec(U8, 2), "input_1": spec(U8, 2)}),
-        "input_1: onnx.BitwiseNot-18 has no input of that name (inputs: X)",
-        "input_1",
-        "unknown_input",
-    )
 
 
 def test_unknown_input_name_is_truncated() -> None:
@@ -264,23 +273,6 @@ def test_unknown_input_name_is_truncated() -> None:
 
 
 # --- parameters ----------------------------------------------------------------------------------
-def test_unknown_parameter() -> None:
-    rejected(
-        lambda: call(DML + "BIT_NOT", {"InputTensor": spec(U8, 2)}, {"output_datatype": "UINT8"}),
-        "parameters.output_datatype: unknown parameter for DML_OPERATOR_ELEMENT_WISE_BIT_NOT "
-        "(allowed: feature_level; the protocol's: binary_data_output, sequence_id, "
-        "sequence_start, sequence_end, priority, timeout, headers, triton_*)",
-        "parameters.output_datatype",
-        "unknown_parameter",
-    )
-    rejected(
-        lambda: call("onnx.BitwiseAnd-18", {"A": spec(U8, 2), "B": spec(U8, 2)}, {"axis": 0}),
-        "parameters.axis: unknown parameter for onnx.BitwiseAnd-18 (allowed: none; the "
-        "protocol's: binary_data_output, sequence_id, sequence_start, sequence_end, priority, "
-        "timeout, headers, triton_*)",
-        "parameters.axis",
-        "unknown_parameter",
-    )
 
 
 def test_protocol_parameters_are_not_operator_parameters() -> None:
@@ -354,15 +346,6 @@ def test_bit_count_output_datatype() -> None:
     assert (got.input_datatype, got.output_datatype) == (F64, U8)
 
 
-def test_missing_required_direction() -> None:
-    rejected(
-        lambda: call("onnx.BitShift-11", {"X": spec(U8, 2), "Y": spec(U8, 2)}),
-        "parameters.direction: required by onnx.BitShift-11 (allowed: LEFT, RIGHT)",
-        "parameters.direction",
-        "required_parameter",
-    )
-
-
 def test_direction_picks_the_shift() -> None:
     xy = {"X": spec(U8, 2), "Y": spec(U8, 2)}
     assert call("onnx.BitShift-11", xy, {"direction": "LEFT"}).shift_left is True
@@ -409,27 +392,6 @@ def test_a_remembered_call_is_shared_read_only_and_keyed_by_parameter_type() -> 
 
 
 # --- broadcasting --------------------------------------------------------------------------------
-def test_numpy_broadcast_failure_onnx() -> None:
-    rejected(
-        lambda: call("onnx.BitwiseAnd-18", {"A": spec(U8, 2, 3), "B": spec(U8, 4)}),
-        "B: shapes A [2, 3] and B [4] do not broadcast under NumPy rules for onnx.BitwiseAnd-18 "
-        "(allowed: equal sizes or 1, aligned from the last dimension)",
-        "B",
-        "broadcast",
-    )
-
-
-def test_numpy_broadcast_failure_openvino_default_rule() -> None:
-    rejected(
-        lambda: call(
-            "openvino.BitwiseXor-13",
-            {"input_1": spec(I64, 8, 1, 6, 1), "input_2": spec(I64, 7, 2, 5)},
-        ),
-        "input_2: shapes input_1 [8, 1, 6, 1] and input_2 [7, 2, 5] do not broadcast under NumPy "
-        "rules for openvino.BitwiseXor-13",
-        "input_2",
-        "broadcast",
-    )
 
 
 def test_broadcast_example_shape_validates() -> None:
@@ -438,30 +400,6 @@ def test_broadcast_example_shape_validates() -> None:
     )
     assert got.output_shape == (8, 7, 6, 5)
     assert got.parameters == {"auto_broadcast": "numpy", "axis": -1}
-
-
-def test_none_requires_equal_shapes() -> None:
-    rejected(
-        lambda: call(
-            "openvino.BitwiseOr-13",
-            {"input_1": spec(U8, 2, 3), "input_2": spec(U8, 1, 3)},
-            {"auto_broadcast": "none"},
-        ),
-        "input_2: shape [1, 3] differs from input_1 [2, 3]; openvino.BitwiseOr-13 requires equal "
-        "shapes (allowed: [2, 3])",
-        "input_2",
-        "shape",
-    )
-
-
-def test_dml_requires_identical_sizes() -> None:
-    rejected(
-        lambda: call(DML + "BIT_XOR", {"ATensor": spec(U8, 2, 3), "BTensor": spec(U8, 1, 3)}),
-        "BTensor: shape [1, 3] differs from ATensor [2, 3]; DML_OPERATOR_ELEMENT_WISE_BIT_XOR "
-        "requires identical Sizes (allowed: [2, 3])",
-        "BTensor",
-        "shape",
-    )
 
 
 def pdpd(a: tuple[int, ...], b: tuple[int, ...], axis: int | None = None) -> ResolvedCall:

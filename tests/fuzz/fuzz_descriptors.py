@@ -78,7 +78,7 @@ STRUCTURED_TYPES = (
 # digits past which Python refuses to convert an integer to or from text.
 LONG_DIGITS = (20, 39, 309, 4299, 4300, 4301, 20000)
 SETTINGS = Settings(**SMALL_LIMITS, max_buffers=16, max_dispatches=16)
-LIMITS = batch.BatchLimits.from_settings(SETTINGS)
+LIMITS = batch.BatchLimits.of(SETTINGS.core_limits)
 BACKEND = NumpyBackend(1)
 _WIDTHS = (1, 2, 4, 8)
 

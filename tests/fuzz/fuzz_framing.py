@@ -11,8 +11,8 @@ Input layout (bytes missing at the end read as zero)::
     rest    the request body
 
 The target runs what the server runs on a request: ``codec.parse_header_length``,
-``codec.split_body`` and ``inference.plan_rest`` (small limits, NumPy backend); when a plan comes back
-it also runs ``inference.execute`` and checks the framing of the response. The property: every
+``codec.split_body`` and ``rest_infer.plan`` (small limits, NumPy backend); when a plan comes back
+it also runs ``rest_infer.encode`` and checks the framing of the response. The property: every
 call returns or raises a ``TensorbitsError``; any other exception is a finding and propagates.
 
 By hand::
@@ -22,10 +22,19 @@ By hand::
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 from fuzz_support import SMALL_LIMITS, Reader, fuzz, instrumented
 
+# The in-process data plane lives with the other test helpers (a target run by hand has only
+# tests/fuzz on sys.path); imported inside the block, so what it imports is instrumented too.
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+
 with instrumented(__name__, "tensorbits", "tensorbits_protocol"):
-    from tensorbits import inference
+    from support.planes import data_plane
+
+    from tensorbits.api import rest_infer
     from tensorbits.backends.numpy_backend import NumpyBackend
     from tensorbits.config import Settings
     from tensorbits_protocol import codec
@@ -33,8 +42,8 @@ with instrumented(__name__, "tensorbits", "tensorbits_protocol"):
     from tensorbits_protocol.operators import OPERATORS
 
 SETTINGS = Settings(**SMALL_LIMITS)
-LIMITS = inference.request_limits(SETTINGS)
 BACKEND = NumpyBackend(1)
+PLANE = data_plane(SETTINGS, backend=BACKEND)
 
 
 def decode(data: bytes) -> tuple[int, str | None, bytes]:
@@ -63,13 +72,13 @@ def TestOneInput(data: bytes) -> None:  # noqa: N802 (the name atheris and libFu
         header_length = codec.parse_header_length(value, len(body))
         head, tail = codec.split_body(memoryview(body), header_length)
         assert len(head) + len(tail) == len(body)
-        plan = inference.plan_rest(op, body, header_length, LIMITS)
+        plan = rest_infer.plan(PLANE, op, body, header_length)
     except TensorbitsError:
         return
     assert len(plan.inputs) == len(op.inputs)
     assert plan.output_nbytes >= 0
     try:
-        encoded = inference.execute(plan, BACKEND)
+        encoded = rest_infer.encode(plan, BACKEND)
     except TensorbitsError:
         return
     if plan.binary_output:

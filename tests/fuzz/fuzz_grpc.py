@@ -45,7 +45,7 @@ def TestOneInput(data: bytes) -> None:  # noqa: N802 (the name atheris and libFu
         answer = LOOP.run_until_complete(SERVICE.model_infer(data))
     except TensorbitsError:
         answer = None
-    admission = RUNTIME.admission
+    admission = RUNTIME.plane.admission
     assert admission.requests_in_flight == 0
     assert admission.bytes_in_flight == 0
     if answer is None:

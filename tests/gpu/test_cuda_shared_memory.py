@@ -32,7 +32,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import pytest
@@ -84,21 +84,6 @@ def cupy_server(shared_memory: bool = True) -> Iterator[GrpcServer]:
     }
     with serve(env, argv=[sys.executable, "-m", "tensorbits.cli", "serve"]) as http:
         yield GrpcServer(http, grpc_port)
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[GrpcServer]:
-    """The server of every test but the ones that may break theirs."""
-    with cupy_server() as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def expendable_server() -> Iterator[GrpcServer]:
-    """A server of its own for requests that could fault its CUDA context: a fault there must
-    not fail every other test with it."""
-    with cupy_server() as running:
-        yield running
 
 
 class CudaRegion:
@@ -189,6 +174,12 @@ class Regions:
             self.http.register_system_shared_memory(region.name, region.key, byte_size)
         return region
 
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     def close(self) -> None:
         try:
             self.http.unregister_cuda_shared_memory()
@@ -200,18 +191,25 @@ class Regions:
             self.grpc.close()
 
 
+@pytest.fixture(scope="module")
+def server() -> Iterator[GrpcServer]:
+    """The server of every test but the ones that may break theirs."""
+    with cupy_server() as running:
+        yield running
+
+
 @pytest.fixture
 def regions(server: GrpcServer) -> Iterator[Regions]:
-    made = Regions(server)
-    yield made
-    made.close()
+    with Regions(server) as made:
+        yield made
 
 
-@pytest.fixture
-def expendable_regions(expendable_server: GrpcServer) -> Iterator[Regions]:
-    made = Regions(expendable_server)
-    yield made
-    made.close()
+@pytest.fixture(scope="module")
+def expendable_server() -> Iterator[GrpcServer]:
+    """A server of its own for requests that could fault its CUDA context: a fault there must
+    not fail every other test with it."""
+    with cupy_server() as running:
+        yield running
 
 
 def body_input(module: Any, name: str, array: Arr) -> Any:
@@ -684,28 +682,28 @@ def test_extension_off_refuses_cuda_shared_memory(regions: Regions) -> None:
 
 @pytest.mark.parametrize("offsets", [(1, 3), (2, 0), (0, 6)], ids=["in1-out3", "in2", "out6"])
 def test_unaligned_offsets_are_refused_and_never_fault_the_device(
-    expendable_regions: Regions, offsets: tuple[int, int]
+    expendable_server: GrpcServer, offsets: tuple[int, int]
 ) -> None:
     """Triton lets an offset be any byte; a UINT64 kernel on an address that is not a multiple
     of 8 faults the CUDA context, and with it every later request. The server refuses such an
     offset (400, shared_memory_alignment, before any kernel runs) and keeps serving."""
-    regions = expendable_regions
-    in_offset, out_offset = offsets
-    a = RNG.integers(0, 2**63, size=16, dtype=np.uint64)
-    b = RNG.integers(0, 2**63, size=16, dtype=np.uint64)
-    region = regions.cuda(1024)
-    region.put(a, in_offset)
-    region.put(b, 512 + in_offset)
-    tensors = [
-        region_input(triton, "A", a, region, in_offset),
-        region_input(triton, "B", b, region, 512 + in_offset),
-    ]
-    out = region_output(triton, "C", region, a.nbytes, offset=256 + out_offset)
-    with pytest.raises(InferenceServerException) as caught:
-        regions.http.infer(XOR, tensors, outputs=[out])
-    assert caught.value.status() == "400"
-    assert "multiple of its element size" in str(caught.value.message())
-    assert_serves(regions)
+    with Regions(expendable_server) as regions:
+        in_offset, out_offset = offsets
+        a = RNG.integers(0, 2**63, size=16, dtype=np.uint64)
+        b = RNG.integers(0, 2**63, size=16, dtype=np.uint64)
+        region = regions.cuda(1024)
+        region.put(a, in_offset)
+        region.put(b, 512 + in_offset)
+        tensors = [
+            region_input(triton, "A", a, region, in_offset),
+            region_input(triton, "B", b, region, 512 + in_offset),
+        ]
+        out = region_output(triton, "C", region, a.nbytes, offset=256 + out_offset)
+        with pytest.raises(InferenceServerException) as caught:
+            regions.http.infer(XOR, tensors, outputs=[out])
+        assert caught.value.status() == "400"
+        assert "multiple of its element size" in str(caught.value.message())
+        assert_serves(regions)
 
 
 def test_the_readme_example_runs(server: GrpcServer) -> None:

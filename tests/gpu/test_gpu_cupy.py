@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from core.bitref import OP_TYPES, SPECIAL_BITS, cases, check, from_bits, np_dtype, width
+from core.bitref import OP_TYPES, SPECIAL_BITS, check, check_drawn, from_bits, np_dtype, width
 from gpu.gpu_support import cupy_backend_or_skip
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -48,8 +48,7 @@ def test_backend_is_cupy(cupy_backend: Backend) -> None:
 def test_operator_matches_reference(
     cupy_backend: Backend, model: str, dt: DataType, data: st.DataObject
 ) -> None:
-    case = data.draw(cases(model, dt))
-    check(cupy_backend, case.model, case.arrays, case.params)
+    check_drawn(cupy_backend, model, dt, data)
 
 
 @pytest.mark.parametrize("dt", SIGNED + UNSIGNED)

@@ -36,6 +36,8 @@ NOT = "DML_OPERATOR_ELEMENT_WISE_BIT_NOT"
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[GrpcServer]:
+    """A server of this module's own rather than the session's ``grpc_server``: what the floods
+    sent here leave in its memory stays with it, not with the other modules' server."""
     with serve_grpc() as live:
         yield live
 

@@ -47,11 +47,12 @@ def test_a_cached_plan_answers_as_a_new_one(
     runtimes: tuple[Runtime, Runtime], op: OperatorSpec
 ) -> None:
     cached, uncached = InferenceService(runtimes[0]), InferenceService(runtimes[1])
-    assert cached.plans is not None
-    assert uncached.plans is None
+    plans = runtimes[0].plane.plans
+    assert plans is not None
+    assert runtimes[1].plane.plans is None
     first = _request(op)
     asyncio.run(cached.model_infer(first))  # plans and keeps the template
-    assert len(cached.plans) >= 1
+    assert len(plans) >= 1
     for _ in range(3):  # new data, the same message otherwise: planned from the template
         data = _request(op)
         assert asyncio.run(cached.model_infer(data)) == asyncio.run(uncached.model_infer(data))
@@ -63,13 +64,13 @@ def test_a_cached_request_still_sees_unloads_and_sizes(runtimes: tuple[Runtime, 
     op = next(op for op in OPERATORS if op.name == "onnx.BitwiseNot-18")
     data = _request(op)
     asyncio.run(service.model_infer(data))
-    runtime.models.unload(op.name)
+    runtime.plane.models.unload(op.name)
     try:
         with pytest.raises(InvalidRequest) as caught:
             asyncio.run(service.model_infer(data))
         assert caught.value.rule == "model_unloaded"
     finally:
-        runtime.models.load(op.name)
+        runtime.plane.models.load(op.name)
     request = service_pb2.ModelInferRequest.FromString(data)
     request.raw_input_contents[0] = b"\0" * 5  # the same message but one raw size
     with pytest.raises(InvalidRequest) as caught:

@@ -112,11 +112,10 @@ def _assert_refused_integer(reply: Reply, field: str, whole: str) -> None:
 
 
 @every_huge_value
-@pytest.mark.parametrize("field", V1_FIELDS)
+@pytest.mark.parametrize(("field", "path"), V1_FIELDS.items(), ids=list(V1_FIELDS))
 def test_v1_integer_fields_refuse_what_64_bits_cannot_hold(
-    server: LiveServer, field: str, value: str
+    server: LiveServer, field: str, path: tuple[str | int, ...], value: str
 ) -> None:
-    path = V1_FIELDS[field]
     header = _v1_field(path)
     if field.endswith("strides"):
         header["dispatches"][0]["bindings"]["InputTensor"]["desc"]["strides"] = [BIG]
@@ -158,11 +157,10 @@ V2_CASES = {
 
 
 @every_huge_value
-@pytest.mark.parametrize("field", V2_CASES)
+@pytest.mark.parametrize(("field", "header"), V2_CASES.items(), ids=list(V2_CASES))
 def test_v2_integer_fields_refuse_what_their_format_cannot_hold(
-    server: LiveServer, field: str, value: str
+    server: LiveServer, field: str, header: dict[str, Any], value: str
 ) -> None:
-    header = V2_CASES[field]
     text = json.dumps(header).replace(f'"{BIG}"', value).encode()
     data = request("POST", f"/v2/models/{NOT}/infer", {"Connection": "close"}, text)
     reply = one_reply(server, data)

@@ -26,7 +26,7 @@ from support.live import LiveServer, serve
 from support.v2 import AND, NOT
 from tritonclient.utils import InferenceServerException
 
-from tensorbits.inference import STREAM_PIECE_BYTES
+from tensorbits.core.plan import STREAM_PIECE_BYTES
 
 pytestmark = pytest.mark.integration
 

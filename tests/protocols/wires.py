@@ -28,23 +28,26 @@ from tensorbits.grpc import inference_pb2 as pb
 # Where typed values travel in InferTensorContents (CONTENTS_FIELD): the service's table, as
 # inference.proto has it. FP16 has no field: a typed FP16 tensor is sent with empty contents, as
 # the protocol leaves a client no other way.
-from tensorbits.grpc.messages import CONTENTS_FIELD
+from tensorbits.grpc.decode import CONTENTS_FIELD
 from tensorbits_protocol.codec import HEADER_LENGTH
 from tensorbits_protocol.dtypes import BY_NAME, from_numpy, wire_dtype
 from tensorbits_protocol.errors import STATUSES, ModelUnavailable, TensorbitsError
+from tensorbits_protocol.integers import INT64_MAX
 
 Arr = np.ndarray[Any, Any]
-Param = str | int | bool
+Param = str | int | float | bool
 M = TypeVar("M", bound=Message)
 
 # The service the protocol publishes, whatever the package of the .proto the messages come from.
 SERVICE = "inference.GRPCInferenceService"
 TIMEOUT_S = 30.0
 
-# Where an InferParameter's value goes, by its Python type (bool before int: a bool is an int).
+# Where an InferParameter's value goes, by its Python type (bool before int: a bool is an int);
+# an integer past int64_param's range goes in uint64_param.
 PARAMETER_FIELD: tuple[tuple[type, str], ...] = (
     (bool, "bool_param"),
     (int, "int64_param"),
+    (float, "double_param"),
     (str, "string_param"),
 )
 
@@ -187,6 +190,64 @@ def _json_values(array: Arr) -> list[Any]:
     return values
 
 
+def http_body(request: Request, form: Form) -> tuple[bytes, dict[str, str]]:
+    """The body of ``request`` in an HTTP form, and the headers it goes with."""
+    binary = form is Form.HTTP_BINARY
+    inputs: list[dict[str, Any]] = []
+    for tensor in request.inputs:
+        entry: dict[str, Any] = {
+            "name": tensor.name,
+            "shape": tensor.declared_shape,
+            "datatype": tensor.declared_type,
+        }
+        parameters = dict(tensor.parameters)
+        if binary:
+            parameters["binary_data_size"] = tensor.array.nbytes
+        else:
+            entry["data"] = _json_values(tensor.array)
+        if parameters:
+            entry["parameters"] = parameters
+        inputs.append(entry)
+    document: dict[str, Any] = {"id": request.id, "inputs": inputs}
+    parameters = {**request.parameters, **({"binary_data_output": True} if binary else {})}
+    if parameters:
+        document["parameters"] = parameters
+    if request.outputs:
+        document["outputs"] = [
+            {"name": o.name, **({"parameters": dict(o.parameters)} if o.parameters else {})}
+            for o in request.outputs
+        ]
+    if binary:
+        arrays = (np.ascontiguousarray(t.array).tobytes() for t in request.inputs)
+        body, headers = framed(document, *arrays)
+    else:
+        body, headers = json.dumps(document).encode(), {"Content-Type": "application/json"}
+    return body, headers
+
+
+def grpc_message(request: Request, form: Form) -> pb.ModelInferRequest:
+    """``request`` as a ``ModelInferRequest`` in a gRPC form."""
+    message = pb.ModelInferRequest(
+        model_name=request.model, model_version=request.version, id=request.id
+    )
+    _set_parameters(message.parameters, request.parameters)
+    for tensor in request.inputs:
+        entry = message.inputs.add(
+            name=tensor.name, datatype=tensor.declared_type, shape=tensor.declared_shape
+        )
+        _set_parameters(entry.parameters, tensor.parameters)
+        if form is Form.GRPC_RAW:
+            message.raw_input_contents.append(np.ascontiguousarray(tensor.array).tobytes())
+        else:
+            entry.contents.SetInParent()  # present even when it holds no value
+            contents = CONTENTS_FIELD.get(from_numpy(tensor.array.dtype))
+            if contents is not None:
+                getattr(entry.contents, contents).extend(_json_values(tensor.array))
+    for output in request.outputs:
+        _set_parameters(message.outputs.add(name=output.name).parameters, output.parameters)
+    return message
+
+
 class Wires:
     """One real server, over both protocols."""
 
@@ -207,36 +268,7 @@ class Wires:
         )
 
     def http_infer(self, request: Request, form: Form) -> Outcome:
-        binary = form is Form.HTTP_BINARY
-        inputs: list[dict[str, Any]] = []
-        for tensor in request.inputs:
-            entry: dict[str, Any] = {
-                "name": tensor.name,
-                "shape": tensor.declared_shape,
-                "datatype": tensor.declared_type,
-            }
-            parameters = dict(tensor.parameters)
-            if binary:
-                parameters["binary_data_size"] = tensor.array.nbytes
-            else:
-                entry["data"] = _json_values(tensor.array)
-            if parameters:
-                entry["parameters"] = parameters
-            inputs.append(entry)
-        document: dict[str, Any] = {"id": request.id, "inputs": inputs}
-        parameters = {**request.parameters, **({"binary_data_output": True} if binary else {})}
-        if parameters:
-            document["parameters"] = parameters
-        if request.outputs:
-            document["outputs"] = [
-                {"name": o.name, **({"parameters": dict(o.parameters)} if o.parameters else {})}
-                for o in request.outputs
-            ]
-        if binary:
-            arrays = (np.ascontiguousarray(t.array).tobytes() for t in request.inputs)
-            body, headers = framed(document, *arrays)
-        else:
-            body, headers = json.dumps(document).encode(), {"Content-Type": "application/json"}
+        body, headers = http_body(request, form)
         path = _infer_path(request.model, request.version)
         response = self.http.post(path, content=body, headers=headers)
         if response.status_code != 200:
@@ -268,24 +300,7 @@ class Wires:
             )
 
     def grpc_infer(self, request: Request, form: Form) -> Outcome:
-        message = pb.ModelInferRequest(
-            model_name=request.model, model_version=request.version, id=request.id
-        )
-        _set_parameters(message.parameters, request.parameters)
-        for tensor in request.inputs:
-            entry = message.inputs.add(
-                name=tensor.name, datatype=tensor.declared_type, shape=tensor.declared_shape
-            )
-            _set_parameters(entry.parameters, tensor.parameters)
-            if form is Form.GRPC_RAW:
-                message.raw_input_contents.append(np.ascontiguousarray(tensor.array).tobytes())
-            else:
-                entry.contents.SetInParent()  # present even when it holds no value
-                contents = CONTENTS_FIELD.get(from_numpy(tensor.array.dtype))
-                if contents is not None:
-                    getattr(entry.contents, contents).extend(_json_values(tensor.array))
-        for output in request.outputs:
-            _set_parameters(message.outputs.add(name=output.name).parameters, output.parameters)
+        message = grpc_message(request, form)
         response = self.grpc_outcome(
             lambda: self.call("ModelInfer", message, pb.ModelInferResponse)
         )
@@ -313,6 +328,8 @@ def _text(value: str | bytes | None) -> str | None:
 def _set_parameters(target: Any, parameters: Mapping[str, Param]) -> None:
     for key, value in parameters.items():
         name = next(name for kind, name in PARAMETER_FIELD if isinstance(value, kind))
+        if name == "int64_param" and isinstance(value, int) and value > INT64_MAX:
+            name = "uint64_param"
         setattr(target[key], name, value)
 
 

@@ -102,8 +102,8 @@ def test_rel_v2_backend_oom_then_next_request_succeeds(
     assert first.status_code >= 500
     assert isinstance(first.json()["error"], str)
     runtime = client.app.state.runtime  # type: ignore[attr-defined]
-    assert runtime.admission.bytes_in_flight == 0
-    assert runtime.admission.requests_in_flight == 0
+    assert runtime.plane.admission.bytes_in_flight == 0
+    assert runtime.plane.admission.requests_in_flight == 0
     second = v2_request(client, a, b)
     assert second.status_code == 200, second.text
     n = int(second.headers[HEADER])
@@ -114,8 +114,8 @@ def test_rel_v1_backend_oom_is_503_then_recovers(client: TestClient, oom_once: l
     a = np.arange(64, dtype="<u4")
     _assert_oom_503(v1_request(client, a))
     runtime = client.app.state.runtime  # type: ignore[attr-defined]
-    assert runtime.admission.bytes_in_flight == 0
-    assert runtime.admission.requests_in_flight == 0
+    assert runtime.plane.admission.bytes_in_flight == 0
+    assert runtime.plane.admission.requests_in_flight == 0
     second = v1_request(client, a)
     assert second.status_code == 200, second.text
     n = int(second.headers[HEADER])

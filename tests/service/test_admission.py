@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tensorbits.runtime import Admission
+from tensorbits.core.admission import Admission
 from tensorbits_protocol.errors import Overloaded
 
 

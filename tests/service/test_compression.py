@@ -126,11 +126,11 @@ def test_compressed_copy_not_admitted_goes_uncompressed() -> None:
         assert "content-encoding" not in headers
         assert len(raw) == int(headers[HEADER.lower()]) + size
         runtime = runtime_of(client)
-        assert runtime.admission.bytes_in_flight == 0  # every grant given back
+        assert runtime.plane.admission.bytes_in_flight == 0  # every grant given back
         small = np.ones(1024, dtype=np.uint8)
         headers, _ = _infer(client, small, "gzip")
         assert headers["content-encoding"] == "gzip"
-        assert runtime.admission.bytes_in_flight == 0
+        assert runtime.plane.admission.bytes_in_flight == 0
 
 
 def test_batch_response_compressed(v1: TestClient) -> None:

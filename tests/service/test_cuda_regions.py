@@ -54,7 +54,7 @@ def regions(device: HostDeviceMemory) -> Iterator[SharedMemoryRegions]:
 @pytest.fixture
 def client(regions: SharedMemoryRegions) -> Iterator[TestClient]:
     with app_client(shared_memory=True, shared_memory_prefix=PREFIX) as made:
-        runtime_of(made).shared_memory = regions
+        runtime_of(made).plane.regions = regions
         yield made
 
 

@@ -184,7 +184,7 @@ def test_the_largest_batch_header_the_limits_allow_fits_the_defaults() -> None:
     raw = json.dumps(header, separators=(",", ":")).encode()
     assert len(raw) <= settings.max_batch_header_bytes
     check_structure(
-        raw, BatchLimits.from_settings(settings).header, "header"
+        raw, BatchLimits.of(settings.core_limits).header, "header"
     )  # nor past the value bound
 
 
@@ -196,7 +196,7 @@ def test_a_small_batch_header_has_its_members_counted_once_parsed(
     # more comma and the members are counted on the bytes too.
     from tensorbits import batch
 
-    limits = BatchLimits.from_settings(Settings()).header
+    limits = BatchLimits.of(Settings().core_limits).header
     scanned: list[tuple[bytes, tuple[str, ...]]] = []
 
     def scan_blocks(doc: bytes, names: tuple[str, ...] = ()) -> Iterator[jsondata.Structure]:

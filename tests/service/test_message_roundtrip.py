@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from tensorbits import batch as planner
 from tensorbits.config import Settings
-from tensorbits.inference import request_limits
+from tensorbits.core.limits import request_limits
 from tensorbits_client import Client
 from tensorbits_protocol import codec, v1_codec
 from tensorbits_protocol.dtypes import DTYPES, DataType, wire_dtype
@@ -34,7 +34,7 @@ from tensorbits_protocol.jsondata import encode_data
 from tensorbits_protocol.v1 import BatchRequest, BatchResponse
 from tensorbits_protocol.v2 import InferenceRequest, InferenceResponse
 
-LIMITS = request_limits(Settings(backend="numpy"))
+LIMITS = request_limits(Settings(backend="numpy").core_limits)
 JSON_TYPES = [t for t in DataType if t is not DataType.FP16]  # FP16 has no JSON form
 
 
@@ -200,7 +200,7 @@ def _batch_header() -> tuple[bytes, bytes]:
 
 def test_a_batch_request_reads_back_as_written() -> None:
     header, data = _batch_header()
-    limits = planner.BatchLimits.from_settings(Settings(backend="numpy"))
+    limits = planner.BatchLimits.of(Settings(backend="numpy").core_limits)
     decoded = v1_codec.decode_request(header, limits.header)
     # The fast writer wrote what the models write, and the reader reads what the models read.
     model = BatchRequest.model_validate_json(header)

@@ -11,7 +11,8 @@ import pytest
 from support.inprocess import TestClient
 from support.v2 import AND, NOT, error_of, infer_binary, json_input, v2_client
 
-from tensorbits.runtime import Drain, ModelStates
+from tensorbits.core.models import ModelStates
+from tensorbits.runtime import Drain
 from tensorbits_protocol.errors import InvalidRequest
 from tensorbits_protocol.operators import OPERATORS
 

@@ -19,7 +19,7 @@ from support.inprocess import app_client
 from tensorbits.api import routers, v1
 from tensorbits.app import create_app
 from tensorbits.config import Settings
-from tensorbits.runtime import Admission
+from tensorbits.core.admission import Admission
 from tensorbits_protocol.errors import STATUSES, Overloaded
 from tensorbits_protocol.operators import OPERATORS
 from tensorbits_protocol.v1 import BatchRequest

@@ -1,4 +1,4 @@
-"""A run from system regions to a system region is streamed in pieces (``inference._run_streamed``);
+"""A run from system regions to a system region is streamed in pieces (``core.run.run_streamed``);
 it must write exactly what the whole-tensor path (``shared_loaded`` + the kernel on whole arrays)
 writes, and what the reference says, for every operator and every data type it takes, with
 pieces that end mid-tensor, inputs from the body beside inputs from regions, the output over an
@@ -18,9 +18,13 @@ import numpy as np
 import pytest
 from core.bitref import OP_TYPES, assert_bits_equal, np_dtype, reference
 
-from tensorbits import inference
+from tensorbits.api import rest_infer
 from tensorbits.backends.numpy_backend import NumpyBackend
 from tensorbits.config import Settings
+from tensorbits.core import plan as core_plan
+from tensorbits.core import run as core_run
+from tensorbits.core.limits import request_limits
+from tensorbits.core.plan import Plan, plan, streams
 from tensorbits.shared_memory import SHM_DIR, SharedMemoryRegions, SystemBytes
 from tensorbits_protocol.dtypes import DataType
 from tensorbits_protocol.errors import InvalidRequest
@@ -32,7 +36,7 @@ PREFIX = f"/tensorbits_stream_{os.getpid()}"
 KEY = f"{PREFIX}_object"
 OBJECT_BYTES = 1 << 16
 SHAPE = (5, 37)  # 185 elements: no piece size divides it
-LIMITS = inference.request_limits(Settings())
+LIMITS = request_limits(Settings().core_limits)
 Arr = np.ndarray[Any, Any]
 
 
@@ -45,7 +49,8 @@ def backend() -> Iterator[NumpyBackend]:
 
 @pytest.fixture
 def regions(monkeypatch: pytest.MonkeyPatch) -> Iterator[SharedMemoryRegions]:
-    monkeypatch.setattr(inference, "STREAM_PIECE_BYTES", 64)
+    for module in (core_plan, core_run):  # what a plan holds, and what a run reads
+        monkeypatch.setattr(module, "STREAM_PIECE_BYTES", 64)
     path = SHM_DIR / KEY[1:]
     path.write_bytes(bytes(OBJECT_BYTES))
     made = SharedMemoryRegions(PREFIX, 8, 1 << 30)
@@ -111,9 +116,9 @@ def _random(dt: DataType, shape: tuple[int, ...]) -> Arr:
 
 def _run(
     regions: SharedMemoryRegions, backend: NumpyBackend, request: InferRequest, model: str
-) -> inference.Plan:
-    planned = inference.plan(get_operator(model), request, LIMITS, regions)
-    inference.execute(planned, backend, regions)
+) -> Plan:
+    planned = plan(get_operator(model), request, LIMITS, regions)
+    rest_infer.encode(planned, backend, regions)
     return planned
 
 
@@ -121,8 +126,8 @@ def _body_output(
     regions: SharedMemoryRegions, backend: NumpyBackend, request: InferRequest, model: str
 ) -> bytes:
     """The output's bytes of the response ``execute`` makes (binary data after the header)."""
-    planned = inference.plan(get_operator(model), request, LIMITS, regions)
-    framed = inference.execute(planned, backend, regions)
+    planned = plan(get_operator(model), request, LIMITS, regions)
+    framed = rest_infer.encode(planned, backend, regions)
     assert framed.header_length is not None
     return b"".join(bytes(part) for part in framed.parts)[framed.header_length :]
 
@@ -165,12 +170,13 @@ def test_streamed_equals_whole_and_reference(
     model, want = mixed.model, mixed.want
     request = mixed.request(32768 + 8)
     planned = _run(regions, backend, request, model)
-    assert inference._streams(planned, backend)
+    assert streams(planned, backend)
     streamed = _get(want, 32768 + 8)
     assert_bits_equal(streamed, want)
     # The whole-tensor path writes the very same bytes.
     _put(np.zeros(want.nbytes, np.uint8), 32768 + 8)
-    monkeypatch.setattr(inference, "_streams", lambda plan, backend: False)
+    for module in (core_plan, core_run):
+        monkeypatch.setattr(module, "streams", lambda plan, backend: False)
     _run(regions, backend, request, model)
     assert_bits_equal(_get(want, 32768 + 8), streamed)
 
@@ -185,12 +191,13 @@ def test_streamed_into_the_body_equals_whole_and_reference(
     streamed straight into the response's buffer, the same bytes as the whole-tensor path."""
     model, want = mixed.model, mixed.want
     request = mixed.request(None)
-    planned = inference.plan(get_operator(model), request, LIMITS, regions)
-    assert inference._streams(planned, backend)
+    planned = plan(get_operator(model), request, LIMITS, regions)
+    assert streams(planned, backend)
     streamed = _body_output(regions, backend, request, model)
     little = want.astype(want.dtype.newbyteorder("<"), copy=False)
     assert streamed == np.ascontiguousarray(little).tobytes()
-    monkeypatch.setattr(inference, "_streams", lambda plan, backend: False)
+    for module in (core_plan, core_run):
+        monkeypatch.setattr(module, "streams", lambda plan, backend: False)
     assert _body_output(regions, backend, request, model) == streamed
 
 
@@ -212,7 +219,7 @@ def test_broadcasts_take_the_whole_path(
     a, b = _random(DataType.UINT8, (4, 6)), _random(DataType.UINT8, (6,))
     request = _request(model, {"A": a, "B": b}, {"A": 0, "B": 256}, 1024, DataType.UINT8)
     planned = _run(regions, backend, request, model)
-    assert not inference._streams(planned, backend)
+    assert not streams(planned, backend)
     assert_bits_equal(_get(a, 1024), a & b)
 
 
@@ -226,7 +233,7 @@ def test_a_region_shrunk_between_pieces_is_a_400(
     request = _request(
         model, {"InputTensor": x}, {"InputTensor": 8192}, 0, DataType.UINT8, out_bytes=x.nbytes
     )
-    planned = inference.plan(get_operator(model), request, LIMITS, regions)
+    planned = plan(get_operator(model), request, LIMITS, regions)
     real_write = SystemBytes.write
     writes = 0
 
@@ -239,13 +246,13 @@ def test_a_region_shrunk_between_pieces_is_a_400(
 
     monkeypatch.setattr(SystemBytes, "write", shrink_after_first)
     with pytest.raises(InvalidRequest) as caught:
-        inference.execute(planned, backend, regions)
+        rest_infer.encode(planned, backend, regions)
     assert caught.value.rule == "region_shrunk"
     assert writes == 1
     os.truncate(_object(), OBJECT_BYTES)
     _put(x, 8192)
     monkeypatch.setattr(SystemBytes, "write", real_write)
-    inference.execute(planned, backend, regions)
+    rest_infer.encode(planned, backend, regions)
     assert_bits_equal(_get(x, 0), ~x)
 
 
@@ -260,7 +267,7 @@ def test_a_run_keeps_the_regions_it_started_with(
     request = _request(
         model, {"InputTensor": x}, {"InputTensor": 8192}, 0, DataType.UINT8, x.nbytes
     )
-    planned = inference.plan(get_operator(model), request, LIMITS, regions)
+    planned = plan(get_operator(model), request, LIMITS, regions)
     real_write = SystemBytes.write
 
     def unregister_after_first(self: SystemBytes, start: int, data: memoryview) -> None:
@@ -268,11 +275,11 @@ def test_a_run_keeps_the_regions_it_started_with(
         regions.unregister("r")
 
     monkeypatch.setattr(SystemBytes, "write", unregister_after_first)
-    inference.execute(planned, backend, regions)
+    rest_infer.encode(planned, backend, regions)
     assert_bits_equal(_get(x, 0), ~x)
     assert regions.status() == []
     with pytest.raises(InvalidRequest) as caught:
-        inference.execute(planned, backend, regions)
+        rest_infer.encode(planned, backend, regions)
     assert caught.value.rule == "unknown_region"
 
 
@@ -283,22 +290,22 @@ def test_a_streamed_run_is_admitted_for_its_pieces(
     streamed, the whole tensors when not (broadcasts)."""
     model = "onnx.BitwiseAnd-18"
     a, b = _random(DataType.UINT8, (4, 256)), _random(DataType.UINT8, (4, 256))
-    streamed = inference.plan(
+    streamed = plan(
         get_operator(model),
         _request(model, {"A": a, "B": b}, {"A": 0, "B": 4096}, 8192, DataType.UINT8, a.nbytes),
         LIMITS,
         regions,
     )
-    assert streamed.memory_needed(100, backend) == 100 + 3 * inference.STREAM_PIECE_BYTES
+    assert streamed.memory_needed(100, backend) == 100 + 3 * core_plan.STREAM_PIECE_BYTES
     assert streamed.memory_needed(100) == 100 + 3 * a.nbytes  # not knowing the backend
-    whole = inference.plan(
+    whole = plan(
         get_operator(model),
         _request(model, {"A": a, "B": b[0]}, {"A": 0, "B": 4096}, 8192, DataType.UINT8, a.nbytes),
         LIMITS,
         regions,
     )
     assert whole.memory_needed(100, backend) == 100 + 2 * a.nbytes + b[0].nbytes
-    into_body = inference.plan(
+    into_body = plan(
         get_operator(model),
         _request(model, {"A": a, "B": b}, {"A": 0, "B": 4096}, None, DataType.UINT8),
         LIMITS,
@@ -306,7 +313,7 @@ def test_a_streamed_run_is_admitted_for_its_pieces(
     )
     # a piece per shared input; the output is the response's, whole
     assert (
-        into_body.memory_needed(100, backend) == 100 + 2 * inference.STREAM_PIECE_BYTES + a.nbytes
+        into_body.memory_needed(100, backend) == 100 + 2 * core_plan.STREAM_PIECE_BYTES + a.nbytes
     )
 
 
@@ -320,7 +327,7 @@ def test_empty_tensors(
     before = _object().read_bytes()
     request = _request(model, {"A": a, "B": b}, {"A": 0, "B": 64}, 128, DataType.UINT16, 0)
     planned = _run(regions, backend, request, model)
-    assert inference._streams(planned, backend)
+    assert streams(planned, backend)
     assert _object().read_bytes() == before
 
 
@@ -336,17 +343,17 @@ def test_a_region_the_kernel_will_not_write_is_a_400(
     request = _request(
         model, {"InputTensor": x}, {"InputTensor": 0}, 8192, DataType.UINT8, out_bytes=x.nbytes
     )
-    planned = inference.plan(get_operator(model), request, LIMITS, regions)
+    planned = plan(get_operator(model), request, LIMITS, regions)
     limits = resource.getrlimit(resource.RLIMIT_FSIZE)
     previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the error, not the signal
     resource.setrlimit(resource.RLIMIT_FSIZE, (8192, limits[1]))
     try:
         with pytest.raises(InvalidRequest) as caught:
-            inference.execute(planned, backend, regions)
+            rest_infer.encode(planned, backend, regions)
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, limits)
         signal.signal(signal.SIGXFSZ, previous)
     assert (caught.value.field, caught.value.rule) == ("OutputTensor", "shared_memory_io")
     assert "could not be written: File too large" in caught.value.message
-    inference.execute(planned, backend, regions)
+    rest_infer.encode(planned, backend, regions)
     assert_bits_equal(_get(x, 8192), ~x)

@@ -19,7 +19,7 @@ XOR = "DML_OPERATOR_ELEMENT_WISE_BIT_XOR"
 
 
 def _stats(client: TestClient) -> Statistics:
-    return runtime_of(client).statistics
+    return runtime_of(client).plane.statistics
 
 
 def _counts(client: TestClient, model: str) -> tuple[int, int, int, int]:

@@ -461,7 +461,7 @@ def test_a_batch_that_could_never_be_admitted_is_413() -> None:
 
 
 def test_a_busy_server_answers_503_with_retry_after(client: TestClient) -> None:
-    admission = client.app.state.runtime.admission  # type: ignore[attr-defined]
+    admission = client.app.state.runtime.plane.admission  # type: ignore[attr-defined]
     admission.bytes_in_flight = admission.max_bytes
     try:
         header, payload = valid()

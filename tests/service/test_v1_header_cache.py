@@ -15,7 +15,7 @@ U32 = "UINT32"
 
 
 def _cache(client: Any) -> HeaderCache[Any]:
-    cache = client.app.state.runtime.batch_plans
+    cache = client.app.state.runtime.plane.batch_plans
     assert isinstance(cache, HeaderCache)
     return cache
 

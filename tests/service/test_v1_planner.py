@@ -45,7 +45,7 @@ RNG = np.random.default_rng(7)
 # compared as the objects they are.
 FAST_PATH: object = FastPathMiddleware
 SETTINGS = Settings(backend="numpy")
-BATCH_LIMITS = planner.BatchLimits.from_settings(SETTINGS)
+BATCH_LIMITS = planner.BatchLimits.of(SETTINGS.core_limits)
 LIMITS = BATCH_LIMITS.header
 
 

@@ -164,7 +164,7 @@ MODEL_ERRORS = [
     pytest.param({"inputs": [tensor(shape=[4.0])]}, "inputs[0].shape[0]: Input should be a valid integer", id="float-dim"),
     pytest.param({"inputs": [tensor(shape=[True])]}, "inputs[0].shape[0]: Input should be a valid integer", id="bool-dim"),
     pytest.param({"inputs": [tensor(shape=[2**64])]}, "inputs[0].shape[0]: Input should be less than or equal to", id="dim-past-int64"),
-    pytest.param({"inputs": [tensor(shape=[1] * 33)]}, "inputs[0].shape: List should have at most 32 items", id="rank-33"),
+    pytest.param({"inputs": [tensor(shape=[1] * 33)]}, "request body: inputs[0].shape has more than 32 dimensions (MAX_WIRE_RANK", id="rank-33"),
     pytest.param({"inputs": [tensor(datatype="FLOAT32")]}, "input 'InputTensor': inputs[0].datatype: Input should be 'BOOL', 'UINT8'", id="unknown-datatype"),
     pytest.param({"inputs": [tensor(datatype="BF16")]}, "inputs[0].datatype: Input should be", id="bf16"),
     pytest.param({"inputs": [tensor(name=7)]}, "inputs[0].name: Input should be a valid string", id="name-not-string"),
@@ -313,7 +313,7 @@ def test_json_output_over_the_limit_is_413(client: TestClient) -> None:
 
 @pytest.mark.parametrize("field", ["requests_in_flight", "bytes_in_flight"])
 def test_overloaded_is_503_with_retry_after(client: TestClient, field: str) -> None:
-    admission = runtime_of(client).admission
+    admission = runtime_of(client).plane.admission
     full = admission.max_requests if field == "requests_in_flight" else admission.max_bytes
     setattr(admission, field, full)
     try:

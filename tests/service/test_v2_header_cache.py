@@ -12,10 +12,13 @@ import pytest
 from core.bitref import assert_bits_equal
 from support.framing import HEADER, framed
 from support.inprocess import TestClient
+from support.planes import data_plane
 from support.v2 import NOT, binary_input, error_of, json_input, output_array, v2_client
 
-from tensorbits import header_cache, inference
+from tensorbits import header_cache
+from tensorbits.api import rest_infer
 from tensorbits.config import Settings
+from tensorbits.core.plan import PlanTemplate
 from tensorbits.header_cache import HeaderCache
 from tensorbits_protocol.operators import get_operator
 
@@ -23,7 +26,7 @@ XOR = "onnx.BitwiseXor-18"
 
 
 def _cache(client: TestClient) -> HeaderCache[Any]:
-    cache = client.app.state.runtime.v2_plans  # type: ignore[attr-defined]
+    cache = client.app.state.runtime.plane.plans  # type: ignore[attr-defined]
     assert isinstance(cache, HeaderCache)
     return cache
 
@@ -129,8 +132,8 @@ def test_many_small_headers_fit_the_budget_with_what_keeps_them() -> None:
 def test_the_cache_can_be_switched_off() -> None:
     with v2_client(header_cache_bytes=0) as client:
         runtime = client.app.state.runtime  # type: ignore[attr-defined]
-        assert runtime.v2_plans is None
-        assert runtime.batch_plans is None
+        assert runtime.plane.plans is None
+        assert runtime.plane.batch_plans is None
         x = np.arange(3, dtype=np.uint8)
         header = {"inputs": [binary_input("InputTensor", x)]}
         for _ in range(2):
@@ -139,13 +142,14 @@ def test_the_cache_can_be_switched_off() -> None:
 
 @pytest.mark.parametrize("header_length", [200, 4096, 4097])
 def test_only_headers_up_to_the_bound_are_remembered(header_length: int) -> None:
-    cache: HeaderCache[inference.PlanTemplate] = HeaderCache(1 << 20, max_header_bytes=4096)
+    cache: HeaderCache[PlanTemplate] = HeaderCache(1 << 20, max_header_bytes=4096)
     x = np.arange(4, dtype=np.uint8)
     head = json.dumps({"inputs": [binary_input("InputTensor", x)]}).encode()
     head += b" " * (header_length - len(head))  # JSON whitespace, part of the header
-    limits = inference.request_limits(Settings())
     for _ in range(2):
         body = bytearray(head + x.tobytes())
-        planned = inference.plan_rest(get_operator(NOT), body, header_length, limits, cache)
+        planned = rest_infer.plan(
+            data_plane(Settings(), plans=cache), get_operator(NOT), body, header_length
+        )
         assert_bits_equal(planned.inputs[0], x)
     assert len(cache) == (1 if header_length <= 4096 else 0)

@@ -14,6 +14,7 @@ import pytest
 from core.bitref import assert_bits_equal, reference
 from support.framing import HEADER, framed
 from support.inprocess import TestClient
+from support.planes import data_plane
 from support.v2 import (
     AND,
     NOT,
@@ -26,7 +27,7 @@ from support.v2 import (
     v2_client,
 )
 
-from tensorbits import inference
+from tensorbits.api import rest_infer
 from tensorbits.api.fastpath import FastPathMiddleware
 from tensorbits.app import create_app
 from tensorbits.config import Settings
@@ -243,7 +244,7 @@ def test_the_framework_serves_the_infer_routes_without_the_fast_path() -> None:
         assert_bits_equal(output_array(response), ~x)
         response = twin.post("/v2/models/onnx.BitwiseNot-18/versions/2/infer", json=header)
         assert "has no version '2'" in error_of(response, 404)
-        admission = twin.app.state.runtime.admission  # type: ignore[attr-defined]
+        admission = twin.app.state.runtime.plane.admission  # type: ignore[attr-defined]
         assert (admission.requests_in_flight, admission.bytes_in_flight) == (0, 0)
 
 
@@ -365,7 +366,7 @@ def test_large_tensors_take_the_worker_thread_path(client: TestClient) -> None:
 
 
 def test_admission_is_released_after_each_request(client: TestClient) -> None:
-    admission = client.app.state.runtime.admission  # type: ignore[attr-defined]
+    admission = client.app.state.runtime.plane.admission  # type: ignore[attr-defined]
     x = np.arange(100, dtype=np.uint8)
     infer_binary(client, NOT, {"InputTensor": x})
     infer_json(client, NOT, {"InputTensor": x})
@@ -409,10 +410,10 @@ def test_non_numpy_backends_copy_back_into_the_response(numpy_backend: Any, bina
         "parameters": {"binary_data_output": binary},
     }
     body, headers = framed(header, a.tobytes(), b.tobytes())
-    limits = inference.request_limits(Settings(backend="numpy"))
-    plan = inference.plan_rest(get_operator(AND), bytearray(body), int(headers[HEADER]), limits)
+    plane = data_plane(Settings(backend="numpy"), backend=numpy_backend)
+    plan = rest_infer.plan(plane, get_operator(AND), bytearray(body), int(headers[HEADER]))
     backend = _DeviceLike(numpy_backend)
-    encoded = inference.execute(plan, backend)  # type: ignore[arg-type]
+    encoded = rest_infer.encode(plan, backend)  # type: ignore[arg-type]
     assert backend.copies_in == 2
     raw = b"".join(encoded.parts)
     if binary:

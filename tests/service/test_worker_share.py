@@ -49,7 +49,7 @@ def test_a_scrape_adds_up_every_workers_tally(tmp_path: Path) -> None:
     metrics.tally.add("/r", "", 200, 0.002, 1, 2)
     runtime = Runtime.start(Settings(backend="numpy", cpu_threads=1))
     try:
-        runtime.admission.acquire(0)  # one request of this worker's in flight
+        runtime.plane.admission.acquire(0)  # one request of this worker's in flight
 
         async def bind() -> None:
             metrics.bind_runtime(runtime)  # publishes its own file, and once a second after

@@ -173,7 +173,7 @@ def run_planned(header: dict[str, Any], payload: bytes, backend: Backend) -> byt
     body, headers = framed(header, payload, binary=True)
     request = bytearray(body)
     settings = Settings(backend="numpy")
-    plan = plan_rest(request, int(headers[HEADER]), BatchLimits.from_settings(settings))
+    plan = plan_rest(request, int(headers[HEADER]), BatchLimits.of(settings.core_limits))
     sinks = [bytearray(plan.buffers[i].byte_size) for i in plan.outputs]
     run_batch(plan, request, backend, [memoryview(s) for s in sinks])
     return b"".join(sinks)

@@ -20,6 +20,14 @@ BITWISE = {
     Function.OR: np.bitwise_or,
     Function.XOR: np.bitwise_xor,
 }
+# (function, shift direction: True is left, None for no shift, the NumPy function)
+BINARY = [
+    *((function, None, ufunc) for function, ufunc in BITWISE.items()),
+    (Function.SHIFT_LEFT, True, np.left_shift),
+    (Function.SHIFT_RIGHT, False, np.right_shift),
+    (Function.SHIFT, True, np.left_shift),
+    (Function.SHIFT, False, np.right_shift),
+]
 
 
 def aligned(count: int, dtype: np.dtype[Any], offset: int = 0) -> np.ndarray[Any, Any]:
@@ -56,70 +64,47 @@ class Case(NamedTuple):
     want: np.ndarray[Any, Any]
 
 
+def _case(
+    name: str,
+    function: Function,
+    left: bool | None,
+    operands: list[np.ndarray[Any, Any]],
+    want: np.ndarray[Any, Any],
+) -> Case:
+    """A case whose output is an aligned block of ``want``'s size and data type."""
+    return Case(name, function, left, operands, aligned(want.size, want.dtype), want)
+
+
 def cases() -> Iterator[Case]:
     rng = np.random.default_rng(7)
     for dtype in INTEGERS:
         for size in SIZES:
             a, b = random(size, dtype, rng), random(size, dtype, rng)
             one = random(1, dtype, rng)
-            for function, ufunc in BITWISE.items():
-                for tag, other in (("", b), ("-scalar", one)):
-                    yield Case(
-                        f"{function.name}-{dtype}-{size}{tag}",
-                        function,
-                        None,
-                        [a, other],
-                        aligned(size, dtype),
-                        ufunc(a, other),
-                    )
-            yield Case(f"NOT-{dtype}-{size}", Function.NOT, None, [a], aligned(size, dtype), ~a)
             counts = shift_counts(size, dtype, rng)
             scalar = np.array([rng.integers(0, 8 * dtype.itemsize + 3)], dtype)
             scalar_in = aligned(1, dtype)
             scalar_in[...] = scalar
-            for function, left in [
-                (Function.SHIFT_LEFT, True),
-                (Function.SHIFT_RIGHT, False),
-                (Function.SHIFT, True),
-                (Function.SHIFT, False),
-            ]:
-                shift = np.left_shift if left else np.right_shift
-                for tag, by in (("", counts), ("-scalar", scalar_in)):
-                    yield Case(
-                        f"{function.name}-{left}-{dtype}-{size}{tag}",
-                        function,
-                        left,
-                        [a, by],
-                        aligned(size, dtype),
-                        shift(a, by),
-                    )
+            for function, left, ufunc in BINARY:
+                # A second operand of the first's size, then of one element.
+                second = (b, one) if left is None else (counts, scalar_in)
+                for tag, other in zip(("", "-scalar"), second, strict=True):
+                    side = "" if left is None else f"-{left}"
+                    name = f"{function.name}{side}-{dtype}-{size}{tag}"
+                    yield _case(name, function, left, [a, other], ufunc(a, other))
+            yield _case(f"NOT-{dtype}-{size}", Function.NOT, None, [a], ~a)
             if dtype == np.uint8:
                 # BOOL: the logical operations, any nonzero byte true (NumPy's rules).
                 p, q = a.view(np.bool_), b.view(np.bool_)
                 for function, ufunc in BITWISE.items():
-                    yield Case(
-                        f"{function.name}-bool-{size}",
-                        function,
-                        None,
-                        [p, q],
-                        aligned(size, np.dtype(np.bool_)),
-                        ufunc(p, q),
-                    )
-                yield Case(
-                    f"NOT-bool-{size}",
-                    Function.NOT,
-                    None,
-                    [p],
-                    aligned(size, np.dtype(np.bool_)),
-                    ~p,
-                )
+                    yield _case(f"{function.name}-bool-{size}", function, None, [p, q], ufunc(p, q))
+                yield _case(f"NOT-bool-{size}", Function.NOT, None, [p], ~p)
             if dtype in UNSIGNED:
                 for out_type in (np.dtype(np.uint8), np.dtype(np.uint32)):
-                    yield Case(
+                    yield _case(
                         f"COUNT-{dtype}-{out_type}-{size}",
                         Function.COUNT,
                         None,
                         [a],
-                        aligned(size, out_type),
                         np.bitwise_count(a).astype(out_type),
                     )

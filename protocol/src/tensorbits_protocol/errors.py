@@ -36,6 +36,15 @@ class TensorbitsError(Exception):
         self.field = field
         self.rule = rule
 
+    def __init_subclass__(
+        cls, *, status_code: int, grpc_code: str, code: str, **kwargs: Any
+    ) -> None:
+        # Each class states its answer on both protocols in its header, as a row of STATUSES.
+        super().__init_subclass__(**kwargs)
+        cls.status_code = status_code
+        cls.grpc_code = grpc_code
+        cls.code = code
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON error body: the protocol's ``error`` string plus machine-readable fields."""
         body: dict[str, Any] = {"error": self.message, "code": self.code}
@@ -46,15 +55,15 @@ class TensorbitsError(Exception):
         return body
 
 
-class InvalidRequest(TensorbitsError):
+class InvalidRequest(
+    TensorbitsError, status_code=400, grpc_code="INVALID_ARGUMENT", code="invalid_request"
+):
     """Raised when a request breaks a rule of the protocol or of an operator (400)."""
 
-    status_code = 400
-    grpc_code = "INVALID_ARGUMENT"
-    code = "invalid_request"
 
-
-class ModelUnavailable(InvalidRequest):
+class ModelUnavailable(
+    InvalidRequest, status_code=400, grpc_code="FAILED_PRECONDITION", code="model_unavailable"
+):
     """Raised when a request names a model that is unloaded (the model repository extension).
 
     HTTP 400, as before the gRPC twin existed and as a probe's "not ready" must be (4xx); gRPC
@@ -62,79 +71,58 @@ class ModelUnavailable(InvalidRequest):
     server in another state: here a load. Not UNAVAILABLE (Triton's code), which gRPC clients
     retry automatically against a server that will keep refusing until someone loads it."""
 
-    status_code = 400
-    grpc_code = "FAILED_PRECONDITION"
-    code = "model_unavailable"
 
-
-class Unauthorized(TensorbitsError):
+class Unauthorized(
+    TensorbitsError, status_code=401, grpc_code="UNAUTHENTICATED", code="unauthorized"
+):
     """Raised when a server with API keys gets a request without one of them (401).
 
     The message never repeats the key that was sent."""
 
-    status_code = 401
-    grpc_code = "UNAUTHENTICATED"
-    code = "unauthorized"
 
-
-class OperatorNotFound(TensorbitsError):
+class OperatorNotFound(TensorbitsError, status_code=404, grpc_code="NOT_FOUND", code="not_found"):
     """Raised when a model or operator name is not one of ours (404)."""
 
-    status_code = 404
-    grpc_code = "NOT_FOUND"
-    code = "not_found"
 
-
-class RequestTimeout(TensorbitsError):
+class RequestTimeout(
+    TensorbitsError, status_code=408, grpc_code="DEADLINE_EXCEEDED", code="request_timeout"
+):
     """Raised when a client sends its request body too slowly (408); the connection is closed."""
 
-    status_code = 408
-    grpc_code = "DEADLINE_EXCEEDED"
-    code = "request_timeout"
 
-
-class PayloadTooLarge(TensorbitsError):
+class PayloadTooLarge(
+    TensorbitsError, status_code=413, grpc_code="RESOURCE_EXHAUSTED", code="payload_too_large"
+):
     """Raised when a body, a tensor or a count is over a configured limit (413)."""
 
-    status_code = 413
-    grpc_code = "RESOURCE_EXHAUSTED"
-    code = "payload_too_large"
 
-
-class UriTooLong(TensorbitsError):
+class UriTooLong(
+    TensorbitsError, status_code=414, grpc_code="RESOURCE_EXHAUSTED", code="uri_too_long"
+):
     """Raised by the HTTP layer when a request's target alone passes the head limit (414)."""
 
-    status_code = 414
-    grpc_code = "RESOURCE_EXHAUSTED"
-    code = "uri_too_long"
 
-
-class HeadTooLarge(TensorbitsError):
+class HeadTooLarge(
+    TensorbitsError,
+    status_code=431,
+    grpc_code="RESOURCE_EXHAUSTED",
+    code="request_header_fields_too_large",
+):
     """Raised by the HTTP layer when a request line and headers pass the head limit (431)."""
 
-    status_code = 431
-    grpc_code = "RESOURCE_EXHAUSTED"
-    code = "request_header_fields_too_large"
 
-
-class Overloaded(TensorbitsError):
+class Overloaded(TensorbitsError, status_code=503, grpc_code="UNAVAILABLE", code="overloaded"):
     """Raised when in-flight work is at its bound; the client should retry later (503)."""
-
-    status_code = 503
-    grpc_code = "UNAVAILABLE"
-    code = "overloaded"
 
     def __init__(self, message: str, *, retry_after: int = 1) -> None:
         super().__init__(message)
         self.retry_after = retry_after
 
 
-class BackendFailure(TensorbitsError):
+class BackendFailure(
+    TensorbitsError, status_code=503, grpc_code="UNAVAILABLE", code="backend_failure"
+):
     """Raised when the compute backend fails on valid input, e.g. GPU out of memory (503)."""
-
-    status_code = 503
-    grpc_code = "UNAVAILABLE"
-    code = "backend_failure"
 
 
 def _classes(root: type[TensorbitsError]) -> list[type[TensorbitsError]]:

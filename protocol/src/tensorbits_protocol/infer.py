@@ -7,9 +7,10 @@ wire form into them. This module holds the REST form (the JSON of ``tensorbits_p
 with Triton's binary tensor data extension, framed by ``codec``): ``InferRequest.from_rest`` /
 ``to_rest`` and ``InferResponse.from_rest`` / ``to_rest``, the one encoder and decoder of each
 message, used by the client and the server alike. The gRPC form lives with the server's gRPC
-front end (``tensorbits.grpc.messages``: only the server speaks gRPC, and this package needs no
-protobuf); it builds the same ``InferRequest`` through the same checks (``check_parameters``,
-``check_unique``, ``check_sizes``, ``codec.check_content``).
+front end (``tensorbits.grpc.decode``: only the server speaks gRPC, and this package needs no
+protobuf); it builds the same ``InferRequest`` by the same rules (``descriptors``: the REST
+models' bounds as a table, and ``descriptors.check_parameter_keys``, ``check_unique``,
+``check_sizes``, ``codec.check_content``).
 
 The documents are written as plain dicts, not built through the pydantic models: building and
 dumping the models costs more than the rest of a small inference. The tests validate what these
@@ -28,6 +29,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tensorbits_protocol import codec
+from tensorbits_protocol.descriptors import check_parameter_keys
 from tensorbits_protocol.dtypes import BY_NAME, DataType, itemsize, wire_dtype
 from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
 from tensorbits_protocol.jsondata import (
@@ -36,7 +38,7 @@ from tensorbits_protocol.jsondata import (
     parse_json,
     require_json_form,
 )
-from tensorbits_protocol.parameters import POLICY, Level, check_entries, check_tensor_parameters
+from tensorbits_protocol.parameters import POLICY, Level
 from tensorbits_protocol.schema_errors import validate_document
 from tensorbits_protocol.v2 import (
     InferenceRequest,
@@ -56,7 +58,7 @@ HostArray = np.ndarray[
 
 # The output parameters refused as unsupported (Triton's classification extension: it changes
 # what an output means), with the feature each belongs to: parameters.POLICY's, which refuses
-# them as the request is decoded; inference.plan refuses them again for a request built directly.
+# them as the request is decoded; the server's plan refuses them again for a request built directly.
 UNSUPPORTED_OUTPUT_PARAMETERS = {
     key: found.what for key, found in POLICY[Level.OUTPUT].items() if found.refused
 }
@@ -387,29 +389,23 @@ def _frame(tensor: RequestInput) -> codec.TensorFrame:
 
 def check_parameters(request: InferenceRequest) -> None:
     """Every input's and requested output's parameters known and not refused
-    (``parameters.POLICY``); the request's own are checked with the operator's
-    (``validation.resolve_parameters``). The keys the models declare are the table's honoured
-    ones, so only the rest, in ``model_extra``, need looking up."""
+    (``parameters.POLICY``), by ``descriptors.check_parameter_keys``, as every front end checks
+    them; the request's own are checked with the operator's (``validation.resolve_parameters``).
+    The keys the models declare are the table's honoured ones, so only the rest, in
+    ``model_extra``, need looking up."""
     for index, tensor in enumerate(request.inputs):
         if tensor.parameters is not None:
-            _check_map(Level.INPUT, index, tensor.parameters)
-            if tensor.parameters.model_extra:
-                check_tensor_parameters(
-                    Level.INPUT, index, tensor.name, tensor.parameters.model_extra
-                )
+            _check_map(Level.INPUT, index, tensor.name, tensor.parameters)
     for index, output in enumerate(request.outputs or ()):
         if output.parameters is not None:
-            _check_map(Level.OUTPUT, index, output.parameters)
-            if output.parameters.model_extra:
-                check_tensor_parameters(
-                    Level.OUTPUT, index, output.name, output.parameters.model_extra
-                )
+            _check_map(Level.OUTPUT, index, output.name, output.parameters)
 
 
-def _check_map(level: Level, index: int, parameters: SharedMemoryParameters) -> None:
+def _check_map(level: Level, index: int, name: str, parameters: SharedMemoryParameters) -> None:
     # The keys given: declared ones set and extra ones (pydantic lists the extra among the set).
-    count = len(parameters.model_fields_set | set(parameters.model_extra or ()))
-    check_entries(f"{level}s[{index}].parameters", count)
+    extra = parameters.model_extra or {}
+    count = len(parameters.model_fields_set | extra.keys())
+    check_parameter_keys(level, index, name, count, extra)
 
 
 def check_unique(frames: Sequence[codec.TensorFrame]) -> None:

@@ -30,7 +30,7 @@ import jiter
 import numpy as np
 
 from tensorbits_protocol.dtypes import DataType, numpy_dtype
-from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
+from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge, TensorbitsError
 from tensorbits_protocol.integers import shown
 
 # --- parsing ------------------------------------------------------------------------------------
@@ -307,14 +307,22 @@ def check_members(document: object, limits: JsonLimits, what: str = "body") -> N
             raise member.refusal(what, count)
 
 
+# What a document past each limit of the scan is told: a template over the count, the limit and
+# the words naming the settings of the key limits.
+_PAST_LIMIT = {
+    "max_json_elements": "JSON document has more than {limit} values; send large tensors as "
+    "binary data (TENSORBITS_MAX_JSON_ELEMENTS)",
+    "max_object_keys": "a JSON object has more than {limit} keys ({keys_words})",
+    "max_json_keys": "JSON document has more than {limit} keys in its objects ({keys_words})",
+    "max_json_depth": "JSON nesting depth {count} exceeds the limit of {limit} "
+    "(TENSORBITS_MAX_JSON_DEPTH)",
+}
+
+
 def _raise_past_limits(found: Structure, limits: JsonLimits, what: str) -> None:
-    if found.values > limits.max_values:
-        raise PayloadTooLarge(
-            f"{what}: JSON document has more than {limits.max_values} values; send large tensors "
-            "as binary data (TENSORBITS_MAX_JSON_ELEMENTS)",
-            field=what,
-            rule="max_json_elements",
-        )
+    _refuse_past(
+        PayloadTooLarge, "max_json_elements", found.values, limits.max_values, limits, what
+    )
     for member in limits.members:
         # The scan counts an empty array as one element: past the limit by more than that, the
         # count is surely too many; at the edge, ``check_members`` decides on the parsed document.
@@ -323,27 +331,27 @@ def _raise_past_limits(found: Structure, limits: JsonLimits, what: str) -> None:
             raise member.refusal(what, count, exact=False)
     # After the members: a list of too many tensors is refused as that, though its objects'
     # keys are too many too.
-    if limits.max_object_keys is not None and found.widest > limits.max_object_keys:
-        raise PayloadTooLarge(
-            f"{what}: a JSON object has more than {limits.max_object_keys} keys "
-            f"({limits.keys_words})",
-            field=what,
-            rule="max_object_keys",
-        )
-    if limits.max_keys is not None and found.keys > limits.max_keys:
-        raise PayloadTooLarge(
-            f"{what}: JSON document has more than {limits.max_keys} keys in its objects "
-            f"({limits.keys_words})",
-            field=what,
-            rule="max_json_keys",
-        )
-    if found.depth > limits.max_depth:
-        raise InvalidRequest(
-            f"{what}: JSON nesting depth {found.depth} exceeds the limit of {limits.max_depth} "
-            "(TENSORBITS_MAX_JSON_DEPTH)",
-            field=what,
-            rule="max_json_depth",
-        )
+    _refuse_past(
+        PayloadTooLarge, "max_object_keys", found.widest, limits.max_object_keys, limits, what
+    )
+    _refuse_past(PayloadTooLarge, "max_json_keys", found.keys, limits.max_keys, limits, what)
+    _refuse_past(InvalidRequest, "max_json_depth", found.depth, limits.max_depth, limits, what)
+
+
+def _refuse_past(
+    error: type[TensorbitsError],
+    rule: str,
+    count: int,
+    limit: int | None,
+    limits: JsonLimits,
+    what: str,
+) -> None:
+    """Raises ``error`` naming ``what`` and ``rule`` where ``count`` passes ``limit`` (None: no
+    limit)."""
+    if limit is not None and count > limit:
+        words = limits.keys_words
+        message = _PAST_LIMIT[rule].format(count=count, limit=limit, keys_words=words)
+        raise error(f"{what}: {message}", field=what, rule=rule)
 
 
 class _NotRfc8259(ValueError):
@@ -470,13 +478,17 @@ _JSON_FORMS: dict[DataType, JsonForm] = {
 Direction = Literal["input", "output"]
 
 
+def _tensor_refusal(
+    name: str, rule: str, message: str, direction: Direction = "input"
+) -> InvalidRequest:
+    """A refusal of the tensor ``name`` (its field), the message prefixed with whose it is."""
+    return InvalidRequest(f"{direction} '{name}': {message}", field=name, rule=rule)
+
+
 def _no_json_form(name: str, datatype: DataType, direction: Direction) -> InvalidRequest:
-    return InvalidRequest(
-        f"{direction} '{name}': {datatype} has no JSON representation; send it as binary data "
-        f"({'parameters.binary_data_size' if direction == 'input' else 'binary_data: true'})",
-        field=name,
-        rule="typed_datatype",
-    )
+    way_out = "parameters.binary_data_size" if direction == "input" else "binary_data: true"
+    message = f"{datatype} has no JSON representation; send it as binary data ({way_out})"
+    return _tensor_refusal(name, "typed_datatype", message, direction)
 
 
 _JSON_TYPE_NAMES = {dict: "an object", str: "a string", int: "a number", float: "a number",
@@ -491,17 +503,15 @@ def _flatten(name: str, shape: Sequence[int], data: object) -> list[Any]:
     is one Python step per innermost list, not per element."""
     count = math.prod(shape)
     if not isinstance(data, list):
-        raise InvalidRequest(
-            f"input '{name}': data must be a JSON array, not {_JSON_TYPE_NAMES.get(type(data))}",
-            field=name,
-            rule="data",
+        raise _tensor_refusal(
+            name, "data", f"data must be a JSON array, not {_JSON_TYPE_NAMES.get(type(data))}"
         )
     if not data or not isinstance(data[0], list) or len(shape) < 2:
         if len(data) != count:
-            raise InvalidRequest(
-                f"input '{name}': data has {len(data)} elements, shape {list(shape)} needs {count}",
-                field=name,
-                rule="data_size",
+            raise _tensor_refusal(
+                name,
+                "data_size",
+                f"data has {len(data)} elements, shape {list(shape)} needs {count}",
             )
         return data
     level: list[Any] = [data]
@@ -513,22 +523,22 @@ def _flatten(name: str, shape: Sequence[int], data: object) -> list[Any]:
                     if isinstance(item, list)
                     else _JSON_TYPE_NAMES.get(type(item))
                 )
-                raise InvalidRequest(
-                    f"input '{name}': nested data does not match shape {list(shape)}: "
+                raise _tensor_refusal(
+                    name,
+                    "data_size",
+                    f"nested data does not match shape {list(shape)}: "
                     f"dimension {axis} needs arrays of length {size}, found {got}",
-                    field=name,
-                    rule="data_size",
                 )
         level = list(chain.from_iterable(level))
     return level
 
 
 def _out_of_range(name: str, datatype: DataType, value: object) -> InvalidRequest:
-    return InvalidRequest(
-        f"input '{name}': value {shown(value)} is out of range for {datatype} "
+    return _tensor_refusal(
+        name,
+        "data_range",
+        f"value {shown(value)} is out of range for {datatype} "
         f"(allowed: {_JSON_FORMS[datatype].allowed})",
-        field=name,
-        rule="data_range",
     )
 
 
@@ -582,11 +592,10 @@ def decode_data(
     wrong = set(map(type, flat)) - form.types
     if wrong:
         bad = next(v for v in flat if type(v) in wrong)
-        raise InvalidRequest(
-            f"input '{name}': {json.dumps(bad)[:40]} is not a valid {datatype} element "
-            f"(allowed: {form.allowed})",
-            field=name,
-            rule="data_type",
+        raise _tensor_refusal(
+            name,
+            "data_type",
+            f"{json.dumps(bad)[:40]} is not a valid {datatype} element (allowed: {form.allowed})",
         )
     kind = numpy_dtype(datatype).kind
     if kind == "b":
@@ -610,11 +619,12 @@ def encode_data(name: str, array: np.ndarray[Any, Any]) -> list[Any]:
     Float outputs of bit operations can hold NaN or infinity, which JSON cannot carry: that is a
     400 naming the way out (binary output), never a silently altered value."""
     if array.dtype.kind == "f" and not np.isfinite(array).all():
-        raise InvalidRequest(
-            f"output '{name}': the result holds NaN or infinity, which JSON cannot represent; "
+        raise _tensor_refusal(
+            name,
+            "json_nonfinite",
+            "the result holds NaN or infinity, which JSON cannot represent; "
             "request it as binary data (binary_data: true)",
-            field=name,
-            rule="json_nonfinite",
+            "output",
         )
     flat: list[Any] = array.reshape(-1).tolist()
     return flat

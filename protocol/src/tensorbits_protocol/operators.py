@@ -194,37 +194,58 @@ def _dml(
     )
 
 
-def _openvino(
-    name: str, function: Function, types: tuple[DataType, ...], summary: str
+@dataclass(frozen=True, slots=True)
+class _TypedForms:
+    """How a specification of typed operators names their tensors and shapes their binary
+    calls (a unary call keeps its input's shape)."""
+
+    spec: Spec
+    binary_inputs: tuple[str, ...]
+    unary_inputs: tuple[str, ...]
+    binary_output: str
+    unary_output: str
+    binary_shape_rule: ShapeRule
+    binary_parameters: tuple[ParameterSpec, ...]
+
+
+_OPENVINO_FORMS = _TypedForms(
+    "openvino",
+    ("input_1", "input_2"),
+    ("input_1",),
+    "output_1",
+    "output_1",
+    ShapeRule.AUTO_BROADCAST,
+    (AUTO_BROADCAST, AXIS),
+)
+_ONNX_FORMS = _TypedForms("onnx", ("A", "B"), ("X",), "C", "Y", ShapeRule.NUMPY, ())
+
+
+def _typed(
+    forms: _TypedForms, name: str, function: Function, types: tuple[DataType, ...], summary: str
 ) -> OperatorSpec:
     binary = function is not Function.NOT
     return OperatorSpec(
-        name=f"openvino.{name}",
-        spec="openvino",
+        name=f"{forms.spec}.{name}",
+        spec=forms.spec,
         function=function,
-        inputs=("input_1", "input_2") if binary else ("input_1",),
-        output="output_1",
-        shape_rule=ShapeRule.AUTO_BROADCAST if binary else ShapeRule.IDENTICAL,
+        inputs=forms.binary_inputs if binary else forms.unary_inputs,
+        output=forms.binary_output if binary else forms.unary_output,
+        shape_rule=forms.binary_shape_rule if binary else ShapeRule.IDENTICAL,
         encoding=Encoding.TYPED,
         support=(SupportRow(None, 0, 8, types),),
-        parameters=(AUTO_BROADCAST, AXIS) if binary else (),
+        parameters=forms.binary_parameters if binary else (),
         summary=summary,
     )
+
+
+def _openvino(
+    name: str, function: Function, types: tuple[DataType, ...], summary: str
+) -> OperatorSpec:
+    return _typed(_OPENVINO_FORMS, name, function, types, summary)
 
 
 def _onnx(name: str, function: Function, summary: str) -> OperatorSpec:
-    binary = function is not Function.NOT
-    return OperatorSpec(
-        name=f"onnx.{name}",
-        spec="onnx",
-        function=function,
-        inputs=("A", "B") if binary else ("X",),
-        output="C" if binary else "Y",
-        shape_rule=ShapeRule.NUMPY if binary else ShapeRule.IDENTICAL,
-        encoding=Encoding.TYPED,
-        support=(SupportRow(None, 0, 8, INTEGERS),),
-        summary=summary,
-    )
+    return _typed(_ONNX_FORMS, name, function, INTEGERS, summary)
 
 
 AB = ("ATensor", "BTensor")

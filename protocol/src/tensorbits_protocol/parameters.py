@@ -2,7 +2,7 @@
 
 One table (``POLICY``) for the request's own ``parameters``, each input's and each requested
 output's, read alike by the HTTP/REST decoder (``infer.InferRequest.from_rest``), the gRPC one
-(the server's ``grpc/messages.py``), the server's operator checks and the client's local ones
+(the server's ``grpc/decode.py``), the server's operator checks and the client's local ones
 (``validation.resolve_parameters``). Every key has one of three dispositions:
 
 * honoured: it does what the protocol says;

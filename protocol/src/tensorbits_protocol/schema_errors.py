@@ -11,6 +11,11 @@ adds both: ``inputs[0].datatype: Input should be 'BOOL', ... (got 'UINT9'; did y
 (``paramters: Extra inputs are not permitted (got an object; allowed fields: id, parameters,
 inputs, outputs; did you mean 'parameters'?)``). The value is described in bounded words: a long
 string is cut, a container is named by its size, a huge integer by its number of digits.
+
+These are the words a request's descriptors and parameter values are refused in whatever its
+protocol: ``descriptors`` says them again for a request that is not this document (gRPC's), from
+the same table of rules. A shape of too many dimensions is said in that table's words
+(``descriptors.RANK_WORDS``), not pydantic's, which name its internals.
 """
 
 from __future__ import annotations
@@ -23,8 +28,8 @@ from typing import Annotated, TypeVar, Union, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
+from tensorbits_protocol.descriptors import ANY_VALUE, RANK_RULE, RANK_WORDS, described
 from tensorbits_protocol.errors import InvalidRequest
-from tensorbits_protocol.integers import INT64_MIN, UINT64_MAX, shown
 from tensorbits_protocol.operators import did_you_mean
 
 Location = tuple[int | str, ...]
@@ -37,7 +42,6 @@ _RANGE_ERRORS = frozenset({"less_than_equal", "greater_than_equal"})
 _NO_VALUE_ERRORS = frozenset({"missing"})
 # The choices pydantic lists in a literal or enum error's ``expected``: 'BOOL', 'UINT8' or ...
 _QUOTED = re.compile(r"'([^']*)'")
-_SHOWN_CHARS = 80
 
 
 def field_path(loc: Location, default: str) -> str:
@@ -50,25 +54,6 @@ def field_path(loc: Location, default: str) -> str:
 
 def _member_tag(part: int | str) -> bool:
     return isinstance(part, str) and (part in _MEMBER_TAGS or part.startswith("function-"))
-
-
-def described(value: object) -> str:
-    """``value`` in an error message, in bounded words whatever its size: a JSON spelling for
-    scalars (a string cut at 80 characters, an integer past 40 digits by its length), a
-    container by its size (never its contents, which may be the whole body)."""
-    if isinstance(value, str):
-        if len(value) <= _SHOWN_CHARS:
-            return repr(value)
-        return f"{value[:_SHOWN_CHARS]!r}... (a string of {len(value)} characters)"
-    if isinstance(value, bool) or value is None:
-        return {True: "true", False: "false", None: "null"}[value]
-    if isinstance(value, int | float):
-        return shown(value)
-    if isinstance(value, Mapping):
-        return "an object" if value else "an empty object"
-    if isinstance(value, list | tuple):
-        return f"an array of {len(value)} item{'' if len(value) == 1 else 's'}"
-    return f"a {type(value).__name__}"
 
 
 def _unwrapped(annotation: object) -> tuple[object, ...]:
@@ -140,7 +125,10 @@ def first_error(
         # A parameter value failed every member of str | number | bool: say that once.
         message = "Input should be a string, number or boolean"
         if any(e["type"] in _RANGE_ERRORS for e in siblings):
-            message = f"Input should be a number; an integer must lie in {INT64_MIN}..{UINT64_MAX}"
+            message = (
+                "Input should be a number; an integer must lie in "
+                f"{ANY_VALUE.low}..{ANY_VALUE.high}"
+            )
         return loc[:-1], f"{message} (got {described(first.get('input'))})", "parameter_value_type"
     return loc, f"{first['msg']}{_received(first, loc, model)}", str(first["type"])
 
@@ -157,6 +145,10 @@ def refusal(
     since a position means little to a caller who wrote names."""
     loc, message, rule = first_error(errors, model)
     field = field_path(loc, "body")
+    if rule == "too_long" and loc and loc[-1] == "shape":
+        # The shape's bound in the words the gRPC wire walk gives it (descriptors.RANK_WORDS):
+        # pydantic's name its internals ("... items after validation").
+        return InvalidRequest(f"{what}: {field} {RANK_WORDS}", field=field, rule=RANK_RULE)
     owner = ""
     if len(loc) >= 2 and loc[0] in ("inputs", "outputs") and isinstance(loc[1], int):
         items = document.get(loc[0]) if isinstance(document, dict) else None

@@ -1,9 +1,8 @@
-"""The application factory: routers, error handlers, and the backend chosen in ``lifespan``."""
+"""The HTTP application: routers, middleware, error handlers; its lifespan assembles the server
+(``assembly.py``: the runtime, the gRPC endpoint and the metrics listener beside this app)."""
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -11,30 +10,19 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from fastapi_offline import FastAPIOffline
 
-from tensorbits import __version__, auth
-from tensorbits.api import fastpath, metrics_endpoint, openapi_doc, routers
+from tensorbits import __version__, assembly, auth
+from tensorbits.api import fastpath, openapi_doc, routers
 from tensorbits.api.errors import register_exception_handlers
 from tensorbits.api.head import HeadAsGetMiddleware
 from tensorbits.api.metrics import router as metrics_router
 from tensorbits.config import Settings
-from tensorbits.logs import banner
 from tensorbits.observability import Metrics, ObservabilityMiddleware
-from tensorbits.runtime import Drain, Runtime
-from tensorbits_protocol.operators import OPERATORS
-
-logger = logging.getLogger("tensorbits")
+from tensorbits.runtime import Drain
 
 
 def _operation_id(route: APIRoute) -> str:
     # Stable ids for the committed OpenAPI spec: the route function's name, nothing generated.
     return route.name
-
-
-def docs_url(settings: Settings) -> str:
-    """Where a person finds the interactive docs of a server with ``settings``."""
-    scheme = "https" if settings.tls_cert_file is not None else "http"
-    host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    return f"{scheme}://{host}:{settings.port}/docs"
 
 
 def create_app(settings: Settings | None = None, *, drain: Drain | None = None) -> FastAPI:
@@ -44,47 +32,9 @@ def create_app(settings: Settings | None = None, *, drain: Drain | None = None) 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        runtime = Runtime.start(settings, drain)
-        app.state.runtime = runtime
-        metrics.bind_runtime(runtime)
-        backend = runtime.selection.backend
-        message, fields = banner(
-            __version__,
-            f"{backend.name} on {backend.device}",
-            runtime.selection.reason,
-            docs_url(settings),
-            len(OPERATORS),
-        )
-        logger.info(message, extra=fields)
-        grpc_stopped: asyncio.Task[None] | None = None
-        metrics_listener = None
-        try:
-            if settings.metrics_port:
-                metrics_listener = await metrics_endpoint.start(settings, metrics, runtime)
-            if settings.grpc_port:
-                from tensorbits.grpc import server as grpc_endpoint  # grpcio only when it serves
-
-                grpc_server = await grpc_endpoint.start(runtime, metrics)
-                grace = settings.timeout_graceful_shutdown
-
-                def stop_grpc() -> None:
-                    # As the HTTP listener closes (the drain's delay over): gRPC refuses new
-                    # calls from then on too, and its calls in flight finish alongside HTTP's.
-                    nonlocal grpc_stopped
-                    if grpc_stopped is None:
-                        grpc_stopped = asyncio.ensure_future(grpc_endpoint.stop(grpc_server, grace))
-
-                runtime.drain.on_stop_accepting(stop_grpc)
+        async with assembly.assembled(settings, metrics, drain) as runtime:
+            app.state.runtime = runtime
             yield
-        finally:
-            # A stop without the drain (an app in a test, a failed start-up): gRPC's stop now.
-            runtime.drain.stop_accepting()
-            if grpc_stopped is not None:
-                await grpc_stopped
-            if metrics_listener is not None:
-                # Last: a scrape during the drain still sees the server's final figures.
-                await metrics_endpoint.stop(metrics_listener)
-            runtime.close()
 
     app = FastAPIOffline(
         title="tensorbits",

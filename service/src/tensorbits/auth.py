@@ -12,6 +12,12 @@ before, so an open server's hot path pays nothing for this module. With keys, th
 sits inside the observability layer (a 401 is counted, timed and logged with its request id)
 and ahead of everything else (HEAD-as-GET, the fast path, the framework), and it answers before
 a byte of the body is read.
+
+The check itself is every protocol's (``KeyRing.check``: the open paths, the comparison, the
+refusal's words, field and rule, and its one log line). The gRPC service (grpc/service.py)
+reads a call's metadata as these headers and a call as open when the HTTP route it mirrors is;
+each front end only sends the refusal its own way (here a 401 and its challenge, there
+UNAUTHENTICATED). Nothing of Starlette is imported at run time: the middleware is plain ASGI.
 """
 
 from __future__ import annotations
@@ -20,16 +26,16 @@ import hashlib
 import hmac
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from pydantic import SecretStr
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tensorbits_protocol.errors import Unauthorized
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
+    from starlette.types import ASGIApp, Receive, Scope, Send
 
     from tensorbits.config import Settings
 
@@ -39,19 +45,48 @@ REALM = "tensorbits"
 API_KEY_HEADER = b"x-api-key"
 
 
-# --- keys (what a key may be, and the key file: api_keys.py) --------------------------------------
+# --- the check, every protocol's -----------------------------------------------------------------
+# The words, field and rule of a refusal, one set for HTTP and gRPC: a gRPC client sends the same
+# two names as metadata, where names are lower case (and HTTP's are any case).
+MISSING = (
+    "an API key is required: send it as 'Authorization: Bearer <key>' or 'X-API-Key: <key>' "
+    "(gRPC metadata: the same names in lower case)"
+)
+NOT_VALID = "the API key is not valid"
+FIELD = "Authorization"
+RULE = "api_key"
+
+
+def refusal(presented: bool) -> Unauthorized:
+    """The refusal of a request that ``presented`` a key that is not configured, or none."""
+    return Unauthorized(NOT_VALID if presented else MISSING, field=FIELD, rule=RULE)
+
+
 def digest(key: bytes) -> bytes:
     return hashlib.sha256(key).digest()
 
 
 class KeyRing:
-    """The configured keys, as digests only: which the HTTP middleware and the gRPC front end
-    (tensorbits/grpc/service.py) check a presented key against."""
+    """The configured keys, as digests only, and the paths open without one: what every front
+    end checks a request against (``check``). HTTP's middleware here and the gRPC service
+    (tensorbits/grpc/service.py) each only read the request's headers (its metadata) and send
+    the refusal ``check`` raises."""
 
-    def __init__(self, keys: Sequence[SecretStr]) -> None:
+    def __init__(self, keys: Sequence[SecretStr], open_paths: Iterable[str] = ()) -> None:
         # Comparing digests, all 32 bytes, keeps the comparison's time independent of the
         # presented key's length and of the configured keys' lengths.
         self._digests = tuple(digest(key.get_secret_value().encode("ascii")) for key in keys)
+        self.open_paths = frozenset(open_paths)
+
+    @classmethod
+    def of(cls, settings: Settings) -> KeyRing | None:
+        """The settings' keys and open paths; None without a key: access control is off."""
+        keys = settings.accepted_api_keys
+        return cls(keys, settings.auth_open_paths) if keys else None
+
+    def needs_key(self, path: str | None) -> bool:
+        """Whether a request for ``path`` needs a key (None: a call no open path stands for)."""
+        return path not in self.open_paths
 
     def accepts(self, presented: bytes) -> bool:
         """Whether ``presented`` is one of the keys, in time that does not depend on which key
@@ -62,8 +97,23 @@ class KeyRing:
             accepted |= hmac.compare_digest(candidate, key)
         return accepted
 
+    def check(
+        self,
+        headers: Iterable[tuple[bytes, bytes]],
+        method: str,
+        target: str,
+        client: str | Callable[[], str] | None = None,
+    ) -> None:
+        """Pass a request whose ``headers`` (lower-case names) present one of the keys; else log
+        the refusal (``method`` and ``target`` name the request, ``client`` where it came from:
+        a callable is called only then) and raise it (``refusal``)."""
+        presented, header = presented_key(headers)
+        if presented is not None and self.accepts(presented):
+            return
+        _log_refusal(method, target, header, client() if callable(client) else client)
+        raise refusal(presented is not None)
 
-# --- the middleware -----------------------------------------------------------------------------
+
 def presented_key(headers: Iterable[tuple[bytes, bytes]]) -> tuple[bytes | None, str | None]:
     """The key a request presents and the header it came in: a Bearer token first, else
     ``X-API-Key``. (None, None) when there is neither."""
@@ -82,7 +132,27 @@ def presented_key(headers: Iterable[tuple[bytes, bytes]]) -> tuple[bytes | None,
     return None, None
 
 
-def _response(error: Unauthorized, challenge: str) -> tuple[list[tuple[bytes, bytes]], bytes]:
+def _log_refusal(method: str, target: str, header: str | None, client: str | None) -> None:
+    # The presented key is never logged, nor any part or hash of it: a log reader is not
+    # meant to learn anything that narrows the search for a key.
+    logger.warning(
+        "refused %s %s: %s",
+        method,
+        target[:200],
+        "an API key that is not configured" if header is not None else "no API key",
+        extra={
+            "status": Unauthorized.status_code,
+            "credential_header": header,
+            "client": client,
+        },
+    )
+
+
+# --- HTTP: the middleware -----------------------------------------------------------------------
+def _response(error: Unauthorized) -> tuple[list[tuple[bytes, bytes]], bytes]:
+    challenge = f'Bearer realm="{REALM}"'
+    if error.message == NOT_VALID:
+        challenge += ', error="invalid_token"'  # RFC 6750 §3.1: a token was sent and refused
     body = json.dumps(error.to_dict()).encode()
     headers = [
         (b"content-type", b"application/json"),
@@ -99,59 +169,39 @@ class ApiKeyMiddleware:
         if not keys:
             raise ValueError("ApiKeyMiddleware needs at least one key (install() adds none)")
         self.app = app
-        self._keys = KeyRing(keys)  # only digests are kept
-        self._open_paths = frozenset(open_paths)
-        challenge = f'Bearer realm="{REALM}"'
-        self._missing = _response(
-            Unauthorized(
-                "an API key is required: send it as 'Authorization: Bearer <key>' or "
-                "'X-API-Key: <key>'",
-                field="Authorization",
-                rule="api_key",
-            ),
-            challenge,
-        )
-        self._wrong = _response(
-            Unauthorized("the API key is not valid", field="Authorization", rule="api_key"),
-            # RFC 6750 §3.1: a token was sent and refused.
-            f'{challenge}, error="invalid_token"',
-        )
+        self._keys = KeyRing(keys, open_paths)  # only digests are kept
+        self._open_paths = self._keys.open_paths
+        # The two refusals' responses, made once: by their words.
+        self._responses = {
+            error.message: _response(error) for error in (refusal(False), refusal(True))
+        }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan" or scope["path"] in self._open_paths:
             await self.app(scope, receive, send)
             return
-        presented, header = presented_key(scope["headers"])
-        if presented is not None and self.accepts(presented):
-            await self.app(scope, receive, send)
+        client = scope.get("client")
+        try:
+            self._keys.check(
+                scope["headers"],
+                scope.get("method", "WEBSOCKET"),
+                scope["path"],
+                client[0] if client else None,
+            )
+        except Unauthorized as error:
+            if scope["type"] != "http":  # a WebSocket handshake: refused before it is accepted
+                await send({"type": "websocket.close", "code": 1008})
+                return
+            headers, body = self._responses.get(error.message) or _response(error)
+            await send(
+                {"type": "http.response.start", "status": error.status_code, "headers": headers}
+            )
+            await send({"type": "http.response.body", "body": body})
             return
-        _log_refusal(scope, header)
-        if scope["type"] != "http":  # a WebSocket handshake: refused before it is accepted
-            await send({"type": "websocket.close", "code": 1008})
-            return
-        headers, body = self._wrong if presented is not None else self._missing
-        await send({"type": "http.response.start", "status": 401, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await self.app(scope, receive, send)
 
     def accepts(self, presented: bytes) -> bool:
         return self._keys.accepts(presented)
-
-
-def _log_refusal(scope: Scope, header: str | None) -> None:
-    # The presented key is never logged, nor any part or hash of it: a log reader is not
-    # meant to learn anything that narrows the search for a key.
-    client = scope.get("client")
-    logger.warning(
-        "refused %s %s: %s",
-        scope.get("method", "WEBSOCKET"),
-        scope["path"][:200],
-        "an API key that is not configured" if header is not None else "no API key",
-        extra={
-            "status": 401,
-            "credential_header": header,
-            "client": client[0] if client else None,
-        },
-    )
 
 
 def install(app: Starlette, settings: Settings) -> None:

@@ -19,11 +19,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from tensorbits.backends.base import Backend
+from tensorbits.core.limits import CoreLimits
 from tensorbits.header_cache import HeaderCache
 from tensorbits.kernels import DeviceArray
 from tensorbits_protocol import codec
@@ -180,24 +181,6 @@ _VALUES_PER_BUFFER = 4
 MEMBERS_PARSED_BELOW = 8192
 
 
-class BatchSettings(Protocol):
-    """The settings one batch's limits are made of (``config.Settings`` has them): the core
-    takes these values, not the server's configuration."""
-
-    @property
-    def max_buffers(self) -> int: ...
-    @property
-    def max_dispatches(self) -> int: ...
-    @property
-    def max_json_depth(self) -> int: ...
-    @property
-    def max_batch_header_bytes(self) -> int: ...
-    @property
-    def max_body_bytes(self) -> int: ...
-    @property
-    def max_tensor_elements(self) -> int: ...
-
-
 @dataclass(frozen=True, slots=True)
 class BatchLimits:
     """The limits that one batch is held to, built once a runtime (as v2's
@@ -211,18 +194,18 @@ class BatchLimits:
     max_tensor_elements: int
 
     @classmethod
-    def from_settings(cls, settings: BatchSettings) -> BatchLimits:
+    def of(cls, limits: CoreLimits) -> BatchLimits:
         members = (
             MemberLimit(
                 ("buffers",),
-                settings.max_buffers,
+                limits.max_buffers,
                 "TENSORBITS_MAX_BUFFERS",
                 "max_buffers",
                 "buffers",
             ),
             MemberLimit(
                 ("dispatches",),
-                settings.max_dispatches,
+                limits.max_dispatches,
                 "TENSORBITS_MAX_DISPATCHES",
                 "max_dispatches",
                 "dispatches",
@@ -230,20 +213,18 @@ class BatchLimits:
             # Each output names a declared buffer: no more of them than buffers.
             MemberLimit(
                 ("outputs",),
-                settings.max_buffers,
+                limits.max_buffers,
                 "TENSORBITS_MAX_BUFFERS",
                 "max_buffers",
                 "outputs",
             ),
         )
         per_dispatch = _VALUES_PER_DISPATCH + _BINDINGS_PER_DISPATCH * _VALUES_PER_BINDING
-        values = (
-            per_dispatch * settings.max_dispatches + 2 * _VALUES_PER_BUFFER * settings.max_buffers
-        )
+        values = per_dispatch * limits.max_dispatches + 2 * _VALUES_PER_BUFFER * limits.max_buffers
         header = JsonLimits(
-            max_depth=settings.max_json_depth,
+            max_depth=limits.max_json_depth,
             max_values=values + 16,
-            max_bytes=settings.max_batch_header_bytes,
+            max_bytes=limits.max_batch_header_bytes,
             bytes_setting="TENSORBITS_MAX_BATCH_HEADER_BYTES",
             members=members,
             members_parsed_below=MEMBERS_PARSED_BELOW,
@@ -253,7 +234,7 @@ class BatchLimits:
             keys_words=f"{MAX_PARAMETERS} parameters per map",
         )
         # Zero-filled buffers cost no body bytes, so they get the body's limit of their own.
-        return cls(header, settings.max_body_bytes, settings.max_tensor_elements)
+        return cls(header, limits.max_body_bytes, limits.max_tensor_elements)
 
 
 def _plan_buffers(

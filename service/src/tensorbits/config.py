@@ -11,6 +11,7 @@ import difflib
 import json
 import re
 from collections.abc import Mapping
+from dataclasses import fields
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -26,6 +27,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from tensorbits.api_keys import key_problem, read_key_file
 from tensorbits.certificates import check_certificate
+from tensorbits.core.limits import CoreLimits
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -319,6 +321,12 @@ class Settings(BaseSettings):
     def worker_inflight_requests(self) -> int:
         """One worker's share of ``max_inflight_requests``."""
         return self.max_inflight_requests // self.workers
+
+    @property
+    def core_limits(self) -> CoreLimits:
+        """The limits the core holds every request to, as values (core/limits.py)."""
+        # Each limit is the setting of its name.
+        return CoreLimits(**{f.name: getattr(self, f.name) for f in fields(CoreLimits)})
 
 
 def variable(field: str) -> str:

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from tensorbits import __version__
-from tensorbits.inference import MODEL_VERSIONS
+from tensorbits.core.models import MODEL_VERSIONS
 from tensorbits.shared_memory import SharedMemoryRegions
 from tensorbits_protocol.dtypes import DataType
 from tensorbits_protocol.operators import FEATURE_LEVEL, OperatorSpec, SupportRow

@@ -1,6 +1,10 @@
 """Prometheus metrics and the request-id/access-log middleware (pure ASGI, no BaseHTTPMiddleware,
 whose per-request task group costs small requests dearly).
 
+Every request is counted and logged by one function, whatever its protocol (``record_call``):
+the HTTP middleware here calls it as a request ends, the gRPC service as a call (or a stream's
+message) is answered, so /metrics and the access log read alike for both.
+
 With several worker processes (``tensorbits serve --workers N``, ``workers.py``) every worker
 publishes its request tally and in-flight gauges to a folder the supervisor made, once a second
 (``WorkerShare``), and a scrape, whichever worker answers it, adds up its own live figures and
@@ -275,7 +279,7 @@ class Metrics:
         """Gauges read live from the runtime at scrape time."""
         backend = runtime.selection.backend
         self.backend.labels(backend.name, backend.device, runtime.selection.reason).set(1)
-        admission = runtime.admission
+        admission = runtime.plane.admission
         own: dict[str, Callable[[], float]] = {
             "inflight_requests": lambda: admission.requests_in_flight,
             "inflight_bytes": lambda: admission.bytes_in_flight,
@@ -297,7 +301,7 @@ class Metrics:
         self.inflight_bytes.set_function(summed("inflight_bytes"))
         self.device_memory.set_function(summed("device_memory"))
         self.workers.set_function(lambda: 1 + len(share.live_others()))
-        share.start(self.tally, own, runtime.statistics.snapshot)
+        share.start(self.tally, own, runtime.plane.statistics.snapshot)
 
     def other_workers_statistics(self) -> list[dict[str, list[int]]]:
         """The inference statistics the server's other workers published (``Statistics.snapshot``
@@ -321,7 +325,7 @@ class Metrics:
         if runtime is None:
             return text
         models = (op.name for op in OPERATORS)
-        document = runtime.statistics.response(models, self.other_workers_statistics())
+        document = runtime.plane.statistics.response(models, self.other_workers_statistics())
         return text + triton_exposition(document["model_stats"])
 
 
@@ -440,35 +444,50 @@ class ObservabilityMiddleware:
         try:
             await self.app(scope, receive_counted, send_tagged)
         finally:
-            elapsed = time.perf_counter() - start
-            route = _route_label(scope)
-            metrics = self.metrics()
-            if metrics is not None:
-                metrics.tally.add(
-                    route, _model_label(scope), counts["status"], elapsed, counts["in"],
-                    counts["out"],
-                )  # fmt: skip
-            if logger.isEnabledFor(logging.INFO):
-                self._log(scope, counts, route, elapsed)
+            record_call(
+                self.metrics(), "http", scope["method"], scope["path"], _route_label(scope),
+                _model_label(scope), counts["status"], time.perf_counter() - start,
+                counts["in"], counts["out"],
+            )  # fmt: skip
             request_id_var.reset(token)
 
-    @staticmethod
-    def _log(scope: Scope, counts: dict[str, int], route: str, elapsed: float) -> None:
+
+def record_call(
+    metrics: Metrics | None,
+    protocol: str,
+    method: str,
+    target: str,
+    route: str,
+    model: str,
+    status: int,
+    seconds: float,
+    size_in: int,
+    size_out: int,
+) -> None:
+    """Count one answered request in ``metrics`` (None: none yet) and write its access-log line,
+    whatever its ``protocol`` ("http": this module's middleware; "grpc": a call, or a stream's
+    message, in grpc/service.py and grpc/streams.py). ``method`` and ``target`` name it in the
+    line ("GET /v2", "gRPC /inference.GRPCInferenceService/ServerLive"); ``route``, ``model``
+    and ``status`` (an HTTP status: a gRPC refusal's is its error's, ``errors.STATUSES``) are
+    its labels in /metrics, ``size_in`` and ``size_out`` its bytes each way."""
+    if metrics is not None:
+        metrics.tally.add(route, model, status, seconds, size_in, size_out)
+    if logger.isEnabledFor(logging.INFO):  # the fields cost a dict per request: only if logged
         logger.info(
             "%s %s %d",
-            scope["method"],
-            scope["path"],
-            counts["status"],
-            extra=access_fields(route, counts["status"], elapsed, counts["in"], counts["out"]),
+            method,
+            target,
+            status,
+            extra=access_fields(protocol, route, status, seconds, size_in, size_out),
         )
 
 
 def access_fields(
-    route: str, status: int, seconds: float, bytes_in: int, bytes_out: int
+    protocol: str, route: str, status: int, seconds: float, bytes_in: int, bytes_out: int
 ) -> dict[str, object]:
-    """The fields of one access-log record, whatever the protocol (HTTP here, gRPC in
-    grpc/service.py)."""
+    """The fields of one access-log record (``record_call``)."""
     return {
+        "protocol": protocol,
         "status": status,
         "route": route,
         "duration_ms": round(seconds * 1000, 3),

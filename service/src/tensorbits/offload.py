@@ -2,15 +2,16 @@
 
 Small work inline because the hop to a worker thread and back costs more than the work itself;
 large work off the loop so one big tensor never stalls every other connection. Both front ends
-use it: the HTTP app (api/) and the gRPC endpoint (grpc/), with the same limits for v2 inference.
+use it through the data plane (core/dataplane.py), with the same limits for every request.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
-from starlette.concurrency import run_in_threadpool
+import anyio.to_thread
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -28,4 +29,6 @@ async def offload(
     """``fn(*args, **kwargs)``, inline when ``nbytes`` is under ``limit``, else on a thread."""
     if nbytes < limit:
         return fn(*args, **kwargs)
-    return await run_in_threadpool(fn, *args, **kwargs)
+    # anyio's worker threads, the ones Starlette runs its own blocking work on: one thread
+    # limit for the whole server, whichever front end the work came from.
+    return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))

@@ -4,7 +4,13 @@ A refusal (``TensorbitsError``) is answered as itself: its class carries its HTT
 gRPC code (``tensorbits_protocol.errors.STATUSES``). A few other exceptions are refusals too:
 ``MemoryError`` (CuPy's ``OutOfMemoryError`` is one) means valid input the backend could not hold
 now, answered as BackendFailure (503 / UNAVAILABLE: retry later or send less). Anything else is a
-bug, answered as 500 / INTERNAL naming no internals, and logged by the front end.
+bug, answered as 500 / INTERNAL naming no internals.
+
+``answer_for`` is the one place an exception becomes its answer, on every protocol: HTTP's
+exception handlers (``api/errors.py``) and the gRPC calls and streams (``grpc/service.py``,
+``grpc/streams.py``) each only send what it returns, its status read from its class
+(``errors.STATUSES``). It also logs what needs a log, once: a bug with its traceback, an out of
+memory as a warning (the server is short of memory, not the client wrong); a refusal is not.
 """
 
 from __future__ import annotations
@@ -44,12 +50,14 @@ def refusal_of(exc: BaseException) -> TensorbitsError | None:
 def answer_for(exc: BaseException, logger: logging.Logger, where: str) -> TensorbitsError:
     """What ``exc``, raised while serving ``where``, is answered with: its refusal, its frames
     let go (``forget_frames``); or, for a bug, an internal error naming nothing of it, the bug
-    logged with its traceback to ``logger``."""
+    logged with its traceback to ``logger``. An out of memory is logged as a warning."""
     refusal = refusal_of(exc)
     if refusal is None:
         logger.error("unexpected error in %s", where, exc_info=exc)
         return TensorbitsError(INTERNAL)
-    forget_frames(exc)
+    if isinstance(exc, MemoryError):
+        logger.warning("backend out of memory in %s", where)
+    forget_frames(exc)  # a MemoryError's frames hold the arrays it could not fit
     return refusal
 
 

@@ -1,7 +1,7 @@
 """Per-model inference statistics (Triton's statistics extension): counted for every front end,
 read by ``GET /v2/models[/{m}[/versions/{v}]]/stats`` and gRPC ModelStatistics.
 
-The one object is ``runtime.statistics``. A front end calls it once per request, after the
+The one object is ``runtime.plane.statistics``. A front end calls it once per request, after the
 response went out (``record``) or when the request failed (``record_failure``)::
 
     statistics.record(model, queue_ns, compute_input_ns, compute_infer_ns, compute_output_ns,
@@ -12,11 +12,12 @@ What each duration means (nanoseconds of ``time.perf_counter_ns``), in Triton's 
 
 * ``queue``: the admission wait. HTTP admission never waits (past its bound it answers 503 at
   once), so the HTTP front ends pass 0; a front end that waits for a slot passes that wait.
-* ``compute_input``: decoding the request and planning it (``inference.plan_rest``: the JSON,
-  the framing, the operator's rules), once the body has arrived.
-* ``compute_infer``: running the plan (``inference.execute``: the kernel writing the output
-  into the response buffer; for JSON output, the output's JSON text too, which ``execute``
-  writes beside it).
+* ``compute_input``: decoding the request and planning it (``rest_infer.plan``,
+  ``grpc.messages.plan``: the JSON or the message, the framing, the operator's rules), once
+  the body has arrived.
+* ``compute_infer``: running the plan (``rest_infer.encode``, ``grpc.messages.encode``: the
+  kernel writing the output into the response buffer; for JSON output, the output's JSON text
+  too, which the encoder writes beside it).
 * ``compute_output``: what is left of the response: compressing it when asked, handing its
   bytes to the server.
 * ``total`` (Triton's ``success.ns`` and ``fail.ns``): the request's whole time in the server,
@@ -47,7 +48,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from tensorbits.inference import MODEL_VERSION
+from tensorbits.core.models import MODEL_VERSION
 from tensorbits_protocol.operators import OPERATORS
 
 # Slots of one model's tally list (a list of ints, indexed: cheaper than attributes to update).

@@ -24,9 +24,10 @@ from starlette.types import Message, Receive, Scope, Send
 
 from tensorbits.api.body import declared_length, header_values, receive_body
 from tensorbits.api.compression import accepted_coding, compress, compressed_bound
+from tensorbits.core.admission import Admission, Grant
 from tensorbits.guarded_protocol import BODY_RECEIVED
 from tensorbits.offload import offload
-from tensorbits.runtime import Admission, Grant, Runtime
+from tensorbits.runtime import Runtime
 from tensorbits_protocol import codec
 from tensorbits_protocol.errors import Overloaded
 
@@ -46,7 +47,7 @@ class AdmittedRequest:
 
     def __init__(self, runtime: Runtime, scope: Scope) -> None:
         self.settings = runtime.settings
-        self.admission: Admission = runtime.admission
+        self.admission: Admission = runtime.plane.admission
         length_value, self.encoding, self.header_length_value, self.accept_encoding = header_values(
             scope, b"content-length", b"content-encoding", _HEADER_LENGTH, b"accept-encoding"
         )

@@ -8,14 +8,14 @@ bounded after inflation too.
 
 from __future__ import annotations
 
-import asyncio
 import zlib
 
 from starlette.requests import Request
 from starlette.types import Message, Receive, Scope
 
 from tensorbits.api.compression import WBITS
-from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge, RequestTimeout
+from tensorbits.deadlines import within_read_deadline
+from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
 
 # zlib's wbits per coding (gzip, and deflate as HTTP means it): the codings responses use too.
 _WBITS = WBITS
@@ -71,21 +71,12 @@ async def receive_body(
     """The whole request body, decompressed, never more than ``limit`` bytes at any stage, and
     all of it within ``timeout`` seconds: a client trickling bytes (slow loris) gets a 408 instead
     of holding its buffer and its admission for ever. ``length`` is the declared Content-Length
-    (None: chunked), already checked against ``limit`` by ``declared_length``."""
-    try:
-        if timeout is None:  # no deadline (a body already read whole: api/admitted.py)
-            buffer = await _receive(receive, length, limit)
-        else:
-            # asyncio's own timeout, not anyio's fail_after: a third of the cost per request,
-            # and the server only ever runs on asyncio (uvloop).
-            async with asyncio.timeout(timeout):
-                buffer = await _receive(receive, length, limit)
-    except TimeoutError:
-        raise RequestTimeout(
-            f"request body not received within {timeout:g} s (TENSORBITS_TIMEOUT_BODY_READ)",
-            field="body",
-            rule="body_read_timeout",
-        ) from None
+    (None: chunked), already checked against ``limit`` by ``declared_length``. ``timeout`` None:
+    no deadline (a body already read whole: api/admitted.py). The deadline and its refusal are
+    every protocol's (``deadlines.py``)."""
+    buffer = await within_read_deadline(
+        _receive(receive, length, limit), timeout, "the request body"
+    )
     encoding = (encoding or "identity").strip().lower()
     if encoding in ("", "identity"):
         return buffer

@@ -1,9 +1,12 @@
 """The single place where exceptions become HTTP responses.
 
 Every error body is ``{"error": "<message>"}`` as the Open Inference Protocol says, with
-machine-readable ``code``, ``field`` and ``rule`` beside it. Bad input is always a 4xx: FastAPI's
-422 for a malformed body becomes 400 (the protocol's status for an invalid request), and an
-unexpected exception is a 500 whose body names no internals.
+machine-readable ``code``, ``field`` and ``rule`` beside it. What an exception is answered with,
+and its status, is decided where the gRPC front end decides it too: a refusal by its class
+(``errors.STATUSES``), any other exception by ``refusals.answer_for`` (out of memory: 503; a
+bug: a 500 whose body names no internals). FastAPI's 422 for a malformed body is an
+InvalidRequest, 400 (the protocol's status for an invalid request). Only the framework's own
+refusals (no route: 404, wrong method: 405) keep the framework's status: no gRPC call has them.
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from tensorbits.refusals import INTERNAL, forget_frames, refusal_of
-from tensorbits_protocol.errors import Overloaded, TensorbitsError
+from tensorbits.refusals import answer_for, forget_frames
+from tensorbits_protocol.errors import InvalidRequest, Overloaded, TensorbitsError
 
 logger = logging.getLogger("tensorbits.http")
 
@@ -46,9 +49,11 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     first = exc.errors()[0] if exc.errors() else {"loc": ("body",), "msg": "invalid request"}
     field = _location(tuple(first.get("loc", ())))
     message = f"{field}: {first.get('msg', 'invalid value')}"
-    body = {"error": message, "code": "invalid_request", "field": field, "rule": first.get("type")}
+    rule = first.get("type")
     forget_frames(exc)
-    return JSONResponse(body, status_code=400)
+    return error_response(
+        InvalidRequest(message, field=field, rule=rule if isinstance(rule, str) else None)
+    )
 
 
 # The framework's own refusals: what part of the request each is about, and the rule.
@@ -73,19 +78,12 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
 
-async def _out_of_memory(request: Request, exc: Exception) -> JSONResponse:
-    # Valid input the backend could not hold (CuPy's OutOfMemoryError is a MemoryError too):
-    # a 503 the client may retry, not a 500. Admission is released by the handler's own exit.
-    logger.warning("backend out of memory on %s %s", request.method, request.url.path)
-    forget_frames(exc)  # its frames hold the arrays it could not fit
-    refusal = refusal_of(exc)
-    assert refusal is not None  # a MemoryError is one
-    return error_response(refusal)
-
-
-async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-    logger.exception("unexpected error on %s %s", request.method, request.url.path)
-    return JSONResponse({"error": INTERNAL, "code": "internal"}, status_code=500)
+async def _answered(request: Request, exc: Exception) -> JSONResponse:
+    # What is not a refusal of its own, answered as on every protocol (refusals.answer_for):
+    # out of memory (CuPy's OutOfMemoryError is a MemoryError too) a 503 the client may retry,
+    # anything else a 500 naming no internals. Admission is released by the handler's own exit.
+    where = f"{request.method[:20]} {request.url.path[:200]}"
+    return error_response(answer_for(exc, logger, where))
 
 
 Handler = Callable[[Request, Exception], Awaitable[Response]]
@@ -95,8 +93,8 @@ HANDLERS: dict[type[Exception], Handler] = {
     TensorbitsError: _tensorbits_error,
     RequestValidationError: _validation_error,
     StarletteHTTPException: _http_error,
-    MemoryError: _out_of_memory,
-    Exception: _unexpected,
+    MemoryError: _answered,
+    Exception: _answered,
 }
 
 

@@ -64,7 +64,7 @@ CUDA = _Extension(
 
 def regions_of(runtime: Runtime) -> SharedMemoryRegions:
     """The server's regions, or the 400 every use of a switched-off extension gets."""
-    return switched_on(runtime.shared_memory)
+    return switched_on(runtime.plane.regions)
 
 
 async def _registration(request: Request, schema: type[_Registration]) -> _Registration:

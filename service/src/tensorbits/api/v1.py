@@ -1,7 +1,7 @@
 """The native API: POST /v1/batch (DirectML's binding model), GET /v1/operators[/{name}].
 
 Thin handlers: read the body, plan (``batch.plan_rest`` decodes and checks it all), admit, run
-(``batch.execute``) off the event loop when large, send. docs/batch-api.md has the design.
+(``batch.execute``) off the event loop when large, send: the data plane's lifecycle. docs/batch-api.md has the design.
 
 The batch itself is a plain ASGI app (``run_batch_request``), as v2 inference is (``v2_infer``):
 it reads the headers it needs in one pass and sends one response buffer, without a ``Request``,
@@ -11,7 +11,6 @@ the framework (``api/fastpath.py``).
 
 from __future__ import annotations
 
-from time import perf_counter_ns
 from typing import Any
 
 from fastapi import APIRouter
@@ -22,18 +21,12 @@ from tensorbits.api.admitted import AdmittedRequest
 from tensorbits.api.deps import runtime_of_app
 from tensorbits.api.fastpath import FastRoute, Operation
 from tensorbits.api.v2_openapi import ERROR_EXAMPLES, request_schema
-from tensorbits.offload import offload
 from tensorbits.runtime import Runtime
 from tensorbits_protocol.catalog import describe, listing
 from tensorbits_protocol.codec import BINARY_CONTENT_TYPE, HEADER_LENGTH
 from tensorbits_protocol.operators import get_operator
 from tensorbits_protocol.v1 import BatchRequest, OperatorInfo, OperatorList
 from tensorbits_protocol.v2 import ErrorResponse
-
-# Below these sizes a batch is planned / run on the event loop (see offload.py).
-PLAN_INLINE_MAX_BYTES = 64 << 10
-RUN_INLINE_MAX_BYTES = 1 << 20
-
 
 # --- routes -------------------------------------------------------------------------------------
 _TAG = "native batch API"
@@ -164,44 +157,29 @@ _BATCH_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 
 async def run_batch_request(runtime: Runtime, scope: Scope, receive: Receive, send: Send) -> None:
-    """One batch, from the request's body to the response's last byte, as ``run_inference`` is
-    one inference. Every failure is raised before the first byte is sent, so the app's exception
-    handlers answer it."""
-    # Admitted for the declared body before a byte is read; the grant grows once the plan says
-    # what the batch needs while it runs. Counted in runtime.statistics once planned, each
-    # dispatch an inference of its operator (statistics.py).
-    started = perf_counter_ns()
-    exchange = AdmittedRequest(runtime, scope)
-    models: list[str] = []
-    try:
+    """One batch, from the request's body to the response's last byte, through the data
+    plane's lifecycle as one inference is (core/dataplane.py). Every failure is raised before
+    the first byte is sent, so the app's exception handlers answer it."""
+    plane = runtime.plane
+    async with plane.call() as call:
+        # Admitted for the declared body before a byte is read; the grant grows once the plan
+        # says what the batch needs while it runs.
+        exchange = AdmittedRequest(runtime, scope)
+        call.admitted(exchange.grant)
         body, header_length = await exchange.receive(receive)
-        received = perf_counter_ns()
-        # Decoding and planning a batch of thousands of dispatches takes a good part of a second:
-        # off the event loop then, like a large run. A small batch is done inline: the hop to a
-        # worker thread and back costs more than the work.
-        plan = await offload(
-            header_length or len(body), PLAN_INLINE_MAX_BYTES, batch.plan_rest, body,
-            header_length, runtime.batch_limits, runtime.batch_plans,
+        call.mark_received()
+        # Decoding and planning a batch of thousands of dispatches takes a good part of a
+        # second: off the event loop then, like a large run.
+        plan = await call.plan(
+            header_length or len(body), batch.plan_rest, body, header_length, plane.batch_limits,
+            plane.batch_plans,
         )  # fmt: skip
-        models = [dispatch.call.op.name for dispatch in plan.dispatches]
-        backend = runtime.selection.backend
-        needed = plan.memory_needed(device_copies=not backend.host_memory)
-        exchange.grow(needed, "batch", "body, zero-filled buffers, outputs", "buffers")
-        planned = perf_counter_ns()
-        framed = await offload(needed, RUN_INLINE_MAX_BYTES, batch.execute, plan, body, backend)
-        executed = perf_counter_ns()
+        # Counted in the statistics once planned: each dispatch an inference of its operator.
+        call.models = [dispatch.call.op.name for dispatch in plan.dispatches]
+        needed = plan.memory_needed(device_copies=not plane.backend.host_memory)
+        call.hold(needed, "batch", "body, zero-filled buffers, outputs", "buffers")
+        framed = await call.run(needed, batch.execute, plan, body, plane.backend)
         await exchange.send(send, framed)
-    except BaseException:
-        if models:
-            runtime.statistics.record_batch_failure(models, perf_counter_ns() - started)
-        raise
-    finally:
-        exchange.release()
-    if models:
-        sent = perf_counter_ns()
-        runtime.statistics.record_batch(
-            models, 0, planned - received, executed - planned, sent - executed, sent - started
-        )
 
 
 class BatchEndpoint:

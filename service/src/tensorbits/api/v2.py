@@ -1,7 +1,7 @@
 """The Open Inference Protocol (KServe v2 / Triton HTTP) endpoints, with Triton's binary tensor
 data, model repository, model configuration and statistics extensions: the stock
 ``tritonclient.http`` works unchanged. What the metadata and configuration routes say comes from
-``model_info.py``, what the statistics route says from ``runtime.statistics``: the gRPC front end
+``model_info.py``, what the statistics route says from ``runtime.plane.statistics``: the gRPC front end
 answers from the same.
 
 Every operator is a model of the same name, at version ``"1"``. Inference itself, the hot path,
@@ -20,13 +20,13 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from tensorbits import inference, model_info
+from tensorbits import model_info
 from tensorbits.api import v2_openapi
 from tensorbits.api.body import read_body
 from tensorbits.api.deps import RuntimeDep
 from tensorbits.api.v2_openapi import ModelName, ModelVersion
-from tensorbits.inference import resolve_model
-from tensorbits.runtime import ModelStates, Runtime
+from tensorbits.core.models import MODEL_VERSION, ModelStates, resolve_model
+from tensorbits.runtime import Runtime
 from tensorbits_protocol.errors import InvalidRequest
 from tensorbits_protocol.jsondata import JsonLimits, parse_json
 from tensorbits_protocol.operators import OPERATORS, OperatorSpec, get_operator
@@ -118,7 +118,7 @@ def _model_readiness(request: Request, op: OperatorSpec) -> Response:
         return _not_ready()
     # An unloaded model: 400, as Triton answers (tritonclient's is_model_ready is then False),
     # with the same words as an inference of it gets.
-    runtime.models.check_loaded(op.name)
+    runtime.plane.models.check_loaded(op.name)
     return Response(status_code=200)
 
 
@@ -134,7 +134,7 @@ def _model_ready(resolved: Any) -> Callable[..., Awaitable[Response]]:
 
 @router.get("", response_model=ServerMetadataResponse, summary="Server metadata")
 async def server_metadata(runtime: RuntimeDep) -> ServerMetadataResponse:
-    return model_info.server_metadata(runtime.shared_memory)
+    return model_info.server_metadata(runtime.plane.regions)
 
 
 @router.get(
@@ -191,13 +191,11 @@ async def repository_index(request: Request) -> list[RepositoryIndexEntry]:
     for op in OPERATORS:
         reason = _unavailable_because(runtime, op.name)
         if reason is None:
-            entries.append(
-                RepositoryIndexEntry(name=op.name, version=inference.MODEL_VERSION, state="READY")
-            )
+            entries.append(RepositoryIndexEntry(name=op.name, version=MODEL_VERSION, state="READY"))
         elif not query.ready:
             entries.append(
                 RepositoryIndexEntry(
-                    name=op.name, version=inference.MODEL_VERSION, state="UNAVAILABLE",
+                    name=op.name, version=MODEL_VERSION, state="UNAVAILABLE",
                     reason=reason,
                 )
             )  # fmt: skip
@@ -249,7 +247,7 @@ def _lifecycle_route(action: str, change: Callable[[ModelStates, str], None], su
     """``POST /repository/models/{model}/<action>`` (named ``repository_model_<action>``)."""
 
     async def endpoint(model: ModelName, runtime: RuntimeDep) -> Response:
-        change(runtime.models, get_operator(model).name)
+        change(runtime.plane.models, get_operator(model).name)
         return Response(status_code=200)
 
     router.add_api_route(
@@ -300,7 +298,7 @@ def _statistics(
     # With several workers, each counts its own: the others' published counts are added in.
     others = request.app.state.metrics.other_workers_statistics()
     return ModelStatisticsResponse.model_validate(
-        runtime.statistics.response((op.name for op in models), others)
+        runtime.plane.statistics.response((op.name for op in models), others)
     )
 
 

@@ -23,7 +23,7 @@ from fastapi import Path
 from pydantic import BaseModel
 
 from tensorbits.api.fastpath import Operation
-from tensorbits.inference import MODEL_VERSIONS
+from tensorbits.core.models import MODEL_VERSIONS
 from tensorbits_protocol import codec
 from tensorbits_protocol.errors import TensorbitsError
 from tensorbits_protocol.operators import OPERATORS, OperatorSpec, get_operator

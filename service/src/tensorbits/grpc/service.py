@@ -3,9 +3,9 @@
 Every RPC reads the same runtime as the HTTP routes (backend, admission, limits, model states,
 statistics, drain) and answers from the same definitions: metadata, model configuration and
 statistics are the HTTP documents turned into messages (``json_format.ParseDict``), inference
-goes through ``inference.plan`` like every front end. A refusal is the same ``TensorbitsError``
-with the same words, sent as the gRPC status its class carries with trailing metadata naming the
-field and the rule (``status.py``), as the HTTP JSON error does. An exception that is not a
+goes through the data plane (core/dataplane.py) like every front end. A refusal is the same
+``TensorbitsError`` with the same words, sent as the gRPC status its class carries with trailing
+metadata naming the field and the rule (``status.py``), as the HTTP JSON error does. An exception that is not a
 refusal is answered by ``refusals.refusal_of`` as HTTP answers it (out of memory: UNAVAILABLE,
 as HTTP's 503), or as INTERNAL with no internals named (a bug).
 
@@ -22,7 +22,6 @@ protobuf's words, not the INTERNAL that grpcio answers when its own deserializer
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 import time
@@ -33,30 +32,25 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
 from starlette.concurrency import run_in_threadpool
 
-from tensorbits import auth, inference, model_info, refusals
+from tensorbits import auth, model_info, refusals
+from tensorbits.core.models import MODEL_VERSION, resolve_model
+from tensorbits.deadlines import within_read_deadline
 from tensorbits.grpc import inference_pb2 as pb
 from tensorbits.grpc import messages, streams, wire
 from tensorbits.grpc.pools import RPC_RULES, Pool, Slots, worker_pools
 from tensorbits.grpc.status import Context, error_metadata, status_code
 from tensorbits.grpc.streams import StreamBehaviour
-from tensorbits.header_cache import HeaderCache
-from tensorbits.inference import CACHED_HEADER_MAX_BYTES
-from tensorbits.observability import Metrics, access_fields
-from tensorbits.offload import COMPUTE_INLINE_MAX_BYTES, JSON_INLINE_MAX_BYTES, offload
+from tensorbits.observability import Metrics, record_call
+from tensorbits.offload import JSON_INLINE_MAX_BYTES, offload
 from tensorbits.runtime import Runtime
 from tensorbits.shared_memory import Kind, SharedMemoryRegions, switched_on
-from tensorbits_protocol.errors import (
-    InvalidRequest,
-    OperatorNotFound,
-    PayloadTooLarge,
-    RequestTimeout,
-    Unauthorized,
-)
+from tensorbits_protocol.errors import InvalidRequest, OperatorNotFound, PayloadTooLarge
 from tensorbits_protocol.operators import OPERATORS, OperatorSpec
 
-# The HTTP requests' logger (observability.py): one access log whatever the protocol.
-access_log = logging.getLogger("tensorbits.access")
 logger = logging.getLogger("tensorbits.grpc")
+
+# The front end's tag in the data plane's cache keys: HTTP keys its own form there too.
+CACHE_TAG = "grpc"
 
 # The published service name: clients call /inference.GRPCInferenceService/<Method>.
 SERVICE_NAME = "inference.GRPCInferenceService"
@@ -99,24 +93,16 @@ class InferenceService:
         self.runtime = runtime
         self.metrics = metrics
         settings = runtime.settings
-        self.keys = auth.KeyRing(settings.accepted_api_keys) if settings.accepted_api_keys else None
-        self.open_rpcs = frozenset(
-            rpc for rpc, path in OPEN_WHEN.items() if path in settings.auth_open_paths
-        )
+        # The API keys and open paths HTTP checks too (None: no keys, every call is open).
+        self.keys = auth.KeyRing.of(settings)
         self.receive_timeout = settings.timeout_body_read
-        # ModelInfer messages planned before (TENSORBITS_HEADER_CACHE_BYTES, as HTTP's headers).
-        self.plans: HeaderCache[messages.PlanTemplate] | None = (
-            HeaderCache(settings.header_cache_bytes, CACHED_HEADER_MAX_BYTES)
-            if settings.header_cache_bytes
-            else None
-        )
         # Every RPC of the service in inference.proto, by the method of its snake-case name.
         self.handlers: dict[str, Handler] = {rpc: getattr(self, method) for rpc, method in RPCS}
         missing = set(self.handlers) ^ set(RPC_RULES)
         assert not missing, f"RPC_RULES does not match inference.proto: {sorted(missing)}"
         self.pools: dict[Pool, Slots] = worker_pools(settings)
         self.wire_limits = wire.WireLimits.of(
-            runtime.limits.max_tensors, runtime.limits.max_json_elements
+            runtime.plane.limits.max_tensors, runtime.plane.limits.max_json_elements
         )
 
     # --- the call around every RPC ------------------------------------------------------------
@@ -126,7 +112,7 @@ class InferenceService:
         as a stream of one message so that the read has a deadline (``timeout_body_read``): a
         client that never finishes its message holds a slot no longer than an HTTP body would."""
         handler = self.handlers[name]
-        needs_key = self.keys is not None and name not in self.open_rpcs
+        needs_key = self.keys is not None and self.keys.needs_key(OPEN_WHEN.get(name))
         route = f"/{SERVICE_NAME}/{name}"
         rule = RPC_RULES[name]
         slots = self.pools.get(rule.pool)
@@ -140,7 +126,7 @@ class InferenceService:
                     slots.take()
                     holding = True
                 if needs_key:
-                    self._authenticate(context)
+                    self._authenticate(context, route)
                 data = await self._receive(name, requests)
                 size_in = len(data)
                 if rule.max_message_bytes is not None and size_in > rule.max_message_bytes:
@@ -174,18 +160,11 @@ class InferenceService:
         return behaviour
 
     async def _receive(self, name: str, requests: AsyncIterator[bytes]) -> bytes:
-        """The call's one message, within the read deadline."""
+        """The call's one message, within the read deadline (an HTTP body's: ``deadlines.py``)."""
         try:
-            # asyncio.timeout, not wait_for: no task per call (a tenth of a small call).
-            async with asyncio.timeout(self.receive_timeout):
-                return await anext(requests)
-        except TimeoutError:
-            raise RequestTimeout(
-                f"the {name} request message did not arrive within "
-                f"{self.receive_timeout} s (TENSORBITS_TIMEOUT_BODY_READ)",
-                field="message",
-                rule="timeout_body_read",
-            ) from None
+            return await within_read_deadline(
+                anext(requests), self.receive_timeout, f"the {name} request message"
+            )
         except StopAsyncIteration:
             raise InvalidRequest(
                 f"the call ended without a {name} request message",
@@ -197,7 +176,7 @@ class InferenceService:
         """The stream-stream behaviour registered for a streaming RPC (ModelStreamInfer), as
         ``streams.stream_behaviour`` runs it: with a slot of its pool, its route and whether its
         API key is checked, read as ``rpc`` reads them for a unary call."""
-        needs_key = self.keys is not None and name not in self.open_rpcs
+        needs_key = self.keys is not None and self.keys.needs_key(OPEN_WHEN.get(name))
         route = f"/{SERVICE_NAME}/{name}"
         slots = self.pools[RPC_RULES[name].pool]
         return streams.stream_behaviour(self, name, route, slots, needs_key)
@@ -205,34 +184,21 @@ class InferenceService:
     def _account(
         self, route: str, status: int, seconds: float, size_in: int, size_out: int
     ) -> None:
-        """Count and log a call as the HTTP middleware does a request (observability.py): under
-        its method's path, with the HTTP status of its answer (a refusal's is its error's)."""
-        if self.metrics is not None:
-            self.metrics.tally.add(route, "", status, seconds, size_in, size_out)
-        if access_log.isEnabledFor(logging.INFO):
-            access_log.info(
-                "gRPC %s %d",
-                route,
-                status,
-                extra=access_fields(route, status, seconds, size_in, size_out),
-            )
+        """Count and log a call as an HTTP request is (``observability.record_call``): under its
+        method's path, with the HTTP status of its answer (a refusal's is its error's)."""
+        record_call(
+            self.metrics, "grpc", "gRPC", route, route, "", status, seconds, size_in, size_out
+        )
 
-    def _authenticate(self, context: Context) -> None:
+    def _authenticate(self, context: Context, route: str) -> None:
+        """The call's API key, checked as an HTTP request's is (``auth.KeyRing.check``: its
+        metadata read as the headers, the refusal raised for the call to send)."""
         assert self.keys is not None
         headers = [
             (key.encode("latin-1"), value if isinstance(value, bytes) else value.encode())
             for key, value in context.invocation_metadata() or ()
         ]
-        presented, _ = auth.presented_key(headers)
-        if presented is None:
-            raise Unauthorized(
-                "an API key is required: send it as 'authorization: Bearer <key>' or "
-                "'x-api-key: <key>' metadata",
-                field="authorization",
-                rule="api_key",
-            )
-        if not self.keys.accepts(presented):
-            raise Unauthorized("the API key is not valid", field="authorization", rule="api_key")
+        self.keys.check(headers, "gRPC", route, context.peer)
 
     # --- health and metadata ------------------------------------------------------------------
 
@@ -246,19 +212,19 @@ class InferenceService:
 
     async def model_ready(self, data: bytes) -> bytes:
         request = _parse(pb.ModelReadyRequest, data)
-        op = inference.resolve_model(request.name, _version(request.version))
+        op = resolve_model(request.name, _version(request.version))
         ready = self.runtime.unavailable_because(op.name) is None
         return pb.ModelReadyResponse(ready=ready).SerializeToString()
 
     async def server_metadata(self, data: bytes) -> bytes:
         _parse(pb.ServerMetadataRequest, data)
-        metadata = model_info.server_metadata(self.runtime.shared_memory)
+        metadata = model_info.server_metadata(self.runtime.plane.regions)
         document = metadata.model_dump(exclude_none=True)
         return _message(pb.ServerMetadataResponse, document).SerializeToString()
 
     async def model_metadata(self, data: bytes) -> bytes:
         request = _parse(pb.ModelMetadataRequest, data)
-        op = inference.resolve_model(request.name, _version(request.version))
+        op = resolve_model(request.name, _version(request.version))
         document = model_info.model_metadata(op).model_dump(exclude_none=True)
         # The HTTP metadata's extra words (allowed types, ranks, parameters) have no field in
         # TensorMetadata; ModelConfig carries them (openapi/README.md).
@@ -266,7 +232,7 @@ class InferenceService:
 
     async def model_config(self, data: bytes) -> bytes:
         request = _parse(pb.ModelConfigRequest, data)
-        op = inference.resolve_model(request.name, _version(request.version))
+        op = resolve_model(request.name, _version(request.version))
         config = _message(pb.ModelConfig, model_info.model_config(op))
         return pb.ModelConfigResponse(config=config).SerializeToString()
 
@@ -274,7 +240,7 @@ class InferenceService:
         request = _parse(pb.ModelStatisticsRequest, data)
         models: list[OperatorSpec] = list(OPERATORS)
         if request.name:
-            models = [inference.resolve_model(request.name, _version(request.version))]
+            models = [resolve_model(request.name, _version(request.version))]
         elif request.version:
             raise InvalidRequest(
                 "a version without a model name: give the model's name too",
@@ -283,7 +249,7 @@ class InferenceService:
             )
         # With several workers, each counts its own: the others' published counts are added in.
         others = self.metrics.other_workers_statistics() if self.metrics is not None else []
-        document = self.runtime.statistics.response((op.name for op in models), others)
+        document = self.runtime.plane.statistics.response((op.name for op in models), others)
         return _message(pb.ModelStatisticsResponse, document).SerializeToString()
 
     # --- model repository ---------------------------------------------------------------------
@@ -299,7 +265,7 @@ class InferenceService:
             models.append(
                 pb.RepositoryIndexResponse.ModelIndex(
                     name=op.name,
-                    version=inference.MODEL_VERSION,
+                    version=MODEL_VERSION,
                     state="READY" if reason is None else "UNAVAILABLE",
                     reason=reason or "",
                 )
@@ -310,7 +276,7 @@ class InferenceService:
         request = _parse(pb.RepositoryModelLoadRequest, data)
         _check_repository(request.repository_name)
         _no_repository_parameters(request.parameters, ())
-        self.runtime.models.load(inference.resolve_model(request.model_name, None).name)
+        self.runtime.plane.models.load(resolve_model(request.model_name, None).name)
         return pb.RepositoryModelLoadResponse().SerializeToString()
 
     async def repository_model_unload(self, data: bytes) -> bytes:
@@ -318,13 +284,13 @@ class InferenceService:
         _check_repository(request.repository_name)
         # Triton's one unload parameter: no model here has dependents, so either value holds.
         _no_repository_parameters(request.parameters, ("unload_dependents",))
-        self.runtime.models.unload(inference.resolve_model(request.model_name, None).name)
+        self.runtime.plane.models.unload(resolve_model(request.model_name, None).name)
         return pb.RepositoryModelUnloadResponse().SerializeToString()
 
     # --- system shared memory -----------------------------------------------------------------
 
     def _regions(self) -> SharedMemoryRegions:
-        return switched_on(self.runtime.shared_memory)
+        return switched_on(self.runtime.plane.regions)
 
     async def system_shared_memory_status(self, data: bytes) -> bytes:
         request = _parse(pb.SystemSharedMemoryStatusRequest, data)
@@ -386,21 +352,19 @@ class InferenceService:
     async def _infer(
         self, data: bytes, message_state: streams.Message | None = None, *, streamed: bool = False
     ) -> bytes:
-        """One inference, admitted for its message before it is parsed, counted in
-        ``runtime.statistics`` with the HTTP path's phases (statistics.py). A message planned
-        before (the same bytes but the raw contents', of the same sizes) is planned from its
-        ``messages.PlanTemplate`` (``self.plans``), not parsed and checked again. A stream's
-        message (``message_state``) learns its request's id and when it is admitted."""
-        started = time.perf_counter_ns()
-        runtime = self.runtime
+        """One inference through the data plane's lifecycle (core/dataplane.py), admitted for
+        its message before it is parsed. A message planned before (the same bytes but the raw
+        contents', of the same sizes) is planned from its template in the plane's cache, not
+        parsed and checked again. A stream's message (``message_state``) learns its request's
+        id and when it is admitted."""
+        plane = self.runtime.plane
         split = wire.split_infer_request(data, self.wire_limits)
-        key: tuple[bytes, tuple[int, ...]] | None = None
-        template = None
-        if self.plans is not None and self.plans.keeps(split.message):
-            key = (split.message, tuple(raw.nbytes for raw in split.raw_contents))
-            template = self.plans.get(key)
+        key = (CACHE_TAG, split.message, tuple(raw.nbytes for raw in split.raw_contents))
+        template = plane.template(key, len(split.message))
         if template is not None:
             op = template.op
+            if message_state is not None:
+                message_state.id = template.request_id or ""
         else:
             # Walked by its rules before protobuf builds anything of it (a cached message was,
             # when it was cached); on a thread when large, as the HTTP side's JSON is read.
@@ -410,50 +374,32 @@ class InferenceService:
             )  # fmt: skip
             if message_state is not None:
                 message_state.id = message.id
-            op = inference.resolve_model(message.model_name, _version(message.model_version))
-        if template is not None and message_state is not None:
-            message_state.id = template.request_id or ""
-        runtime.models.check_loaded(op.name)  # every call: a template skips no state
-        try:
-            grant = runtime.admission.acquire(len(data))
-            try:
-                if template is not None:
-                    plan, head = template.plan(split.raw_contents), template.head
-                else:
-                    # Typed contents are read value by value: off the event loop when many.
-                    plan = await offload(
-                        len(split.message), JSON_INLINE_MAX_BYTES, messages.plan, op, message,
-                        split.raw_contents, runtime.limits, runtime.shared_memory,
-                    )  # fmt: skip
-                    head = None
-                    if key is not None and self.plans is not None:
-                        made = messages.PlanTemplate.of(plan, message)
-                        if made is not None:
-                            self.plans.put(key, made, len(split.message))
-                            head = made.head
-                grant.hold(
-                    plan.memory_needed(len(data), runtime.selection.backend),
-                    "inference",
-                    "message, output",
-                    "inputs",
+            op = resolve_model(message.model_name, _version(message.model_version))
+        plane.models.check_loaded(op.name)  # every call: a template skips no state
+        async with plane.call((op.name,)) as call:
+            call.admit(len(data))
+            if template is not None:
+                plan = template.plan(split.raw_contents)
+            else:
+                # Typed contents are read value by value: off the event loop when many.
+                plan = await call.plan(
+                    len(split.message), messages.plan, plane, op, message, split.raw_contents
                 )
-                if message_state is not None:
-                    message_state.admitted.set()
-                planned = time.perf_counter_ns()
-                response = await offload(
-                    plan.work_bytes, COMPUTE_INLINE_MAX_BYTES, messages.execute, plan,
-                    runtime.selection.backend, runtime.shared_memory, head, streamed=streamed,
-                )  # fmt: skip
-            finally:
-                grant.release()
-        except BaseException:
-            runtime.statistics.record_failure(op.name, time.perf_counter_ns() - started)
-            raise
-        executed = time.perf_counter_ns()
-        runtime.statistics.record(
-            op.name, 0, planned - started, executed - planned, 0, executed - started
-        )
-        return response
+                if plane.plans is not None:
+                    made = messages.template_of(plan, message)
+                    if made is not None:
+                        plane.remember(key, made, len(split.message))
+                        plan = plan._replace(response_head=made.response_head)
+            call.hold(
+                plan.memory_needed(len(data), plane.backend), "inference", "message, output",
+                "inputs",
+            )  # fmt: skip
+            if message_state is not None:
+                message_state.admitted.set()
+            return await call.run(
+                plan.work_bytes, messages.encode, plan, plane.backend, plane.regions,
+                streamed=streamed,
+            )  # fmt: skip
 
 
 def _checked_request(data: bytes, limits: wire.WireLimits) -> pb.ModelInferRequest:

@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import NoReturn, Protocol
 
 from tensorbits import refusals
+from tensorbits.deadlines import read_deadline_passed
 from tensorbits.grpc import inference_pb2 as pb
 from tensorbits.grpc.pools import Slots
 from tensorbits.grpc.status import Context, error_metadata, status_code
@@ -58,7 +59,7 @@ class Servicer(Protocol):
 
     receive_timeout: float
 
-    def _authenticate(self, context: Context) -> None: ...
+    def _authenticate(self, context: Context, route: str) -> None: ...
 
     def _account(
         self, route: str, status: int, seconds: float, size_in: int, size_out: int
@@ -127,7 +128,7 @@ def stream_behaviour(
         try:
             if needs_key:
                 try:
-                    service._authenticate(context)
+                    service._authenticate(context, route)
                 except Unauthorized as exc:
                     await _refuse_call(service, context, route, exc, started)
             reader = asyncio.create_task(_read_stream(service, name, route, requests, flight))
@@ -171,8 +172,10 @@ async def _read_stream(
 async def _next_message(
     service: Servicer, name: str, requests: AsyncIterator[bytes], flight: _Flight
 ) -> bytes | None:
-    """A stream's next message (None at its end). The read deadline runs only while the
-    stream has nothing in flight: a client may wait for its answers before it sends more."""
+    """A stream's next message (None at its end). The read deadline (``deadlines.py``, a
+    unary call's and an HTTP body's) runs only while the stream has nothing in flight: a
+    client may wait for its answers before it sends more. Not ``within_read_deadline``: the
+    deadline starts when the last answer goes out, which may be after the read began."""
     read: asyncio.Task[bytes | None] = asyncio.create_task(_next(requests))
     try:
         while True:
@@ -184,11 +187,9 @@ async def _next_message(
             if done:
                 return read.result()
             if not flight.count and time.monotonic() - flight.idle_since >= service.receive_timeout:
-                raise RequestTimeout(
-                    f"no {name} request message arrived in the {service.receive_timeout} s "
-                    "the stream sat idle, nothing in flight (TENSORBITS_TIMEOUT_BODY_READ)",
-                    field="message",
-                    rule="timeout_body_read",
+                raise read_deadline_passed(
+                    f"the next {name} request message of an idle stream (nothing in flight)",
+                    service.receive_timeout,
                 )
     finally:
         read.cancel()

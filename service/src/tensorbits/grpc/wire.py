@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple
 
+from tensorbits_protocol.descriptors import RANK_WORDS
 from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
 from tensorbits_protocol.parameters import MAX_PARAMETERS, too_many
 from tensorbits_protocol.v2 import MAX_WIRE_RANK
@@ -183,8 +184,7 @@ def _past_bound(rule: Rule, path: str, count: int, limits: WireLimits) -> Except
         )
     if rule.count is Count.RANK:
         return InvalidRequest(
-            f"{where} has more than {bound} dimensions (MAX_WIRE_RANK; operators take rank 8 at "
-            "most)",
+            f"{where} {RANK_WORDS}",  # the words of the REST form's refusal too
             field=where,
             rule="max_rank",
         )

@@ -1,0 +1,136 @@
+"""The REST form of a v2 inference: a request body in, a framed response out (the HTTP front
+end's codec around the core).
+
+``plan`` decodes a body (``InferRequest.from_rest``: the JSON, the framing, the tensor counts),
+checks the model the body names against the URL's, and plans it (``core.plan``). It remembers
+the plans of repeated all-binary headers in the data plane's cache (``template_of``: the header's
+bytes and the tail's length are the key), so a repeated request is not decoded again. ``encode``
+runs a plan into the response: it knows the output's shape and type, so it writes the JSON
+header first, allocates ONE buffer for header plus output, and has the kernel write the output
+straight into that buffer's tail, which is sent as it is (no copy from output to response).
+Plain functions, CPU-bound: the data plane decides whether they run on a worker thread.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tensorbits.backends.base import Backend
+from tensorbits.core.dataplane import DataPlane
+from tensorbits.core.models import MODEL_VERSION
+from tensorbits.core.plan import Plan, PlanTemplate
+from tensorbits.core.plan import plan as plan_request
+from tensorbits.core.run import run_to_host, run_to_region
+from tensorbits.shared_memory import SharedMemoryRegions
+from tensorbits_protocol import codec
+from tensorbits_protocol.dtypes import wire_dtype
+from tensorbits_protocol.errors import InvalidRequest
+from tensorbits_protocol.infer import InferRequest
+from tensorbits_protocol.jsondata import encode_data
+from tensorbits_protocol.operators import OperatorSpec
+
+# The front end's tag in the data plane's cache keys: gRPC keys its own form there too.
+CACHE_TAG = "rest"
+
+
+def plan(
+    plane: DataPlane,
+    op: OperatorSpec,
+    body: bytearray,
+    header_length: int | None,
+    version: str | None = None,
+) -> Plan:
+    """Decode and plan one REST inference request for ``op`` (at the URL's ``version``, if it
+    names one); raise on anything wrong with it.
+
+    An all-binary header planned before is not decoded again (the plane's cache): the plan is
+    rebuilt from what it decided, with views of this body's bytes."""
+    head, tail = codec.split_body(memoryview(body), header_length)
+    header = bytes(head)
+    key = None
+    if header_length is not None and plane.plans is not None:
+        key = (CACHE_TAG, op.name, version, header, len(tail))
+        template = plane.template(key, len(header))
+        if template is not None:
+            return template.plan((tail,))
+    limits = plane.limits
+    request = InferRequest.from_rest(
+        header, tail, model=op.name, header_given=header_length is not None, limits=limits
+    )
+    check_named_model(request, op, version)
+    planned = plan_request(op, request, limits, plane.regions)
+    if (
+        key is not None
+        and planned.shared_output is None
+        and all(t.raw is not None for t in request.inputs)
+    ):
+        plane.remember(key, template_of(planned, request), len(header))
+    return planned
+
+
+def template_of(planned: Plan, request: InferRequest) -> PlanTemplate:
+    """The template of a plan made from an all-binary request: where each input's bytes lie
+    in the tail (``codec.spans``, in the order sent)."""
+    places = codec.spans(tensor.nbytes for tensor in request.inputs)
+    where = {
+        tensor.name: (0, slice(*place), wire_dtype(tensor.datatype), tensor.shape)
+        for tensor, place in zip(request.inputs, places, strict=True)
+        if place is not None
+    }
+    header = planned.response().to_rest().header if planned.binary_output else None
+    return PlanTemplate.decided(
+        planned, where, binary_output=planned.binary_output, response_head=header
+    )
+
+
+def encode(
+    plan: Plan, backend: Backend, regions: SharedMemoryRegions | None = None
+) -> codec.Framed:
+    """Run a plan and encode the response (binary: one buffer, written in place; shared
+    memory: the inputs read first, the output written into its region, the response its JSON
+    header alone). Called once the request is admitted for ``plan.memory_needed``."""
+    if plan.shared_output is not None:
+        assert regions is not None  # plan() refused shared memory without regions
+        run_to_region(plan, backend, regions)
+        return codec.Framed.json(plan.response().to_rest().header)
+    call = plan.call
+    dtype = wire_dtype(call.output_datatype)
+    if plan.binary_output:
+        if plan.response_head is not None:
+            layout = codec.BodyLayout(plan.response_head, (plan.output_nbytes,))
+        else:
+            layout = plan.response().to_rest()
+        body, (tail,) = layout.allocate()
+        run_to_host(plan, backend, regions, np.frombuffer(tail, dtype).reshape(call.output_shape))
+        return codec.Framed((body,), layout.header_length)
+    out = np.empty(call.output_shape, dtype)
+    run_to_host(plan, backend, regions, out)
+    return codec.Framed.json(plan.response(encode_data(plan.op.output, out)).to_rest().header)
+
+
+def check_named_model(request: InferRequest, op: OperatorSpec, version: str | None) -> None:
+    """The model (and version) a REST body names beside its URL, as KServe's REST client
+    writes them: accepted when they are the URL's ``op`` and ``version`` (a URL without one
+    asks for the server's choice, ``MODEL_VERSION``), refused naming both when not: never
+    answered for another model than the one the caller meant."""
+    named = request.model_name
+    if named is not None and named != op.name:
+        raise InvalidRequest(
+            f"model_name '{named[:100]}' in the request body is not the model the URL names, "
+            f"'{op.name}'",
+            field="model_name",
+            rule="model_mismatch",
+        )
+    named = request.model_version
+    meant = MODEL_VERSION if version is None else version
+    if named is not None and named != meant:
+        where = "the URL names" if version is not None else "a URL without one asks for"
+        raise InvalidRequest(
+            f"model_version '{named[:40]}' in the request body is not the version {where}, "
+            f"'{meant[:40]}'",
+            field="model_version",
+            rule="model_mismatch",
+        )
+
+
+__all__ = ["check_named_model", "encode", "plan", "template_of"]

@@ -1,0 +1,66 @@
+"""The models this server serves: one per operator, at one version, loaded unless the
+repository extension has unloaded it. Every front end resolves a model name here."""
+
+from __future__ import annotations
+
+import threading
+
+from tensorbits_protocol.errors import ModelUnavailable, OperatorNotFound
+from tensorbits_protocol.operators import OperatorSpec, get_operator
+
+MODEL_VERSION = "1"
+MODEL_VERSIONS = (MODEL_VERSION,)
+
+
+def resolve_model(name: str, version: str | None) -> OperatorSpec:
+    """The operator a v2 model name (and optional version) names; 404 for any other."""
+    op = get_operator(name)
+    if version is not None and version not in MODEL_VERSIONS:
+        raise OperatorNotFound(
+            f"model '{op.name}' has no version '{version[:40]}' "
+            f"(versions: {', '.join(MODEL_VERSIONS)})",
+            field="model_version",
+            rule="unknown_version",
+        )
+    return op
+
+
+class ModelStates:
+    """Which models the v2 repository extension has unloaded on this server (every other one is
+    loaded): ``POST /v2/repository/models/{m}/unload`` and ``.../load``, as Triton clients expect.
+
+    The operators stay compiled in; an unloaded one is only refused, by name, until it is loaded
+    again. The state is this process's alone, like Triton's own repository: replicas share none.
+    Writers (the load and unload routes) swap in a new frozenset under a lock; readers (every
+    inference) test membership in whichever set is current, without the lock."""
+
+    __slots__ = ("_lock", "_unloaded")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._unloaded: frozenset[str] = frozenset()
+
+    def load(self, name: str) -> None:
+        with self._lock:
+            self._unloaded = self._unloaded - {name}
+
+    def unload(self, name: str) -> None:
+        with self._lock:
+            self._unloaded = self._unloaded | {name}
+
+    def is_loaded(self, name: str) -> bool:
+        return name not in self._unloaded
+
+    def check_loaded(self, name: str) -> None:
+        """Raise ModelUnavailable (400, FAILED_PRECONDITION over gRPC) naming the model, its
+        state and the way back, if ``name`` is unloaded."""
+        if name in self._unloaded:
+            raise ModelUnavailable(
+                f"model '{name}' is unloaded (state UNAVAILABLE): load it again with "
+                f"POST /v2/repository/models/{name}/load",
+                field="model_name",
+                rule="model_unloaded",
+            )
+
+
+__all__ = ["MODEL_VERSION", "MODEL_VERSIONS", "ModelStates", "resolve_model"]

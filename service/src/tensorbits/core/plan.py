@@ -1,0 +1,349 @@
+"""A checked inference, ready to run: ``plan`` turns a decoded ``InferRequest`` into a ``Plan``.
+
+Whatever front end decoded the request (HTTP's REST form, gRPC's ``ModelInferRequest``), it is
+checked here, by the operator's rules and the limits, before any output memory exists; binary
+inputs stay where they arrived (``np.frombuffer`` views of the request's bytes). A
+``PlanTemplate`` is what a request whose inputs are all raw bytes decides, so that a repeated
+request is planned from it without being decoded or checked again (each front end keys its own
+wire form: ``api/rest_infer.py``, ``grpc/messages.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Self
+
+import numpy as np
+
+from tensorbits.backends.base import Backend
+from tensorbits.core.models import MODEL_VERSION
+from tensorbits.engine import is_flat_elementwise
+from tensorbits.shared_memory import Location, SharedMemoryRegions, switched_on
+from tensorbits_protocol.dtypes import itemsize, wire_dtype
+from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
+from tensorbits_protocol.infer import (
+    UNSUPPORTED_OUTPUT_PARAMETERS,
+    HostArray,
+    InferRequest,
+    InferResponse,
+    RequestLimits,
+    SharedMemoryRef,
+    Tensor,
+)
+from tensorbits_protocol.jsondata import require_json_form
+from tensorbits_protocol.operators import OperatorSpec
+from tensorbits_protocol.validation import ResolvedCall, TensorSpec, validate_call
+
+# JSON output costs far more per element than its binary bytes; this weighs it for offloading.
+JSON_BYTES_PER_ELEMENT = 8
+# A run from system regions to a system region streams pieces of this many bytes (of its widest
+# tensor) through buffers that stay in the cache: read, compute, write. 256 KiB to 4 MiB measured
+# alike, all twice as fast as whole tensors (docs/benchmarks.md).
+STREAM_PIECE_BYTES = 1 << 20
+
+
+class Plan(NamedTuple):
+    """A checked inference, ready to run: nothing about it can be the caller's fault any more.
+    (A NamedTuple: one is built per request, in a third of a frozen dataclass's time.)"""
+
+    op: OperatorSpec
+    call: ResolvedCall
+    request_id: str | None
+    inputs: list[HostArray]  # in the operator's input order
+    binary_output: bool
+    output_nbytes: int
+    # The front end's answer up to the output's bytes, when already known (a template's plan:
+    # HTTP's JSON header, gRPC's serialized response head): it depends on nothing that running
+    # the plan decides.
+    response_head: bytes | None = None
+    # Inputs in shared memory (their place in ``inputs`` holds an empty array until
+    # ``shared_loaded`` reads them) and the region the output goes to (shared_memory.py), a CUDA
+    # region when ``output_on_device``.
+    shared_inputs: tuple[SharedInput, ...] = ()
+    shared_output: SharedMemoryRef | None = None
+    output_on_device: bool = False
+
+    @property
+    def shared_input_bytes(self) -> int:
+        """Bytes of host memory the inputs read from system regions take (one in a CUDA region
+        is computed on where it is)."""
+        return sum(shared.nbytes for shared in self.shared_inputs if not shared.on_device)
+
+    @property
+    def work_bytes(self) -> int:
+        """Memory the run touches: inputs read, output written (and JSON text for JSON output)."""
+        out = self.output_nbytes
+        if not self.binary_output and self.shared_output is None:
+            out += math.prod(self.call.output_shape) * JSON_BYTES_PER_ELEMENT
+        return sum(x.nbytes for x in self.inputs) + self.shared_input_bytes + out
+
+    def memory_needed(self, body_bytes: int, backend: Backend | None = None) -> int:
+        """Bytes of host memory this inference holds while it runs on ``backend``: the
+        request's body, the inputs read from system shared memory, and the output (none when a
+        CUDA region gets it; a streamed run holds one piece of each shared tensor)."""
+        inputs = self.shared_input_bytes
+        output = 0 if self.output_on_device else self.output_nbytes
+        if backend is not None and streams(self, backend):
+            inputs = min(inputs, len(self.shared_inputs) * STREAM_PIECE_BYTES)
+            if self.shared_output is not None:
+                output = min(output, STREAM_PIECE_BYTES)
+        return body_bytes + inputs + output
+
+    def response(self, data: list[Any] | None = None) -> InferResponse:
+        """The response to this plan: the output as binary data, with its JSON ``data``, or as
+        written into its shared-memory region."""
+        call = self.call
+        output = Tensor(
+            self.op.output, call.output_datatype, call.output_shape, data=data,
+            shared_memory=self.shared_output,
+        )  # fmt: skip
+        return InferResponse(self.op.name, (output,), MODEL_VERSION, self.request_id)
+
+
+class SharedInput(NamedTuple):
+    """An input whose bytes are in shared memory: its place in the operator's inputs, where
+    (``on_device``: in a CUDA region)."""
+
+    position: int
+    name: str
+    ref: SharedMemoryRef
+    dtype: np.dtype[Any]
+    shape: tuple[int, ...]
+    on_device: bool = False
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def streams(plan: Plan, backend: Backend) -> bool:
+    """Whether ``plan`` runs streamed, in pieces (``run.run_streamed``): host memory throughout
+    (a host backend, no CUDA region) and an element-wise call without broadcasting."""
+    return (
+        backend.host_memory
+        and not plan.output_on_device
+        and not any(shared.on_device for shared in plan.shared_inputs)
+        and is_flat_elementwise(plan.call)
+    )
+
+
+# --- planning -----------------------------------------------------------------------------------
+
+
+def _binary_output(op: OperatorSpec, request: InferRequest) -> bool:
+    """Whether the output goes back as binary data: the request-wide default
+    ``binary_data_output``, overridden by the output's own ``binary_data``."""
+    default = request.binary_output
+    seen: set[str] = set()
+    for output in request.outputs or ():
+        if output.name != op.output:
+            raise InvalidRequest(
+                f"output '{output.name[:100]}': {op.name} has no output of that name "
+                f"(outputs: {op.output})",
+                field=output.name[:100],
+                rule="unknown_output",
+            )
+        if output.name in seen:
+            raise InvalidRequest(
+                f"output '{output.name}' is requested more than once",
+                field=output.name,
+                rule="duplicate_output",
+            )
+        seen.add(output.name)
+        for key, what in UNSUPPORTED_OUTPUT_PARAMETERS.items():
+            if key in output.parameters:
+                raise InvalidRequest(
+                    f"output '{output.name}': parameters.{key}: {what} is not supported",
+                    field=output.name,
+                    rule="unsupported_parameter",
+                )
+        if output.binary is not None:
+            default = output.binary
+    return default
+
+
+def _check_output(call: ResolvedCall, binary: bool, limits: RequestLimits) -> None:
+    name, count = call.op.output, math.prod(call.output_shape)
+    if count > limits.max_tensor_elements:
+        raise PayloadTooLarge(
+            f"output '{name}': shape {list(call.output_shape)} has {count} elements, more than "
+            f"the limit of {limits.max_tensor_elements} (TENSORBITS_MAX_TENSOR_ELEMENTS)",
+            field=name,
+            rule="max_tensor_elements",
+        )
+    if binary:
+        return
+    require_json_form(name, call.output_datatype, "output")
+    if count > limits.max_json_elements:
+        raise PayloadTooLarge(
+            f"output '{name}': {count} elements are too many for JSON data (limit "
+            f"{limits.max_json_elements}, TENSORBITS_MAX_JSON_ELEMENTS); request binary data",
+            field=name,
+            rule="max_json_elements",
+        )
+
+
+_NOT_READ = np.empty(0, np.uint8)  # an input in shared memory, until shared_loaded reads it
+
+
+def plan(
+    op: OperatorSpec,
+    request: InferRequest,
+    limits: RequestLimits,
+    regions: SharedMemoryRegions | None = None,
+) -> Plan:
+    """Check a decoded request against ``op``'s rules and the limits; raise on anything wrong.
+
+    Whatever front end decoded it (``InferRequest.from_rest``, ``grpc.decode``), the
+    checks and their messages are these. Tensors in shared memory need ``regions`` (the server's,
+    when the extension is on); they are located and checked here, read by ``shared_loaded`` once
+    the request is admitted for them."""
+    call = validate_call(
+        op,
+        {t.name: TensorSpec(t.datatype, t.shape) for t in request.inputs},
+        request.parameters,
+    )
+    shared_output = next(
+        (o.shared_memory for o in request.outputs or () if o.shared_memory is not None), None
+    )
+    binary = _binary_output(op, request)
+    _check_output(call, binary or shared_output is not None, limits)
+    output_nbytes = math.prod(call.output_shape) * itemsize(call.output_datatype)
+    arrays: dict[str, HostArray] = {}
+    shared: list[SharedInput] = []
+    places: dict[str, Location] = {}
+    for tensor in request.inputs:
+        if tensor.shared_memory is None:
+            arrays[tensor.name] = tensor.array()
+            continue
+        ref = switched_on(regions, tensor.name, "input")
+        place = ref.locate(tensor.shared_memory, tensor.nbytes, tensor.name, "input")
+        _check_device_alignment(place, itemsize(tensor.datatype), tensor.name, "input")
+        places[tensor.name] = place
+        arrays[tensor.name] = _NOT_READ
+        shared.append(
+            SharedInput(
+                op.inputs.index(tensor.name), tensor.name, tensor.shared_memory,
+                wire_dtype(tensor.datatype), tensor.shape, place.on_device,
+            )
+        )  # fmt: skip
+    output_on_device = False
+    if shared_output is not None:
+        out = switched_on(regions, op.output, "output").locate(
+            shared_output, output_nbytes, op.output, "output"
+        )
+        _check_device_alignment(out, itemsize(call.output_datatype), op.output, "output")
+        _check_aliasing(op, out, places)
+        output_on_device = out.on_device
+    return Plan(
+        op=op,
+        call=call,
+        request_id=request.id,
+        inputs=[arrays[name] for name in op.inputs],
+        binary_output=binary and shared_output is None,
+        output_nbytes=output_nbytes,
+        shared_inputs=tuple(shared),
+        shared_output=shared_output,
+        output_on_device=output_on_device,
+    )
+
+
+def _check_device_alignment(place: Location, item_bytes: int, tensor: str, direction: str) -> None:
+    """A tensor in a CUDA region starts on a multiple of its element size: a kernel that reads
+    a misaligned element faults the device context, and with it every later request (a host
+    copy would not care; the device does)."""
+    if place.on_device and place.start % item_bytes:
+        raise InvalidRequest(
+            f"{direction} '{tensor}': in a CUDA shared-memory region it must start on a multiple "
+            f"of its element size ({item_bytes} bytes); its shared_memory_offset does not",
+            field=tensor,
+            rule="shared_memory_alignment",
+        )
+
+
+def _check_aliasing(op: OperatorSpec, output: Location, inputs: dict[str, Location]) -> None:
+    """An output region may overlap an input's only as the operator's in-place rule allows:
+    the very same bytes, of an input the output may replace (``op.in_place``)."""
+    for name, place in inputs.items():
+        if not place.overlaps(output):
+            continue
+        if place == output and name in op.in_place:
+            continue
+        allowed = ", ".join(op.in_place) or "none"
+        raise InvalidRequest(
+            f"output '{op.output}': its shared-memory bytes overlap input '{name}''s; "
+            f"{op.name} may write its output over exactly the bytes of an input among: {allowed}",
+            field=op.output,
+            rule="output_aliasing",
+        )
+
+
+# Where an input's bytes lie in a request: the buffer that holds them (its index in the buffers
+# a template is given), their span in it, and the wire dtype and shape they are read as.
+InputPlace = tuple[int, slice, np.dtype[Any], tuple[int, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class PlanTemplate:
+    """What one request whose inputs are all raw bytes decides: everything in its plan but those
+    bytes, and where they lie (per operator input, an ``InputPlace``). Keyed by the request
+    without those bytes, a repeated request is planned from it without being decoded or checked
+    again: over HTTP the one buffer is the body's tail, over gRPC each input's raw contents is
+    one (each front end makes its templates: ``api/rest_infer.py``, ``grpc/messages.py``)."""
+
+    op: OperatorSpec
+    call: ResolvedCall
+    request_id: str | None
+    binary_output: bool
+    output_nbytes: int
+    inputs: tuple[InputPlace, ...]
+    response_head: bytes | None  # the front end's answer up to the output's bytes
+
+    def plan(self, buffers: Sequence[memoryview]) -> Plan:
+        return Plan(
+            op=self.op,
+            call=self.call,
+            request_id=self.request_id,
+            inputs=[
+                np.frombuffer(buffers[index][span], dtype).reshape(shape)
+                for index, span, dtype, shape in self.inputs
+            ],
+            binary_output=self.binary_output,
+            output_nbytes=self.output_nbytes,
+            response_head=self.response_head,
+        )
+
+    @classmethod
+    def decided(
+        cls,
+        planned: Plan,
+        where: Mapping[str, InputPlace],
+        *,
+        binary_output: bool,
+        response_head: bytes | None,
+    ) -> Self:
+        """The template of ``planned``, whose inputs lie ``where`` (by name; kept in the
+        operator's input order)."""
+        return cls(
+            op=planned.op,
+            call=planned.call,
+            request_id=planned.request_id,
+            binary_output=binary_output,
+            output_nbytes=planned.output_nbytes,
+            inputs=tuple(where[name] for name in planned.op.inputs),
+            response_head=response_head,
+        )
+
+
+__all__ = [
+    "JSON_BYTES_PER_ELEMENT",
+    "STREAM_PIECE_BYTES",
+    "InputPlace",
+    "Plan",
+    "PlanTemplate",
+    "SharedInput",
+    "plan",
+    "streams",
+]

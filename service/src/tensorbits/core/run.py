@@ -1,0 +1,191 @@
+"""How a plan runs: into a host array (a response's bytes) or into a shared-memory region, its
+shared inputs read here, streamed in pieces where the call allows it.
+
+The strategies: host memory throughout, an element-wise call without broadcasting and a system
+region on either side runs streamed (``run_streamed``: pieces that stay in the cache); a CUDA
+region is computed on where it is (the kernel reads and writes the client's device memory);
+anything else reads its shared inputs whole (``shared_loaded``) and runs the kernel once
+(``engine.run_into``). Every front end runs its plans through ``run_to_host`` and
+``run_to_region``; none writes a strategy of its own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+import numpy as np
+
+from tensorbits.backends.base import Backend
+from tensorbits.core.plan import STREAM_PIECE_BYTES, Plan, streams
+from tensorbits.engine import flat_call, run_into
+from tensorbits.shared_memory import SharedMemoryRegions
+from tensorbits_protocol.dtypes import wire_dtype
+
+
+@contextmanager
+def shared_loaded(plan: Plan, regions: SharedMemoryRegions | None) -> Iterator[Plan]:
+    """``plan`` with its shared-memory inputs in place, for the block: one in a system region
+    read (a copy, never a mapping: see shared_memory.py; into a buffer the regions recycle once
+    the block ends, so nothing may keep the inputs past it), one in a CUDA region as a device
+    array over the client's memory (the region held until the block ends); the plan itself when
+    it has none."""
+    if not plan.shared_inputs:
+        yield plan
+        return
+    assert regions is not None  # plan() refused shared memory without regions
+    inputs = list(plan.inputs)
+    buffers: list[bytearray] = []
+    try:
+        with ExitStack() as held:
+            for shared in plan.shared_inputs:
+                if shared.on_device:
+                    raw = held.enter_context(
+                        regions.device_bytes(shared.ref, shared.nbytes, shared.name, "input")
+                    )
+                    inputs[shared.position] = raw.view(shared.dtype).reshape(shared.shape)
+                    continue
+                data = regions.read(shared.ref, shared.nbytes, shared.name)
+                buffers.append(data)
+                array = np.frombuffer(data, shared.dtype, math.prod(shared.shape))
+                inputs[shared.position] = array.reshape(shared.shape)
+            yield plan._replace(inputs=inputs)
+    finally:
+        regions.recycle(buffers)
+
+
+def run_to_host(
+    plan: Plan, backend: Backend, regions: SharedMemoryRegions | None, out: np.ndarray[Any, Any]
+) -> None:
+    """Run a plan whose output goes to the host array ``out`` (a response's body), its shared
+    inputs read here: streamed in pieces from their regions where the call allows it
+    (``run_streamed``), else read whole (``shared_loaded``)."""
+    if plan.shared_inputs and out.flags.c_contiguous and streams(plan, backend):
+        assert regions is not None  # plan() refused shared memory without regions
+        run_streamed(plan, backend, regions, out.reshape(-1))  # a view: out is contiguous
+        return
+    with shared_loaded(plan, regions) as loaded:
+        run_into(backend, plan.call, loaded.inputs, out)
+
+
+def run_to_region(plan: Plan, backend: Backend, regions: SharedMemoryRegions) -> None:
+    """Run a plan whose output goes into shared memory, its shared inputs read here. A CUDA
+    region: the kernel writes the client's device memory directly. A system region: streamed
+    in pieces where the call allows it (``run_streamed``); otherwise the inputs are read whole
+    and the output is computed into the buffer of an input read from a system region when the
+    operator may write its output over that input (``op.in_place``, same type and shape: that
+    buffer is the server's own copy), else into a new array, then written into the region."""
+    call, op = plan.call, plan.op
+    dtype = wire_dtype(call.output_datatype)
+    assert plan.shared_output is not None
+    if streams(plan, backend):
+        run_streamed(plan, backend, regions)
+        return
+    with shared_loaded(plan, regions) as loaded:
+        if plan.output_on_device:
+            with regions.device_bytes(
+                plan.shared_output, plan.output_nbytes, op.output, "output"
+            ) as raw:
+                run_into(backend, call, loaded.inputs, raw.view(dtype).reshape(call.output_shape))
+            return
+        over = _replaceable_input(plan)
+        out = np.empty(call.output_shape, dtype) if over is None else loaded.inputs[over]
+        run_into(backend, call, loaded.inputs, out)
+        regions.write(plan.shared_output, out.reshape(-1).view(np.uint8).data, op.output)
+
+
+def _replaceable_input(plan: Plan) -> int | None:
+    """The position of an input read from a system region that the output may be computed
+    over (``op.in_place``, the output's type and shape): that buffer is the server's own copy,
+    so no output buffer is needed."""
+    call = plan.call
+    dtype = wire_dtype(call.output_datatype)
+    return next(
+        (
+            shared.position
+            for shared in plan.shared_inputs
+            if shared.name in plan.op.in_place
+            and not shared.on_device
+            and shared.dtype == dtype
+            and shared.shape == call.output_shape
+        ),
+        None,
+    )
+
+
+def run_streamed(
+    plan: Plan,
+    backend: Backend,
+    regions: SharedMemoryRegions,
+    host_out: np.ndarray[Any, Any] | None = None,
+) -> None:
+    """Run ``plan`` in pieces of ``STREAM_PIECE_BYTES``: for each, read the inputs' piece from
+    their regions (body inputs: a slice of their view), run the kernel on the flat piece
+    (``engine.flat_call``), and write the output's piece into its system region, or straight
+    into ``host_out`` (flat: a response's body) when given. The pieces' buffers stay in the
+    cache, so each byte crosses memory once in and once out instead of three times (``preadv``
+    into a whole buffer, the kernel, ``pwritev`` out of it). Every region is held for the whole
+    run (``system_bytes``). An output in exactly an input's bytes (``op.in_place``) is safe:
+    each piece is read before it is written, and no later piece reads it."""
+    call, op = plan.call, plan.op
+    out_dtype = wire_dtype(call.output_datatype)
+    shared = {each.position: each for each in plan.shared_inputs}
+    dtypes = [shared[i].dtype if i in shared else x.dtype for i, x in enumerate(plan.inputs)]
+    total = math.prod(call.output_shape)
+    if total == 0:
+        return  # an empty output: nothing to read or write
+    step = max(1, STREAM_PIECE_BYTES // max(out_dtype.itemsize, *(d.itemsize for d in dtypes)))
+    step = min(step, total)
+    buffers = {i: regions.pool.take(step * shared[i].dtype.itemsize) for i in shared}
+    # The output's pieces go straight into host_out when given, else into the buffer of an
+    # input the operator may replace, else into a buffer of their own.
+    over = None if host_out is not None else _replaceable_input(plan)
+    out_buffer = (
+        regions.pool.take(step * out_dtype.itemsize) if over is None and host_out is None else None
+    )
+    flat = [x.reshape(-1) if i not in shared else None for i, x in enumerate(plan.inputs)]
+    try:
+        with ExitStack() as held:
+            sources = {
+                i: held.enter_context(
+                    regions.system_bytes(each.ref, each.nbytes, each.name, "input")
+                )
+                for i, each in shared.items()
+            }
+            sink = None
+            if host_out is None:
+                assert plan.shared_output is not None
+                sink = held.enter_context(
+                    regions.system_bytes(
+                        plan.shared_output, plan.output_nbytes, op.output, "output"
+                    )
+                )
+            for start in range(0, total, step):
+                count = min(step, total - start)
+                pieces: list[np.ndarray[Any, Any]] = []
+                for i, dtype in enumerate(dtypes):
+                    whole = flat[i]
+                    if whole is not None:
+                        pieces.append(whole[start : start + count])
+                        continue
+                    into = memoryview(buffers[i])[: count * dtype.itemsize]
+                    sources[i].read_into(start * dtype.itemsize, into)
+                    pieces.append(np.frombuffer(into, dtype))
+                if host_out is not None:
+                    out = host_out[start : start + count]
+                elif over is None:
+                    assert out_buffer is not None
+                    raw = memoryview(out_buffer)[: count * out_dtype.itemsize]
+                    out = np.frombuffer(raw, out_dtype)
+                else:
+                    out = pieces[over]
+                run_into(backend, flat_call(call, count), pieces, out)
+                if sink is not None:
+                    sink.write(start * out_dtype.itemsize, out.view(np.uint8).data)
+    finally:
+        regions.recycle([*buffers.values(), *([out_buffer] if out_buffer is not None else [])])
+
+
+__all__ = ["run_streamed", "run_to_host", "run_to_region", "shared_loaded"]
