@@ -132,7 +132,7 @@ class Contestants:
         self.staged = self.x.copy()  # d2d-in-out copies it in: the input region keeps its bytes
         self.copied_out = cupy.empty_like(self.y)
         from tensorbits.backends import select_backend
-        from tensorbits.engine import validate_arrays
+        from tensorbits.core.engine import validate_arrays
 
         self.core = select_backend("cupy", device_id=DEVICE).backend
         stack.callback(self.core.close)

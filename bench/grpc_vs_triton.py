@@ -43,6 +43,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import grpc
 import numpy as np
@@ -388,7 +389,7 @@ def peers(bare: bool) -> Iterator[list[Endpoints]]:
         except PeerUnavailable as exc:
             print(f"Triton peer unavailable, tensorbits measured alone: {exc}")
         else:
-            servers.append(Endpoints("Triton", peer.http_port, peer.grpc_url, peer.pid))
+            servers.append(Endpoints("Triton", urlsplit(peer.http_url).port, peer.grpc_url, peer.pid))
             print(f"Triton peer: Triton Inference Server {peer.version} (nvidia-pytriton)")
         yield servers
 

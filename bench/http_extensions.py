@@ -32,7 +32,7 @@ from bench.http_service import NOT, v2_binary_request
 from tensorbits.api.compression import WBITS, compress
 from tensorbits.app import create_app
 from tensorbits.config import Settings
-from tensorbits.statistics import Statistics
+from tensorbits.core.statistics import Statistics
 
 MiB = 1 << 20
 Scope = dict[str, Any]

@@ -173,8 +173,8 @@ class StandInExporter(Exporter):
 
 def opener(stand_in: bool, refuse: list[str]) -> int:
     """Answer each handle read from stdin (one JSON line each) with one JSON line on stdout."""
+    from tensorbits.core.engine import run_into
     from tensorbits.cuda_ipc import CupyDeviceMemory
-    from tensorbits.engine import run_into
     from tensorbits_protocol.dtypes import DataType
     from tensorbits_protocol.errors import InvalidRequest
     from tensorbits_protocol.operators import get_operator

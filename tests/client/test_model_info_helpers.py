@@ -12,7 +12,7 @@ import pytest
 from client_support import FakeServer
 
 from tensorbits import model_info
-from tensorbits.statistics import Statistics
+from tensorbits.core.statistics import Statistics
 from tensorbits_client import APIResponseValidationError, NotFoundError
 from tensorbits_client.types import ModelConfigResponse, ModelStatisticsResponse
 from tensorbits_protocol.operators import OPERATORS, get_operator

@@ -17,7 +17,7 @@ import numpy as np
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from tensorbits.engine import compute
+from tensorbits.core.engine import compute
 from tensorbits_protocol.dtypes import DTYPES, DataType
 from tensorbits_protocol.operators import OPERATORS, Encoding, Function, OperatorSpec, get_operator
 

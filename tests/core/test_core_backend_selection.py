@@ -15,7 +15,7 @@ import pytest
 
 from tensorbits.backends import BackendUnavailable, Selection, select_backend
 from tensorbits.backends.numpy_backend import NumpyBackend
-from tensorbits.engine import compute
+from tensorbits.core.engine import compute
 
 
 @pytest.fixture

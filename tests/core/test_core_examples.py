@@ -13,7 +13,7 @@ import pytest
 from core.bitref import assert_bits_equal, reference
 
 from tensorbits.backends import Backend
-from tensorbits.engine import compute
+from tensorbits.core.engine import compute
 from tensorbits_protocol.dtypes import DataType
 from tensorbits_protocol.errors import InvalidRequest
 from tensorbits_protocol.operators import get_operator

@@ -24,7 +24,7 @@ from hypothesis.extra import numpy as hnp
 
 from tensorbits.backends import numpy_backend as nb
 from tensorbits.backends.numpy_backend import NumpyBackend
-from tensorbits.engine import compute, run_call, validate_arrays
+from tensorbits.core.engine import compute, run_call, validate_arrays
 from tensorbits_protocol.dtypes import itemsize
 from tensorbits_protocol.operators import get_operator
 

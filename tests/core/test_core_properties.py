@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tensorbits.backends import Backend
-from tensorbits.engine import compute
+from tensorbits.core.engine import compute
 from tensorbits_protocol.dtypes import DataType
 from tensorbits_protocol.operators import OPERATORS, get_operator
 

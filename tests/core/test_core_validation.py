@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tensorbits.engine import compute, validate_arrays
+from tensorbits.core.engine import compute, validate_arrays
 from tensorbits_protocol.dtypes import DataType
 from tensorbits_protocol.errors import InvalidRequest, OperatorNotFound, TensorbitsError
 from tensorbits_protocol.operators import FEATURE_LEVELS, OPERATORS, get_operator

@@ -13,9 +13,9 @@ import pytest
 from gpu.gpu_support import cupy_backend_or_skip
 from support.v1 import outputs, post, rich_batch, run_planned, v1_client
 
-from tensorbits import batch
 from tensorbits.backends import Backend
 from tensorbits.backends.numpy_backend import NumpyBackend
+from tensorbits.core import batch
 
 pytestmark = pytest.mark.gpu
 

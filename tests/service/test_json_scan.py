@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tensorbits.batch import BatchLimits
 from tensorbits.config import Settings
+from tensorbits.core.batch import BatchLimits
 from tensorbits_protocol import jsondata
 from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
 from tensorbits_protocol.jsondata import JsonLimits, MemberLimit, check_structure, scan
@@ -194,7 +194,7 @@ def test_a_small_batch_header_has_its_members_counted_once_parsed(
     # Fewer commas and brackets than MEMBERS_PARSED_BELOW: its depth and values are scanned on
     # the bytes (one JSON policy with v2), its counts are checked exactly once it is parsed; one
     # more comma and the members are counted on the bytes too.
-    from tensorbits import batch
+    from tensorbits.core import batch
 
     limits = BatchLimits.of(Settings().core_limits).header
     scanned: list[tuple[bytes, tuple[str, ...]]] = []

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from tensorbits import batch as planner
 from tensorbits.config import Settings
+from tensorbits.core import batch as planner
 from tensorbits.core.limits import request_limits
 from tensorbits_client import Client
 from tensorbits_protocol import codec, v1_codec

@@ -14,7 +14,7 @@ from support.v2 import NOT, infer_binary
 from tritonclient.grpc import model_config_pb2, service_pb2
 
 from tensorbits import model_info
-from tensorbits.statistics import Statistics
+from tensorbits.core.statistics import Statistics
 from tensorbits_protocol.operators import OPERATORS, OperatorSpec, get_operator
 from tensorbits_protocol.v2 import ModelMetadataResponse
 

@@ -13,7 +13,7 @@ from support.inprocess import TestClient, runtime_of
 from support.v1 import bind, data, post, v1_client, zeros
 from support.v2 import AND, NOT, infer_binary, infer_json, statistics_counts
 
-from tensorbits.statistics import Statistics
+from tensorbits.core.statistics import Statistics
 
 XOR = "DML_OPERATOR_ELEMENT_WISE_BIT_XOR"
 

@@ -27,12 +27,12 @@ from support.v1 import (
     zeros,
 )
 
-from tensorbits import batch as planner
 from tensorbits.api import routers, v1
 from tensorbits.api.fastpath import FastPathMiddleware
 from tensorbits.app import create_app
 from tensorbits.backends.numpy_backend import NumpyBackend
 from tensorbits.config import Settings
+from tensorbits.core import batch as planner
 from tensorbits_protocol import v1_codec
 from tensorbits_protocol.dml import TensorDesc, check_placement, is_packed, layout_of
 from tensorbits_protocol.dtypes import DataType

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from tensorbits.backends.base import Backend
 from tensorbits.backends.numpy_backend import NumpyBackend
-from tensorbits.batch import BatchLimits
 from tensorbits.config import Settings
 from tensorbits.core.admission import Admission
+from tensorbits.core.batch import BatchLimits
 from tensorbits.core.dataplane import DataPlane
 from tensorbits.core.limits import request_limits
 from tensorbits.core.plan import PlanTemplate

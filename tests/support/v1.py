@@ -12,8 +12,8 @@ from httpx import Response
 from support.framing import HEADER, framed
 from support.inprocess import TestClient, app_client
 from tensorbits.backends import Backend
-from tensorbits.batch import BatchLimits, plan_rest, run_batch
 from tensorbits.config import Settings
+from tensorbits.core.batch import BatchLimits, plan_rest, run_batch
 
 
 def v1_client(**settings: Any) -> AbstractContextManager[TestClient]:

@@ -432,7 +432,7 @@ class StatisticDuration(BaseModel):
 class InferStatistics(BaseModel):
     """Triton's ``InferStatistics``: ``success`` and ``fail`` (requests and their whole time),
     the successes' phases (``queue``, ``compute_input``, ``compute_infer``, ``compute_output``),
-    and the response cache's (always 0 here). The server's statistics.py says what each
+    and the response cache's (always 0 here). The server's core/statistics.py says what each
     phase covers."""
 
     model_config = _REPLY

@@ -332,7 +332,7 @@ class Metrics:
 # Triton's per-model inference metrics, beside tensorbits' own, so that what scrapes Triton
 # (dashboards, alerts, autoscalers) reads this server unchanged: Triton's names, its labels
 # (model, version; failures also by reason) and units (durations in microseconds, successful
-# requests only), from the statistics extension's figures (statistics.py), every worker's.
+# requests only), from the statistics extension's figures (core/statistics.py), every worker's.
 # Each: the name, its help, and where its value is in one model's ModelStatistics document.
 TRITON_COUNTERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("nv_inference_request_success", "Successful inference requests",

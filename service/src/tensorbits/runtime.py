@@ -7,9 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tensorbits.backends import Selection, select_backend
-from tensorbits.batch import BatchLimits
 from tensorbits.config import Settings
 from tensorbits.core.admission import Admission
+from tensorbits.core.batch import BatchLimits
 from tensorbits.core.dataplane import DataPlane
 from tensorbits.core.limits import request_limits
 from tensorbits.header_cache import HeaderCache, PlanT

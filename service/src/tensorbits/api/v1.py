@@ -16,11 +16,11 @@ from typing import Any
 from fastapi import APIRouter
 from starlette.types import Receive, Scope, Send
 
-from tensorbits import batch
 from tensorbits.api.admitted import AdmittedRequest
 from tensorbits.api.deps import runtime_of_app
 from tensorbits.api.fastpath import FastRoute, Operation
 from tensorbits.api.v2_openapi import ERROR_EXAMPLES, request_schema
+from tensorbits.core import batch
 from tensorbits.runtime import Runtime
 from tensorbits_protocol.catalog import describe, listing
 from tensorbits_protocol.codec import BINARY_CONTENT_TYPE, HEADER_LENGTH

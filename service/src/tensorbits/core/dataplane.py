@@ -25,14 +25,14 @@ from types import TracebackType
 from typing import ParamSpec, TypeVar
 
 from tensorbits.backends.base import Backend
-from tensorbits.batch import BatchLimits, BatchPlan
 from tensorbits.core.admission import Admission, Grant
+from tensorbits.core.batch import BatchLimits, BatchPlan
 from tensorbits.core.models import ModelStates
 from tensorbits.core.plan import PlanTemplate
+from tensorbits.core.statistics import Statistics
 from tensorbits.header_cache import HeaderCache
 from tensorbits.offload import COMPUTE_INLINE_MAX_BYTES, JSON_INLINE_MAX_BYTES, offload
 from tensorbits.shared_memory import SharedMemoryRegions
-from tensorbits.statistics import Statistics
 from tensorbits_protocol.infer import RequestLimits
 
 P = ParamSpec("P")
@@ -122,14 +122,18 @@ class Call:
         if not self.models:
             return  # refused before it was known what it asked for: no model to count it for
         ended = perf_counter_ns()
-        statistics = self.plane.statistics
+        statistics, models = self.plane.statistics, self.models
         if exc is not None:
-            statistics.record_batch_failure(self.models, ended - self.started)
+            statistics.record_batch_failure(models, ended - self.started)
             return
-        statistics.record_batch(
-            self.models, 0, self.planned - self.received, self.executed - self.planned,
+        phases = (
+            0, self.planned - self.received, self.executed - self.planned,
             ended - self.executed, ended - self.started,
         )  # fmt: skip
+        if len(models) == 1:  # an inference: its model's tally at once, no counting out
+            statistics.record(models[0], *phases)
+        else:
+            statistics.record_batch(models, *phases)
 
     def admit(self, nbytes: int) -> Grant:
         """Admit the call for the ``nbytes`` it declares (Overloaded past the bounds)."""

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from tensorbits.backends.base import Backend
+from tensorbits.core.engine import flat_call, run_into
 from tensorbits.core.plan import STREAM_PIECE_BYTES, Plan, streams
-from tensorbits.engine import flat_call, run_into
 from tensorbits.shared_memory import SharedMemoryRegions
 from tensorbits_protocol.dtypes import wire_dtype
 

@@ -1,0 +1,107 @@
+"""The service's layers, as README.md's "Layout" draws them: the core knows no protocol and no
+settings, the two front ends never import each other, and no module imports one above it in a
+circle. Read from the code itself (its import statements), so a move that breaks a rule fails
+here, not in a review."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "service" / "src" / "tensorbits"
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> Iterator[str]:
+    """Every module ``path`` imports, at its top or inside a function, absolute names."""
+    package = _module(path).rsplit(".", 1)[0] if path.name != "__init__.py" else _module(path)
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join([*package.split(".")[: len(package.split(".")) - node.level + 1]])
+                base = f"{base}.{node.module}" if node.module else base
+            yield base
+            yield from (f"{base}.{alias.name}" for alias in node.names)
+
+
+SOURCES = {_module(path): path for path in sorted(PACKAGE.rglob("*.py")) if "_pb2" not in path.name}
+
+
+def _importers(prefix: str) -> list[str]:
+    return [name for name in SOURCES if name == prefix or name.startswith(prefix + ".")]
+
+
+@pytest.mark.parametrize(
+    ("layer", "forbidden"),
+    [
+        ("tensorbits.core", ("tensorbits.api", "tensorbits.grpc", "tensorbits.config",
+                             "tensorbits.runtime", "starlette", "fastapi", "grpc", "uvicorn")),
+        ("tensorbits.grpc", ("tensorbits.api",)),
+        ("tensorbits.api", ("tensorbits.grpc",)),
+    ],
+)  # fmt: skip
+def test_a_layer_imports_none_of_what_it_must_not_know(
+    layer: str, forbidden: tuple[str, ...]
+) -> None:
+    found = [
+        f"{module} imports {name}"
+        for module in _importers(layer)
+        for name in _imports(SOURCES[module])
+        if any(name == bad or name.startswith(bad + ".") for bad in forbidden)
+    ]
+    assert not found, found
+    assert _importers(layer), f"no module of {layer}: the layout moved, update this test"
+
+
+def test_no_module_of_the_service_imports_itself_through_a_circle() -> None:
+    graph = {
+        module: {name for name in _imports(path) if name in SOURCES and name != module}
+        for module, path in SOURCES.items()
+    }
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(graph[module]):
+            if state.get(target) == 1:
+                cycle = [*path[path.index(target) :], target]
+                pytest.fail(f"import circle: {' -> '.join(cycle)}")
+            if target not in state:
+                visit(target, [*path, target])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+
+
+def test_the_core_loads_without_any_front_end_or_the_settings() -> None:
+    """What importing the core actually loads (its imports' imports too), in a fresh process."""
+    probe = (
+        "import sys, tensorbits.core.dataplane, tensorbits.core.run, tensorbits.core.batch\n"
+        "print('\\n'.join(sorted(sys.modules)))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout.split()
+    roots = {"starlette", "fastapi", "grpc", "uvicorn"}
+    found = [
+        name
+        for name in loaded
+        if name.split(".")[0] in roots
+        or name == "tensorbits.config"
+        or name.startswith(("tensorbits.api", "tensorbits.grpc"))
+    ]
+    assert not found, found
