@@ -20,7 +20,15 @@ from types import ModuleType
 import pytest
 
 HERE = Path(__file__).parent
-TARGETS = ("framing", "descriptors", "http_head", "shared_memory", "grpc", "grpc_wire")
+TARGETS = (
+    "framing",
+    "descriptors",
+    "http_head",
+    "shared_memory",
+    "grpc",
+    "grpc_wire",
+    "graph_reader",
+)
 SECONDS = int(os.environ.get("TENSORBITS_FUZZ_SECONDS", "15"))
 RANDOM_INPUTS = 300
 

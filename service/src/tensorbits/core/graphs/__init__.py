@@ -1,0 +1,22 @@
+"""Graph models: an ONNX file whose nodes are all operators of the family, read under bounds
+(``reader.read_onnx``, ``limits.GraphLimits``), planned once per distinct input shapes
+(``plan.plan_graph``, ``plan.PlanCache``) and run fused where it can be (``run.run_graph``).
+Protocol-neutral: the front ends load the files and serve the requests."""
+
+from tensorbits.core.graphs.limits import GraphLimits
+from tensorbits.core.graphs.plan import GraphPlan, PlanCache, plan_graph
+from tensorbits.core.graphs.reader import read_onnx
+from tensorbits.core.graphs.run import run_graph
+from tensorbits.core.graphs.spec import GraphNode, GraphSpec, ValueDecl
+
+__all__ = [
+    "GraphLimits",
+    "GraphNode",
+    "GraphPlan",
+    "GraphSpec",
+    "PlanCache",
+    "ValueDecl",
+    "plan_graph",
+    "read_onnx",
+    "run_graph",
+]

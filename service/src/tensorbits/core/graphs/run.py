@@ -1,0 +1,179 @@
+"""``run_graph``: a ``GraphPlan`` run on a backend, its outputs written into the caller's arrays.
+
+Fused (a ``fused`` plan on a host backend, every output C-contiguous): the whole chain runs one
+piece at a time, each step on the same ``piece_elements`` positions of flat operands
+(``engine.flat_call``), every intermediate in a small reused scratch buffer: each input byte is
+read from memory once and each output byte written once, while the intermediates never leave
+the cache. Otherwise, node by node over whole arrays (broadcasting; device backends, whose
+intermediates stay on the device), each intermediate freed after its last reader. Both run
+every call through ``engine.run_into``, the kernels a single call runs, so their results are
+byte-identical to running the nodes one by one.
+
+Inputs and outputs are checked against the plan (``InvalidRequest`` naming the tensor). The
+output arrays must not overlap the inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from tensorbits.backends.base import Backend
+from tensorbits.core.engine import flat_call, run_into
+from tensorbits.core.graphs.plan import GraphPlan, SlotKind
+from tensorbits.core.graphs.refusals import invalid
+from tensorbits.kernels import DeviceArray
+from tensorbits_protocol.dtypes import numpy_dtype
+from tensorbits_protocol.validation import ResolvedCall, Shape
+
+HostArray = np.ndarray[Any, Any]
+
+
+def _check_names(what: str, given: Mapping[str, HostArray], expected: list[str]) -> None:
+    if set(given) != set(expected):
+        missing = [n for n in expected if n not in given]
+        unknown = [n for n in given if n not in expected]
+        name = (missing or unknown)[0]
+        raise invalid(
+            name[:100],
+            "missing_input" if missing else "unknown_input",
+            f"{'missing' if missing else 'unknown'} {what} (the model's: {', '.join(expected)})",
+        )
+
+
+def _check_array(name: str, array: HostArray, datatype: Any, shape: Shape) -> None:
+    if array.dtype != numpy_dtype(datatype) or tuple(array.shape) != shape:
+        raise invalid(
+            name[:100],
+            "shape" if array.dtype == numpy_dtype(datatype) else "datatype",
+            f"{array.dtype} {list(array.shape)}; the plan takes {datatype} {list(shape)}",
+        )
+
+
+def run_graph(
+    plan: GraphPlan,
+    backend: Backend,
+    inputs: Mapping[str, HostArray],
+    outputs: Mapping[str, HostArray],
+) -> None:
+    """Run ``plan`` on ``inputs`` (host arrays by input name), writing each graph output into
+    ``outputs[name]`` (host arrays of the plan's type and shape)."""
+    _check_names("input", inputs, list(plan.input_specs))
+    _check_names("output", outputs, [o.name for o in plan.outputs])
+    for name, tensor in plan.input_specs.items():
+        _check_array(name, inputs[name], tensor.datatype, tensor.shape)
+    for output in plan.outputs:
+        array = outputs[output.name]
+        _check_array(output.name, array, output.datatype, output.shape)
+        if not array.flags.writeable:
+            raise invalid(output.name[:100], "read_only", "the output array is read-only")
+    contiguous = all(outputs[o.name].flags.c_contiguous for o in plan.outputs)
+    if plan.fused and backend.host_memory and contiguous:
+        values = _run_fused(plan, backend, inputs, outputs)
+    else:
+        values = _run_node_by_node(plan, backend, inputs, outputs)
+    for output in plan.outputs:
+        if not output.written_in_place:
+            _copy_into(backend, values[output.slot], outputs[output.name])
+
+
+def _sources(
+    plan: GraphPlan, backend: Backend, inputs: Mapping[str, HostArray]
+) -> dict[int, DeviceArray]:
+    """The inputs' and constants' arrays by slot, on the backend's device (once each)."""
+    values: dict[int, DeviceArray] = {}
+    for slot, value in enumerate(plan.slots):
+        if value.kind is SlotKind.INPUT:
+            array = inputs[value.name]
+        elif value.kind is SlotKind.CONSTANT:
+            array = plan.constants[slot]
+        else:
+            continue
+        values[slot] = (
+            array if backend.host_memory else backend.asarray(np.ascontiguousarray(array))
+        )
+    return values
+
+
+def _run_node_by_node(
+    plan: GraphPlan,
+    backend: Backend,
+    inputs: Mapping[str, HostArray],
+    outputs: Mapping[str, HostArray],
+) -> dict[int, DeviceArray]:
+    values = _sources(plan, backend, inputs)
+    for step in plan.steps:
+        call = step.call
+        if backend.host_memory and step.writes in plan.in_place:
+            target = outputs[plan.in_place[step.writes]]
+        else:
+            target = backend.empty(call.output_shape, numpy_dtype(call.output_datatype))
+        run_into(backend, call, [values[s] for s in step.reads], target)
+        values[step.writes] = target
+        for slot in step.frees:
+            del values[slot]
+    return values
+
+
+def _run_fused(
+    plan: GraphPlan,
+    backend: Backend,
+    inputs: Mapping[str, HostArray],
+    outputs: Mapping[str, HostArray],
+) -> dict[int, DeviceArray]:
+    values = _sources(plan, backend, inputs)
+    # Flat views of whole arrays (inputs, constants, outputs written in place), and of each
+    # intermediate's scratch buffer as its type.
+    flat: dict[int, HostArray] = {
+        slot: np.ascontiguousarray(array).reshape(-1) for slot, array in values.items()
+    }
+    for slot, name in plan.in_place.items():
+        flat[slot] = outputs[name].reshape(-1)
+    piece = plan.piece_elements
+    widest = max((plan.slots[s].nbytes // max(plan.elements, 1) for s in plan.scratch), default=1)
+    buffers = [np.empty(piece * widest, np.uint8) for _ in range(plan.scratch_buffers)]
+    scratch: dict[int, HostArray] = {
+        slot: buffers[buffer].view(numpy_dtype(plan.slots[slot].datatype))[:piece]
+        for slot, buffer in plan.scratch.items()
+    }
+    # Operands of one element where the step has more (``plan.fusable``): the same element for
+    # every position, a stride-0 view, made once per piece size.
+    single_slots = {
+        s for step in plan.steps for s in step.reads if s in flat and flat[s].size < plan.elements
+    }
+    single: dict[int, HostArray] = {}
+    calls: dict[int, list[ResolvedCall]] = {}
+    total = plan.elements
+    for start in range(0, total, piece):
+        count = min(piece, total - start)
+        if count not in calls:
+            calls[count] = [flat_call(step.call, count) for step in plan.steps]
+        if single_slots and len(single[min(single_slots)] if single else ()) != count:
+            single = {s: np.broadcast_to(flat[s], (count,)) for s in single_slots}
+        for step, call in zip(plan.steps, calls[count], strict=True):
+            operands = [
+                scratch[s][:count]
+                if s in scratch
+                else single[s]
+                if s in single
+                else flat[s][start : start + count]
+                for s in step.reads
+            ]
+            target = (
+                scratch[step.writes][:count]
+                if step.writes in scratch
+                else flat[step.writes][start : start + count]
+            )
+            run_into(backend, call, operands, target)
+    for slot, name in plan.in_place.items():
+        values[slot] = outputs[name]
+    return values
+
+
+def _copy_into(backend: Backend, value: DeviceArray, out: HostArray) -> None:
+    if isinstance(value, np.ndarray):
+        np.copyto(out, value)
+    else:
+        backend.to_host(value, out)

@@ -1,0 +1,307 @@
+"""A look at an ONNX file's protobuf wire format before it is parsed, to hold it to
+``GraphLimits`` first: the parser would otherwise build every node, string and number of a
+hostile file in memory before any count could be checked.
+
+The scan walks only the messages whose counts matter (the model, its graph, the graph's nodes
+and their attributes, initializers and ``Constant`` tensors, the inputs' and outputs' types) and
+skips every other field by its length. It counts each field it looks at against
+``max_fields`` (a packed list of numbers counts one per number), so its own time is bounded too.
+It refuses what the reader never takes anyway: nested graphs, model-local functions, training
+information, sparse tensors, external data and protobuf groups. What it lets through is parsed
+by ``onnx`` and checked again, in full, by the reader.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from tensorbits.core.graphs.limits import GraphLimits
+from tensorbits.core.graphs.refusals import invalid, too_large
+from tensorbits_protocol.errors import TensorbitsError
+
+VARINT, FIXED64, LEN, FIXED32 = 0, 1, 2, 5
+# Bytes with the high bit set: every byte of a varint but its last. The bytes a packed list of
+# varints holds, less these, is how many numbers it holds (counted in C, not byte by byte).
+_CONTINUATION = bytes(range(128, 256))
+
+# Field numbers (onnx.proto) of what the scan reads or refuses.
+MODEL_GRAPH, MODEL_TRAINING_INFO, MODEL_FUNCTIONS = 7, 20, 25
+GRAPH_NODE, GRAPH_INITIALIZER, GRAPH_INPUT, GRAPH_OUTPUT, GRAPH_VALUE_INFO = 1, 5, 11, 12, 13
+GRAPH_REFUSED = {14: "quantization annotations", 15: "sparse initializers"}
+NODE_ATTRIBUTE = 5
+ATTRIBUTE_TENSOR, ATTRIBUTE_FLOATS, ATTRIBUTE_INTS = 5, 7, 8
+ATTRIBUTE_REFUSED = {
+    6: "a graph",
+    10: "a list of tensors",
+    11: "a list of graphs",
+    14: "a type",
+    15: "a list of types",
+    22: "a sparse tensor",
+    23: "a list of sparse tensors",
+}
+VALUE_INFO_TYPE, TYPE_TENSOR, TENSOR_TYPE_SHAPE = 2, 1, 2
+TYPE_REFUSED = {4: "a sequence", 5: "a map", 8: "a sparse tensor", 9: "an optional"}
+TENSOR_DIMS, TENSOR_DATA_TYPE, TENSOR_SEGMENT, TENSOR_RAW_DATA = 1, 2, 3, 9
+TENSOR_STRING_DATA, TENSOR_EXTERNAL_DATA, TENSOR_DATA_LOCATION = 6, 13, 14
+# Typed number lists: each number counts as a field (``max_fields``).
+TENSOR_NUMBER_LISTS = {4: 4, 5: 0, 7: 0, 10: 8, 11: 0}  # field: fixed width, 0 for varints
+# Bytes per element of onnx.TensorProto data types (unknown ones count 1; the reader refuses
+# them after parsing, with the type named).
+ELEMENT_BYTES = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8}
+
+
+@dataclass(slots=True)
+class WireCounts:
+    """What the scan found: the counts the reader's bounds apply to."""
+
+    nodes: int = 0
+    initializers: int = 0  # initializers and Constant nodes' tensors
+    initializer_bytes: int = 0
+    inputs: int = 0
+    outputs: int = 0
+    fields: int = 0
+
+
+def _truncated(where: str) -> TensorbitsError:
+    return invalid("model", "truncated_model", f"the file ends inside {where}; it is cut short")
+
+
+def _malformed(where: str, what: str) -> TensorbitsError:
+    return invalid("model", "malformed_model", f"{what} in {where}; this is not an ONNX file")
+
+
+class _Scanner:
+    def __init__(self, data: bytes, limits: GraphLimits) -> None:
+        self.data = data
+        self.limits = limits
+        self.counts = WireCounts()
+
+    def count_fields(self, n: int, where: str) -> None:
+        self.counts.fields += n
+        if self.counts.fields > self.limits.max_fields:
+            raise too_large(
+                where,
+                "max_fields",
+                "the file holds more protobuf fields than a graph model of the allowed size needs",
+                self.limits.max_fields,
+            )
+
+    def varint(self, pos: int, end: int, where: str) -> tuple[int, int]:
+        data = self.data
+        value = shift = 0
+        while True:
+            if pos >= end:
+                raise _truncated(where)
+            byte = data[pos]
+            pos += 1
+            value |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                return value, pos
+            shift += 7
+            if shift >= 70:
+                raise _malformed(where, "a varint longer than 10 bytes")
+
+    def fields(self, start: int, end: int, where: str) -> Iterator[tuple[int, int, int, int]]:
+        """``(number, wire type, a, b)`` for each field of the message in ``[start, end)``: a
+        varint's value and its end, or the bounds of a length-delimited or fixed value."""
+        pos = start
+        while pos < end:
+            self.count_fields(1, where)
+            key, pos = self.varint(pos, end, where)
+            number, wire_type = key >> 3, key & 7
+            if number == 0:
+                raise _malformed(where, "field number 0")
+            if wire_type == VARINT:
+                value, pos = self.varint(pos, end, where)
+                yield number, wire_type, value, pos
+            elif wire_type == LEN:
+                length, pos = self.varint(pos, end, where)
+                if length > end - pos:
+                    raise _truncated(where)
+                yield number, wire_type, pos, pos + length
+                pos += length
+            elif wire_type in (FIXED64, FIXED32):
+                width = 8 if wire_type == FIXED64 else 4
+                if width > end - pos:
+                    raise _truncated(where)
+                yield number, wire_type, pos, pos + width
+                pos += width
+            else:
+                raise _malformed(where, f"protobuf wire type {wire_type} (groups are not used)")
+
+    def message(self, number: int, wire_type: int, where: str) -> None:
+        if wire_type != LEN:
+            raise _malformed(where, f"field {number} is not a message")
+
+    def packed_count(self, wire_type: int, a: int, b: int, width: int) -> int:
+        if wire_type != LEN:
+            return 1
+        if width:
+            return (b - a) // width
+        return len(self.data[a:b].translate(None, _CONTINUATION))
+
+    def model(self) -> WireCounts:
+        for number, wire_type, a, b in self.fields(0, len(self.data), "the model"):
+            if number == MODEL_GRAPH:
+                self.message(number, wire_type, "the model")
+                self.graph(a, b)
+            elif number == MODEL_FUNCTIONS:
+                raise invalid(
+                    "model", "unsupported_model_part", "model-local functions are not taken"
+                )
+            elif number == MODEL_TRAINING_INFO:
+                raise invalid(
+                    "model", "unsupported_model_part", "training information is not taken"
+                )
+        return self.counts
+
+    def graph(self, start: int, end: int) -> None:
+        counts, limits = self.counts, self.limits
+        initializers = 0  # of this graph field, as the parsed graph will number them
+        for number, wire_type, a, b in self.fields(start, end, "the graph"):
+            if number == GRAPH_NODE:
+                where = f"nodes[{counts.nodes}]"
+                counts.nodes += 1
+                if counts.nodes > limits.max_nodes:
+                    raise too_large(where, "max_nodes", "too many nodes", limits.max_nodes)
+                self.message(number, wire_type, where)
+                self.node(a, b, where)
+            elif number == GRAPH_INITIALIZER:
+                where = f"initializers[{initializers}]"
+                initializers += 1
+                self.message(number, wire_type, where)
+                self.tensor(a, b, where)
+            elif number == GRAPH_INPUT:
+                where = f"inputs[{counts.inputs}]"
+                counts.inputs += 1
+                if counts.inputs > limits.max_inputs:
+                    raise too_large(where, "max_inputs", "too many graph inputs", limits.max_inputs)
+                self.message(number, wire_type, where)
+                self.value_info(a, b, where)
+            elif number == GRAPH_OUTPUT:
+                where = f"outputs[{counts.outputs}]"
+                counts.outputs += 1
+                if counts.outputs > limits.max_outputs:
+                    raise too_large(
+                        where, "max_outputs", "too many graph outputs", limits.max_outputs
+                    )
+                self.message(number, wire_type, where)
+                self.value_info(a, b, where)
+            elif number == GRAPH_VALUE_INFO:
+                self.message(number, wire_type, "value_info")
+                self.value_info(a, b, "value_info")
+            elif number in GRAPH_REFUSED:
+                raise invalid(
+                    "graph", "unsupported_graph_part", f"{GRAPH_REFUSED[number]} are not taken"
+                )
+
+    def node(self, start: int, end: int, where: str) -> None:
+        for number, wire_type, a, b in self.fields(start, end, where):
+            if number == NODE_ATTRIBUTE:
+                self.message(number, wire_type, where)
+                self.attribute(a, b, where)
+
+    def attribute(self, start: int, end: int, where: str) -> None:
+        for number, wire_type, a, b in self.fields(start, end, where):
+            if number == ATTRIBUTE_TENSOR:
+                self.message(number, wire_type, where)
+                self.tensor(a, b, where)
+            elif number in (ATTRIBUTE_FLOATS, ATTRIBUTE_INTS):
+                width = 4 if number == ATTRIBUTE_FLOATS else 0
+                self.count_fields(self.packed_count(wire_type, a, b, width) - 1, where)
+            elif number in ATTRIBUTE_REFUSED:
+                raise invalid(
+                    where,
+                    "unsupported_attribute",
+                    f"an attribute holds {ATTRIBUTE_REFUSED[number]}, which no node taken here has",
+                )
+
+    def value_info(self, start: int, end: int, where: str) -> None:
+        for number, wire_type, a, b in self.fields(start, end, where):
+            if number == VALUE_INFO_TYPE:
+                self.message(number, wire_type, where)
+                self.value_type(a, b, where)
+
+    def value_type(self, start: int, end: int, where: str) -> None:
+        for number, wire_type, a, b in self.fields(start, end, where):
+            if number == TYPE_TENSOR:
+                self.message(number, wire_type, where)
+                for inner, inner_type, c, d in self.fields(a, b, where):
+                    if inner == TENSOR_TYPE_SHAPE:
+                        self.message(inner, inner_type, where)
+                        for _ in self.fields(c, d, where):  # the dimensions: counted
+                            pass
+            elif number in TYPE_REFUSED:
+                raise invalid(
+                    where,
+                    "value_type",
+                    f"the type is {TYPE_REFUSED[number]}; only tensors are taken",
+                )
+
+    def tensor(self, start: int, end: int, where: str) -> None:
+        counts, limits = self.counts, self.limits
+        counts.initializers += 1
+        if counts.initializers > limits.max_initializers:
+            raise too_large(
+                where,
+                "max_initializers",
+                "too many initializers and Constant nodes",
+                limits.max_initializers,
+            )
+        dims: list[int] = []
+        element_bytes = 1
+        raw_bytes = 0
+        for number, wire_type, a, b in self.fields(start, end, where):
+            if number == TENSOR_DIMS:
+                dims.extend(self.dims(wire_type, a, b, where))
+            elif number == TENSOR_DATA_TYPE and wire_type == VARINT:
+                element_bytes = ELEMENT_BYTES.get(a, 1)
+            elif number == TENSOR_RAW_DATA:
+                raw_bytes += b - a
+            elif number in TENSOR_NUMBER_LISTS:
+                width = TENSOR_NUMBER_LISTS[number]
+                self.count_fields(self.packed_count(wire_type, a, b, width) - 1, where)
+            elif number in (TENSOR_EXTERNAL_DATA, TENSOR_DATA_LOCATION):
+                if number == TENSOR_EXTERNAL_DATA or a != 0:
+                    raise invalid(
+                        where, "external_data", "tensor data outside the file is not taken"
+                    )
+            elif number in (TENSOR_SEGMENT, TENSOR_STRING_DATA):
+                raise invalid(where, "initializer_form", "segments and strings are not taken")
+        declared = element_bytes
+        for size in dims:
+            declared *= size
+            if declared > limits.max_initializer_bytes:
+                break
+        counts.initializer_bytes += max(declared, raw_bytes)
+        if counts.initializer_bytes > limits.max_initializer_bytes:
+            raise too_large(
+                where,
+                "max_initializer_bytes",
+                f"the constant tensors hold at least {counts.initializer_bytes} bytes",
+                limits.max_initializer_bytes,
+            )
+
+    def dims(self, wire_type: int, a: int, b: int, where: str) -> list[int]:
+        if wire_type == VARINT:
+            values = [a]
+        elif wire_type == LEN:
+            self.count_fields(self.packed_count(wire_type, a, b, 0) - 1, where)
+            values = []
+            pos = a
+            while pos < b:
+                value, pos = self.varint(pos, b, where)
+                values.append(value)
+        else:
+            raise _malformed(where, "tensor dimensions of the wrong wire type")
+        for value in values:
+            if value >= 1 << 63:  # an int64 below zero
+                raise invalid(where, "shape", f"dimension of negative size {value - (1 << 64)}")
+        return values
+
+
+def scan_model(data: bytes, limits: GraphLimits) -> WireCounts:
+    """The counts of the ONNX file ``data``, or the refusal of the first bound it passes, of a
+    malformed or truncated encoding, or of a part the reader never takes."""
+    return _Scanner(data, limits).model()
