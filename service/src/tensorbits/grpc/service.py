@@ -359,8 +359,10 @@ class InferenceService:
         id and when it is admitted."""
         plane = self.runtime.plane
         split = wire.split_infer_request(data, self.wire_limits)
-        key = (CACHE_TAG, split.message, tuple(raw.nbytes for raw in split.raw_contents))
-        template = plane.template(key, len(split.message))
+        key = (CACHE_TAG, split.message, tuple(map(len, split.raw_contents)))  # flat bytes
+        cached = plane.template(key, len(split.message))
+        # A gRPC key holds only the template gRPC made (``messages.template_of``).
+        template = cached if isinstance(cached, messages.MessageTemplate) else None
         if template is not None:
             op = template.op
             if message_state is not None:
@@ -380,26 +382,24 @@ class InferenceService:
             call.admit(len(data))
             if template is not None:
                 plan = template.plan(split.raw_contents)
+                needed, work = len(data) + template.held_bytes, template.work_bytes
             else:
                 # Typed contents are read value by value: off the event loop when many.
                 plan = await call.plan(
                     len(split.message), messages.plan, plane, op, message, split.raw_contents
                 )
                 if plane.plans is not None:
-                    made = messages.template_of(plan, message)
+                    made = messages.template_of(plan, message, plane.backend)
                     if made is not None:
                         plane.remember(key, made, len(split.message))
                         plan = plan._replace(response_head=made.response_head)
-            call.hold(
-                plan.memory_needed(len(data), plane.backend), "inference", "message, output",
-                "inputs",
-            )  # fmt: skip
+                needed, work = plan.memory_needed(len(data), plane.backend), plan.work_bytes
+            call.hold(needed, "inference", "message, output", "inputs")
             if message_state is not None:
                 message_state.admitted.set()
             return await call.run(
-                plan.work_bytes, messages.encode, plan, plane.backend, plane.regions,
-                streamed=streamed,
-            )  # fmt: skip
+                work, messages.encode, plan, plane.backend, plane.regions, streamed=streamed
+            )
 
 
 def _checked_request(data: bytes, limits: wire.WireLimits) -> pb.ModelInferRequest:
