@@ -389,7 +389,9 @@ def peers(bare: bool) -> Iterator[list[Endpoints]]:
         except PeerUnavailable as exc:
             print(f"Triton peer unavailable, tensorbits measured alone: {exc}")
         else:
-            servers.append(Endpoints("Triton", urlsplit(peer.http_url).port, peer.grpc_url, peer.pid))
+            servers.append(
+                Endpoints("Triton", urlsplit(peer.http_url).port, peer.grpc_url, peer.pid)
+            )
             print(f"Triton peer: Triton Inference Server {peer.version} (nvidia-pytriton)")
         yield servers
 
@@ -399,27 +401,42 @@ def conditions() -> str:
     return f"{os.cpu_count()} cores, load average {one:.1f} (1 min) {five:.1f} (5 min)"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+def parse_options(
+    parser: argparse.ArgumentParser, argv: list[str] | None, rounds: int, repeat: int, least: int
+) -> tuple[argparse.Namespace, set[str]]:
+    """The options of a run of the small and large measurements, added to the caller's own in
+    ``parser``, parsed and held to their bounds (also bench/revisions.py's): ``rounds`` and
+    ``repeat`` are their defaults, ``least`` the fewest either takes. The parts to run, and
+    ``args.h2load``: whether h2load is installed."""
+    parser.add_argument(
+        "--rounds", type=int, default=rounds, help=f"(small) rounds (default {rounds})"
     )
-    parser.add_argument("--rounds", type=int, default=5, help="(small) rounds (default 5)")
     parser.add_argument("--seconds", type=float, default=4.0, help="(small) seconds per run")
     parser.add_argument("--connections", type=int, default=32, help="(small) wrk connections")
     add_load_options(parser, "(small) ")
-    parser.add_argument("--repeat", type=int, default=5, help="(large) rounds (default 5)")
+    parser.add_argument(
+        "--repeat", type=int, default=repeat, help=f"(large) rounds (default {repeat})"
+    )
     parser.add_argument("--parts", default="small,large", help="small, large or both")
     args = parser.parse_args(argv)
     parts = set(args.parts.split(","))
     if not parts <= {"small", "large"}:
         parser.error("--parts: small, large or small,large")
-    if not (1 <= args.rounds <= 50 and 0 < args.seconds <= 60 and 1 <= args.repeat <= 50):
-        parser.error("bounded: --rounds 1..50, --seconds (0, 60], --repeat 1..50")
+    if not (least <= args.rounds <= 50 and 0 < args.seconds <= 60 and least <= args.repeat <= 50):
+        parser.error(f"bounded: --rounds {least}..50, --seconds (0, 60], --repeat {least}..50")
     if "small" in parts and shutil.which("wrk") is None:
         parser.error("(small) needs wrk: apt-get install -y wrk")
     args.h2load = shutil.which("h2load") is not None
     if "small" in parts and not args.h2load:
         print("h2load not found (apt-get install -y nghttp2-client): gRPC with grpc.aio only")
+    return args, parts
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    args, parts = parse_options(parser, argv, rounds=5, repeat=5, least=1)
     stop_on_signals()  # a Ctrl-C or SIGTERM still stops both servers
     start = time.monotonic()
     print(f"machine: {conditions()}")

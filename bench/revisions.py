@@ -69,11 +69,11 @@ from bench.grpc_vs_triton import (
     Rate,
     conditions,
     large_round_trips,
+    parse_options,
     small_rounds,
     tensorbits,
 )
 from bench.harness import BIN, note
-from bench.harness.grpc_load import add_load_options
 from bench.peers import stop_on_signals
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -305,23 +305,8 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--base", required=True, help="the earlier revision (a commit, tag, ...)")
-    parser.add_argument("--rounds", type=int, default=8, help="(small) rounds (default 8)")
-    parser.add_argument("--seconds", type=float, default=4.0, help="(small) seconds per run")
-    parser.add_argument("--connections", type=int, default=32, help="(small) wrk connections")
-    add_load_options(parser, "(small) ")
-    parser.add_argument("--repeat", type=int, default=7, help="(large) rounds (default 7)")
-    parser.add_argument("--parts", default="small,large", help="small, large or both")
-    args = parser.parse_args(argv)
-    parts = set(args.parts.split(","))
-    if not parts <= {"small", "large"}:
-        parser.error("--parts: small, large or small,large")
-    if not (2 <= args.rounds <= 50 and 0 < args.seconds <= 60 and 2 <= args.repeat <= 50):
-        parser.error("bounded: --rounds 2..50, --seconds (0, 60], --repeat 2..50")
-    if "small" in parts and shutil.which("wrk") is None:
-        parser.error("(small) needs wrk: apt-get install -y wrk")
-    args.h2load = shutil.which("h2load") is not None
-    if "small" in parts and not args.h2load:
-        print("h2load not found (apt-get install -y nghttp2-client): gRPC with grpc.aio only")
+    # Two rounds at least: the base's noise is the spread of its own rounds.
+    args, parts = parse_options(parser, argv, rounds=8, repeat=7, least=2)
     stop_on_signals()  # a Ctrl-C or SIGTERM still stops both servers and removes the worktree
     start = time.monotonic()
     commit = commit_of(args.base)

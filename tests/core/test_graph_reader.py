@@ -153,13 +153,40 @@ def test_shapes_that_do_not_broadcast() -> None:
     refused(data, "broadcast", "nodes[0]")
 
 
-def test_output_declared_with_another_type() -> None:
-    data = model_bytes(
-        [helper.make_node("BitwiseNot", ["a"], ["b"])],
-        [tensor("a", U8, [4])],
-        [tensor("b", U16, [4])],
-    )
-    refused(data, "type_mismatch", "outputs[0]")
+A4, B4 = tensor("a", U8, [4]), tensor("b", U8, [4])
+
+
+# A graph of one BitwiseNot node, wrong in one way: what the node reads and makes, the input and
+# output the graph declares, and the rule and field that refuse it.
+@pytest.mark.parametrize(
+    ("reads", "makes", "declared_input", "declared_output", "rule", "field"),
+    [
+        (["a"], "b", A4, tensor("b", U16, [4]), "type_mismatch", "outputs[0]"),
+        (["nowhere"], "b", A4, B4, "undefined_value", "nodes[0]"),
+        (["a"], "a", A4, A4, "duplicate_name", "nodes[0]"),
+        (["a"], "b", A4, tensor("c", U8, [4]), "undefined_value", "outputs[0]"),
+        (["a", "a"], "b", A4, B4, "input_count", "nodes[0]"),
+        (["a"], "b", tensor("a", U8, None), tensor("b", U8, None), "unknown_rank", "inputs[0]"),
+    ],
+    ids=[
+        "output_declared_with_another_type",
+        "node_reading_an_undefined_value",
+        "name_defined_twice",
+        "output_naming_an_undefined_value",
+        "wrong_input_count",
+        "input_of_unknown_rank",
+    ],
+)
+def test_one_node_graph_wrong_in_one_way(
+    reads: list[str],
+    makes: str,
+    declared_input: onnx.ValueInfoProto,
+    declared_output: onnx.ValueInfoProto,
+    rule: str,
+    field: str,
+) -> None:
+    node = helper.make_node("BitwiseNot", reads, [makes])
+    refused(model_bytes([node], [declared_input], [declared_output]), rule, field)
 
 
 @pytest.mark.usefixtures("parser_unused")
@@ -261,36 +288,6 @@ def test_bit_shift_direction() -> None:
     refused(binary("BitwiseAnd", direction="LEFT"), "unknown_attribute", "nodes[0]")
 
 
-def test_undefined_values_and_names_defined_twice() -> None:
-    data = model_bytes(
-        [helper.make_node("BitwiseNot", ["nowhere"], ["b"])],
-        [tensor("a", U8, [4])],
-        [tensor("b", U8, [4])],
-    )
-    refused(data, "undefined_value", "nodes[0]")
-    data = model_bytes(
-        [helper.make_node("BitwiseNot", ["a"], ["a"])],
-        [tensor("a", U8, [4])],
-        [tensor("a", U8, [4])],
-    )
-    refused(data, "duplicate_name", "nodes[0]")
-    data = model_bytes(
-        [helper.make_node("BitwiseNot", ["a"], ["b"])],
-        [tensor("a", U8, [4])],
-        [tensor("c", U8, [4])],
-    )
-    refused(data, "undefined_value", "outputs[0]")
-
-
-def test_wrong_input_counts() -> None:
-    data = model_bytes(
-        [helper.make_node("BitwiseNot", ["a", "a"], ["b"])],
-        [tensor("a", U8, [4])],
-        [tensor("b", U8, [4])],
-    )
-    refused(data, "input_count", "nodes[0]")
-
-
 def test_nested_graph_attributes_are_refused_by_the_scan() -> None:
     inner = helper.make_graph([], "inner", [], [])
     node = helper.make_node("BitwiseNot", ["a"], ["b"], body=inner)
@@ -308,15 +305,6 @@ def test_the_field_bound_bounds_a_node_of_many_inputs() -> None:
     node = helper.make_node("BitwiseNot", ["a"] * 100_000, ["b"])
     data = model_bytes([node], [tensor("a", U8, [4])], [tensor("b", U8, [4])])
     refused(data, "max_fields", "nodes[0]")
-
-
-def test_input_of_unknown_rank() -> None:
-    data = model_bytes(
-        [helper.make_node("BitwiseNot", ["a"], ["b"])],
-        [tensor("a", U8, None)],
-        [tensor("b", U8, None)],
-    )
-    refused(data, "unknown_rank", "inputs[0]")
 
 
 def test_ir_version_and_opset_imports() -> None:

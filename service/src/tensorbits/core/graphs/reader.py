@@ -97,9 +97,11 @@ def read_onnx(data: bytes, limits: GraphLimits | None = None) -> GraphSpec:
         raise invalid("model", "malformed_model", "a name is not UTF-8 text") from None
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class _Node:
-    """A node of the file, checked on its own, before the graph is."""
+    """A node of the file, checked on its own, before the graph is. Made once its names are
+    read, so that refusals can name it; its output and parameters are filled in as they are
+    checked."""
 
     index: int
     name: str
@@ -244,12 +246,12 @@ class _Reader:
     def node(self, index: int, proto: onnx.NodeProto, opset: int) -> _Node:
         field = f"nodes[{index}]"
         node = _Node(
-            index,
-            self.name(proto.name, field),
-            proto.op_type[: self.limits.max_name_chars + 1],
-            tuple(self.name(v, field) for v in proto.input),
-            "",
-            {},
+            index=index,
+            name=self.name(proto.name, field),
+            op_type=proto.op_type[: self.limits.max_name_chars + 1],
+            inputs=tuple(self.name(v, field) for v in proto.input),
+            output="",  # read after the inputs and op type are checked
+            parameters={},  # from the attributes, last
         )
         where = node.describe()
         if proto.domain not in DEFAULT_DOMAINS or node.op_type not in TAKEN:

@@ -29,9 +29,10 @@ from tensorbits_protocol.dtypes import numpy_dtype
 from tensorbits_protocol.validation import ResolvedCall, Shape
 
 HostArray = np.ndarray[Any, Any]
+HostArrays = Mapping[str, HostArray]  # by tensor name
 
 
-def _check_names(what: str, given: Mapping[str, HostArray], expected: list[str]) -> None:
+def _check_names(what: str, given: HostArrays, expected: list[str]) -> None:
     if set(given) != set(expected):
         missing = [n for n in expected if n not in given]
         unknown = [n for n in given if n not in expected]
@@ -52,12 +53,7 @@ def _check_array(name: str, array: HostArray, datatype: Any, shape: Shape) -> No
         )
 
 
-def run_graph(
-    plan: GraphPlan,
-    backend: Backend,
-    inputs: Mapping[str, HostArray],
-    outputs: Mapping[str, HostArray],
-) -> None:
+def run_graph(plan: GraphPlan, backend: Backend, inputs: HostArrays, outputs: HostArrays) -> None:
     """Run ``plan`` on ``inputs`` (host arrays by input name), writing each graph output into
     ``outputs[name]`` (host arrays of the plan's type and shape)."""
     _check_names("input", inputs, list(plan.input_specs))
@@ -69,19 +65,18 @@ def run_graph(
         _check_array(output.name, array, output.datatype, output.shape)
         if not array.flags.writeable:
             raise invalid(output.name[:100], "read_only", "the output array is read-only")
+    values = _sources(plan, backend, inputs)
     contiguous = all(outputs[o.name].flags.c_contiguous for o in plan.outputs)
     if plan.fused and backend.host_memory and contiguous:
-        values = _run_fused(plan, backend, inputs, outputs)
+        _run_fused(plan, backend, values, outputs)
     else:
-        values = _run_node_by_node(plan, backend, inputs, outputs)
+        _run_node_by_node(plan, backend, values, outputs)
     for output in plan.outputs:
         if not output.written_in_place:
             _copy_into(backend, values[output.slot], outputs[output.name])
 
 
-def _sources(
-    plan: GraphPlan, backend: Backend, inputs: Mapping[str, HostArray]
-) -> dict[int, DeviceArray]:
+def _sources(plan: GraphPlan, backend: Backend, inputs: HostArrays) -> dict[int, DeviceArray]:
     """The inputs' and constants' arrays by slot, on the backend's device (once each)."""
     values: dict[int, DeviceArray] = {}
     for slot, value in enumerate(plan.slots):
@@ -98,12 +93,10 @@ def _sources(
 
 
 def _run_node_by_node(
-    plan: GraphPlan,
-    backend: Backend,
-    inputs: Mapping[str, HostArray],
-    outputs: Mapping[str, HostArray],
-) -> dict[int, DeviceArray]:
-    values = _sources(plan, backend, inputs)
+    plan: GraphPlan, backend: Backend, values: dict[int, DeviceArray], outputs: HostArrays
+) -> None:
+    """Each step over whole arrays, its result added to ``values`` (the sources at first) and
+    each value dropped from it after its last reader."""
     for step in plan.steps:
         call = step.call
         if backend.host_memory and step.writes in plan.in_place:
@@ -114,16 +107,13 @@ def _run_node_by_node(
         values[step.writes] = target
         for slot in step.frees:
             del values[slot]
-    return values
 
 
 def _run_fused(
-    plan: GraphPlan,
-    backend: Backend,
-    inputs: Mapping[str, HostArray],
-    outputs: Mapping[str, HostArray],
-) -> dict[int, DeviceArray]:
-    values = _sources(plan, backend, inputs)
+    plan: GraphPlan, backend: Backend, values: dict[int, DeviceArray], outputs: HostArrays
+) -> None:
+    """The whole chain a piece at a time over flat views of ``values`` (the sources); the
+    outputs written in place are added to it."""
     # Flat views of whole arrays (inputs, constants, outputs written in place), and of each
     # intermediate's scratch buffer as its type.
     flat: dict[int, HostArray] = {
@@ -169,7 +159,6 @@ def _run_fused(
             run_into(backend, call, operands, target)
     for slot, name in plan.in_place.items():
         values[slot] = outputs[name]
-    return values
 
 
 def _copy_into(backend: Backend, value: DeviceArray, out: HostArray) -> None:

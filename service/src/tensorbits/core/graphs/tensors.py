@@ -36,23 +36,24 @@ ONNX_TYPES: dict[int, DataType] = {
 }
 ONNX_TYPE_OF = {datatype: code for code, datatype in ONNX_TYPES.items()}
 
-# Which typed list holds the values of each type when raw_data is not used (onnx.proto), and
-# the type its values are read as before the range check: FP16 travels as its bits in int32_data.
-_LISTS: dict[DataType, tuple[str, np.dtype[Any]]] = {
-    DataType.BOOL: ("int32_data", np.dtype(np.int64)),
-    DataType.UINT8: ("int32_data", np.dtype(np.int64)),
-    DataType.UINT16: ("int32_data", np.dtype(np.int64)),
-    DataType.INT8: ("int32_data", np.dtype(np.int64)),
-    DataType.INT16: ("int32_data", np.dtype(np.int64)),
-    DataType.INT32: ("int32_data", np.dtype(np.int64)),
-    DataType.FP16: ("int32_data", np.dtype(np.int64)),
-    DataType.INT64: ("int64_data", np.dtype(np.int64)),
-    DataType.UINT32: ("uint64_data", np.dtype(np.uint64)),
-    DataType.UINT64: ("uint64_data", np.dtype(np.uint64)),
-    DataType.FP32: ("float_data", np.dtype(np.float32)),
-    DataType.FP64: ("double_data", np.dtype(np.float64)),
+# Which typed list holds the values of each type when raw_data is not used (onnx.proto):
+# the types not named here (the narrower ones, INT32, and FP16 as its bits) use int32_data.
+_WIDE_LISTS = {
+    DataType.FP32: "float_data",
+    DataType.INT64: "int64_data",
+    DataType.UINT32: "uint64_data",
+    DataType.UINT64: "uint64_data",
+    DataType.FP64: "double_data",
 }
-_ALL_LISTS = ("float_data", "int32_data", "int64_data", "uint64_data", "double_data")
+# Each list with the type its values are read as before the range check, in the order a refusal
+# looks for values stored in another list than their type's.
+_READ_AS: dict[str, np.dtype[Any]] = {
+    "float_data": np.dtype(np.float32),
+    "int32_data": np.dtype(np.int64),
+    "int64_data": np.dtype(np.int64),
+    "uint64_data": np.dtype(np.uint64),
+    "double_data": np.dtype(np.float64),
+}
 
 
 def onnx_datatype(code: int, field: str) -> DataType:
@@ -131,15 +132,15 @@ def _from_raw(raw: bytes, datatype: DataType, nbytes: int, field: str) -> np.nda
 def _from_list(
     tensor: onnx.TensorProto, datatype: DataType, count: int, field: str
 ) -> np.ndarray[Any, Any]:
-    list_name, read_as = _LISTS[datatype]
-    for other in _ALL_LISTS:
+    list_name = _WIDE_LISTS.get(datatype, "int32_data")
+    for other in _READ_AS:
         if other != list_name and len(getattr(tensor, other)):
             raise invalid(
                 field,
                 "initializer_form",
                 f"{datatype} values stored in {other} (onnx: {list_name})",
             )
-    values = np.array(getattr(tensor, list_name), dtype=read_as)
+    values = np.array(getattr(tensor, list_name), dtype=_READ_AS[list_name])
     if values.size != count:
         raise invalid(
             field,

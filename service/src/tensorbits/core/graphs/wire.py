@@ -28,6 +28,14 @@ _CONTINUATION = bytes(range(128, 256))
 # Field numbers (onnx.proto) of what the scan reads or refuses.
 MODEL_GRAPH, MODEL_TRAINING_INFO, MODEL_FUNCTIONS = 7, 20, 25
 GRAPH_NODE, GRAPH_INITIALIZER, GRAPH_INPUT, GRAPH_OUTPUT, GRAPH_VALUE_INFO = 1, 5, 11, 12, 13
+# Graph fields whose number is bounded: the ``WireCounts`` field counting them, which also names
+# their bound (``GraphLimits.max_nodes`` ...) and their place in refusals (``nodes[3]``), and the
+# refusal's words.
+GRAPH_COUNTED = {
+    GRAPH_NODE: ("nodes", "too many nodes"),
+    GRAPH_INPUT: ("inputs", "too many graph inputs"),
+    GRAPH_OUTPUT: ("outputs", "too many graph outputs"),
+}
 GRAPH_REFUSED = {14: "quantization annotations", 15: "sparse initializers"}
 NODE_ATTRIBUTE = 5
 ATTRIBUTE_TENSOR, ATTRIBUTE_FLOATS, ATTRIBUTE_INTS = 5, 7, 8
@@ -88,19 +96,16 @@ class _Scanner:
             )
 
     def varint(self, pos: int, end: int, where: str) -> tuple[int, int]:
-        data = self.data
-        value = shift = 0
-        while True:
-            if pos >= end:
-                raise _truncated(where)
-            byte = data[pos]
-            pos += 1
-            value |= (byte & 0x7F) << shift
+        """The varint at ``pos`` and the position after it. A 64-bit value takes 10 bytes at
+        most: one that goes on past them is malformed, one cut by ``end`` truncated."""
+        value = 0
+        for i, byte in enumerate(self.data[pos : min(end, pos + 10)]):
+            value |= (byte & 0x7F) << (7 * i)
             if byte < 0x80:
-                return value, pos
-            shift += 7
-            if shift >= 70:
-                raise _malformed(where, "a varint longer than 10 bytes")
+                return value, pos + i + 1
+        if end - pos >= 10:
+            raise _malformed(where, "a varint longer than 10 bytes")
+        raise _truncated(where)
 
     def fields(self, start: int, end: int, where: str) -> Iterator[tuple[int, int, int, int]]:
         """``(number, wire type, a, b)`` for each field of the message in ``[start, end)``: a
@@ -134,6 +139,26 @@ class _Scanner:
         if wire_type != LEN:
             raise _malformed(where, f"field {number} is not a message")
 
+    def messages(self, start: int, end: int, wanted: int, where: str) -> Iterator[tuple[int, int]]:
+        """The bounds of each field ``wanted`` (a message) of the message in ``[start, end)``;
+        its other fields are counted and skipped."""
+        for number, wire_type, a, b in self.fields(start, end, where):
+            if number == wanted:
+                self.message(number, wire_type, where)
+                yield a, b
+
+    def counted(self, number: int) -> str:
+        """Where the graph's next node, input or output (field ``number``) stands: counted, and
+        refused past its bound."""
+        kind, what = GRAPH_COUNTED[number]
+        index: int = getattr(self.counts, kind)
+        setattr(self.counts, kind, index + 1)
+        bound: int = getattr(self.limits, f"max_{kind}")
+        where = f"{kind}[{index}]"
+        if index >= bound:
+            raise too_large(where, f"max_{kind}", what, bound)
+        return where
+
     def packed_count(self, wire_type: int, a: int, b: int, width: int) -> int:
         if wire_type != LEN:
             return 1
@@ -157,37 +182,17 @@ class _Scanner:
         return self.counts
 
     def graph(self, start: int, end: int) -> None:
-        counts, limits = self.counts, self.limits
         initializers = 0  # of this graph field, as the parsed graph will number them
         for number, wire_type, a, b in self.fields(start, end, "the graph"):
-            if number == GRAPH_NODE:
-                where = f"nodes[{counts.nodes}]"
-                counts.nodes += 1
-                if counts.nodes > limits.max_nodes:
-                    raise too_large(where, "max_nodes", "too many nodes", limits.max_nodes)
+            if number in GRAPH_COUNTED:
+                where = self.counted(number)
                 self.message(number, wire_type, where)
-                self.node(a, b, where)
+                (self.node if number == GRAPH_NODE else self.value_info)(a, b, where)
             elif number == GRAPH_INITIALIZER:
                 where = f"initializers[{initializers}]"
                 initializers += 1
                 self.message(number, wire_type, where)
                 self.tensor(a, b, where)
-            elif number == GRAPH_INPUT:
-                where = f"inputs[{counts.inputs}]"
-                counts.inputs += 1
-                if counts.inputs > limits.max_inputs:
-                    raise too_large(where, "max_inputs", "too many graph inputs", limits.max_inputs)
-                self.message(number, wire_type, where)
-                self.value_info(a, b, where)
-            elif number == GRAPH_OUTPUT:
-                where = f"outputs[{counts.outputs}]"
-                counts.outputs += 1
-                if counts.outputs > limits.max_outputs:
-                    raise too_large(
-                        where, "max_outputs", "too many graph outputs", limits.max_outputs
-                    )
-                self.message(number, wire_type, where)
-                self.value_info(a, b, where)
             elif number == GRAPH_VALUE_INFO:
                 self.message(number, wire_type, "value_info")
                 self.value_info(a, b, "value_info")
@@ -197,10 +202,8 @@ class _Scanner:
                 )
 
     def node(self, start: int, end: int, where: str) -> None:
-        for number, wire_type, a, b in self.fields(start, end, where):
-            if number == NODE_ATTRIBUTE:
-                self.message(number, wire_type, where)
-                self.attribute(a, b, where)
+        for a, b in self.messages(start, end, NODE_ATTRIBUTE, where):
+            self.attribute(a, b, where)
 
     def attribute(self, start: int, end: int, where: str) -> None:
         for number, wire_type, a, b in self.fields(start, end, where):
@@ -217,27 +220,23 @@ class _Scanner:
                     f"an attribute holds {ATTRIBUTE_REFUSED[number]}, which no node taken here has",
                 )
 
-    def value_info(self, start: int, end: int, where: str) -> None:
-        for number, wire_type, a, b in self.fields(start, end, where):
-            if number == VALUE_INFO_TYPE:
-                self.message(number, wire_type, where)
-                self.value_type(a, b, where)
-
     def value_type(self, start: int, end: int, where: str) -> None:
         for number, wire_type, a, b in self.fields(start, end, where):
-            if number == TYPE_TENSOR:
-                self.message(number, wire_type, where)
-                for inner, inner_type, c, d in self.fields(a, b, where):
-                    if inner == TENSOR_TYPE_SHAPE:
-                        self.message(inner, inner_type, where)
-                        for _ in self.fields(c, d, where):  # the dimensions: counted
-                            pass
-            elif number in TYPE_REFUSED:
+            if number in TYPE_REFUSED:
                 raise invalid(
                     where,
                     "value_type",
                     f"the type is {TYPE_REFUSED[number]}; only tensors are taken",
                 )
+            if number == TYPE_TENSOR:
+                self.message(number, wire_type, where)
+                for c, d in self.messages(a, b, TENSOR_TYPE_SHAPE, where):
+                    for _ in self.fields(c, d, where):  # the dimensions: counted
+                        pass
+
+    def value_info(self, start: int, end: int, where: str) -> None:
+        for a, b in self.messages(start, end, VALUE_INFO_TYPE, where):
+            self.value_type(a, b, where)
 
     def tensor(self, start: int, end: int, where: str) -> None:
         counts, limits = self.counts, self.limits
