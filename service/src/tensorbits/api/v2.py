@@ -292,7 +292,8 @@ async def repository_model_load(
             if name == model_lifecycle.CONFIG:
                 config = value
                 continue
-            model_lifecycle.check_file_size(name, len(value) * 3 // 4, runtime)
+            padding = len(value) - len(value.rstrip("="))
+            model_lifecycle.check_file_size(name, len(value) * 3 // 4 - padding, runtime)
             files[name] = _base64(name, value)
     await model_lifecycle.load_model(runtime, model, config, files)
     return Response(status_code=200)
