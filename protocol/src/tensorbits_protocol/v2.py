@@ -479,6 +479,21 @@ class RepositoryIndexRequest(BaseModel):
     ready: StrictBool | None = Field(None, description="true: list only the models ready now")
 
 
+class LoadRequest(BaseModel):
+    """``POST /v2/repository/models/{m}/load`` body, Triton's: ``{"parameters"?: {"config":
+    "<the model configuration, JSON text>", "file:1/model.onnx": "<the file, base64>"}}``. An
+    empty body (or no files) loads a built-in model unloaded before; with the file, a graph
+    model (docs/graph-models.md)."""
+
+    model_config = _STRICT
+
+    parameters: dict[str, StrictStr] | None = Field(
+        None,
+        description='config: the model configuration as JSON text (e.g. {"backend": '
+        '"onnxruntime"}); file:1/model.onnx: the ONNX file, base64',
+    )
+
+
 class RepositoryIndexEntry(BaseModel):
     """``{"name": str, "version"?: str, "state"?: str, "reason"?: str}``."""
 
@@ -598,6 +613,7 @@ __all__ = [
     "InferenceRequest",
     "InferenceRequestParameters",
     "InferenceResponse",
+    "LoadRequest",
     "MetadataTensor",
     "ModelConfigResponse",
     "ModelMetadataResponse",

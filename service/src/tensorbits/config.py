@@ -27,6 +27,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from tensorbits.api_keys import key_problem, read_key_file
 from tensorbits.certificates import check_certificate
+from tensorbits.core.graphs.limits import GraphLimits
 from tensorbits.core.limits import CoreLimits
 
 MiB = 1 << 20
@@ -152,6 +153,22 @@ class Settings(BaseSettings):
         16 * 1024 * MiB,
         ge=1,
         description="bytes of all registered regions together (400 past it)",
+    )
+
+    # Graph models (ONNX files of the family's operators; docs/graph-models.md).
+    model_repository: Path | None = Field(
+        None,
+        description="folder of graph models loaded at start, in Triton's layout: "
+        "<name>/config.json and <name>/1/model.onnx (none: no folder)",
+    )
+    max_model_bytes: int = Field(
+        64 * MiB, ge=1024, description="bytes of one graph model's ONNX file (413 past it)"
+    )
+    max_graph_nodes: int = Field(
+        1024, ge=1, le=1 << 20, description="nodes of one graph model (413 past it)"
+    )
+    max_loaded_models: int = Field(
+        64, ge=0, le=4096, description="graph models loaded at once (413 past it)"
     )
 
     # Admission (503 + Retry-After past them): bounds memory under load.
@@ -321,6 +338,16 @@ class Settings(BaseSettings):
     def worker_inflight_requests(self) -> int:
         """One worker's share of ``max_inflight_requests``."""
         return self.max_inflight_requests // self.workers
+
+    @property
+    def graph_limits(self) -> GraphLimits:
+        """The bounds every graph model's file is read under, as values (core/graphs/limits.py):
+        its constants' bytes are bounded by the file's own."""
+        return GraphLimits(
+            max_model_bytes=self.max_model_bytes,
+            max_nodes=self.max_graph_nodes,
+            max_initializer_bytes=self.max_model_bytes,
+        )
 
     @property
     def core_limits(self) -> CoreLimits:

@@ -19,11 +19,12 @@ configuration's ``parameters`` (a map of strings) carries the same words, flatte
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from tensorbits import __version__
-from tensorbits.core.models import MODEL_VERSIONS
+from tensorbits.core.graphs.models import GraphModel
+from tensorbits.core.models import MODEL_VERSIONS, Model
 from tensorbits.shared_memory import SharedMemoryRegions
 from tensorbits_protocol.dtypes import DataType
 from tensorbits_protocol.operators import FEATURE_LEVEL, OperatorSpec, SupportRow
@@ -83,9 +84,12 @@ def _tensor(
     )
 
 
-def model_metadata(op: OperatorSpec) -> ModelMetadataResponse:
+def model_metadata(op: Model) -> ModelMetadataResponse:
     """``GET /v2/models/{model}``: the protocol's fields, valid for stock clients, and the
-    operator's types, ranks, parameters and support table (see the module's docstring)."""
+    operator's types, ranks, parameters and support table (see the module's docstring); a
+    graph model's inputs and outputs as its file declares them."""
+    if isinstance(op, GraphModel):
+        return graph_metadata(op)
     row = support_row(op, default_parameters(op))
     oldest = op.support[-1]
     # The one datatype: the first input type of the oldest row (every feature level and version
@@ -111,6 +115,27 @@ def model_metadata(op: OperatorSpec) -> ModelMetadataResponse:
 
 def _words(values: list[Any] | None) -> str:
     return ",".join(str(v) for v in values or ())
+
+
+def graph_metadata(model: GraphModel) -> ModelMetadataResponse:
+    """A graph model's metadata: its file's inputs and outputs (-1: a variable dimension; an
+    output whose shape the file leaves out: [-1])."""
+    config = model.config
+    return ModelMetadataResponse(
+        name=model.name,
+        versions=[model.version],
+        platform=config["platform"],
+        inputs=[_graph_tensor(t) for t in config["input"]],
+        outputs=[_graph_tensor(t) for t in config["output"]],
+    )
+
+
+def _graph_tensor(entry: Mapping[str, Any]) -> MetadataTensor:
+    return MetadataTensor(
+        name=entry["name"],
+        datatype=entry["data_type"].removeprefix(CONFIG_TYPE_PREFIX),
+        shape=list(entry["dims"]),
+    )
 
 
 def config_parameters(metadata: ModelMetadataResponse) -> Iterator[tuple[str, str]]:
@@ -160,10 +185,13 @@ def _config_tensor(tensor: MetadataTensor) -> dict[str, Any]:
     }
 
 
-def model_config(op: OperatorSpec) -> dict[str, Any]:
+def model_config(op: Model) -> dict[str, Any]:
     """``GET /v2/models/{model}/config`` and gRPC ModelConfig: the protobuf JSON of Triton's
     ``inference.ModelConfig``, built from ``model_metadata`` (the same types, shapes and words).
-    ``max_batch_size`` 0: no implicit batch dimension, ``dims`` is the whole shape."""
+    ``max_batch_size`` 0: no implicit batch dimension, ``dims`` is the whole shape. A graph
+    model's is the one it was loaded with, completed from its file (platform onnxruntime_onnx)."""
+    if isinstance(op, GraphModel):
+        return dict(op.config)
     metadata = model_metadata(op)
     return {
         "name": op.name,
@@ -177,7 +205,7 @@ def model_config(op: OperatorSpec) -> dict[str, Any]:
     }
 
 
-def model_config_response(op: OperatorSpec) -> ModelConfigResponse:
+def model_config_response(op: Model) -> ModelConfigResponse:
     """``model_config`` as the wire model the HTTP route answers with."""
     return ModelConfigResponse.model_validate(model_config(op))
 
@@ -188,6 +216,7 @@ __all__ = [
     "SERVER_NAME",
     "config_parameters",
     "default_parameters",
+    "graph_metadata",
     "model_config",
     "model_config_response",
     "model_metadata",

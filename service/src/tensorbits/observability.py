@@ -324,7 +324,8 @@ class Metrics:
         text = generate_latest(self.registry)
         if runtime is None:
             return text
-        models = (op.name for op in OPERATORS)
+        models = [op.name for op in OPERATORS]
+        models += [model.name for model in runtime.plane.graphs.models()]
         document = runtime.plane.statistics.response(models, self.other_workers_statistics())
         return text + triton_exposition(document["model_stats"])
 

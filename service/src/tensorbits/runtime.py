@@ -11,9 +11,12 @@ from tensorbits.config import Settings
 from tensorbits.core.admission import Admission
 from tensorbits.core.batch import BatchLimits
 from tensorbits.core.dataplane import DataPlane
+from tensorbits.core.graphs.models import GraphModels
 from tensorbits.core.limits import request_limits
 from tensorbits.header_cache import HeaderCache, PlanT
+from tensorbits.model_repository import load_repository
 from tensorbits.shared_memory import SharedMemoryRegions
+from tensorbits_protocol.operators import REGISTRY
 
 
 class Drain:
@@ -73,6 +76,9 @@ class Runtime:
         when it is."""
         if not self.ready:
             return "server is not ready"
+        failed = self.plane.graphs.failed().get(model)
+        if failed is not None:
+            return failed
         if not self.plane.models.is_loaded(model):
             return "unloaded"  # Triton's reason for a model unloaded through the extension
         return None
@@ -108,7 +114,14 @@ class Runtime:
                 if settings.shared_memory
                 else None
             ),
+            graphs=GraphModels(
+                settings.graph_limits,
+                settings.max_loaded_models,
+                is_builtin=REGISTRY.__contains__,
+            ),
         )
+        if settings.model_repository is not None:
+            load_repository(plane, settings.model_repository)
         return cls(settings=settings, selection=selection, plane=plane, drain=drain or Drain())
 
     def close(self) -> None:

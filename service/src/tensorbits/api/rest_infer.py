@@ -113,16 +113,21 @@ def check_named_model(request: InferRequest, op: OperatorSpec, version: str | No
     writes them: accepted when they are the URL's ``op`` and ``version`` (a URL without one
     asks for the server's choice, ``MODEL_VERSION``), refused naming both when not: never
     answered for another model than the one the caller meant."""
+    check_named(request, op.name, MODEL_VERSION, version)
+
+
+def check_named(request: InferRequest, name: str, served: str, version: str | None) -> None:
+    """``check_named_model`` for a model called ``name`` whose version is ``served``."""
     named = request.model_name
-    if named is not None and named != op.name:
+    if named is not None and named != name:
         raise InvalidRequest(
             f"model_name '{named[:100]}' in the request body is not the model the URL names, "
-            f"'{op.name}'",
+            f"'{name[:100]}'",
             field="model_name",
             rule="model_mismatch",
         )
     named = request.model_version
-    meant = MODEL_VERSION if version is None else version
+    meant = served if version is None else version
     if named is not None and named != meant:
         where = "the URL names" if version is not None else "a URL without one asks for"
         raise InvalidRequest(
@@ -133,4 +138,4 @@ def check_named_model(request: InferRequest, op: OperatorSpec, version: str | No
         )
 
 
-__all__ = ["check_named_model", "encode", "plan", "template_of"]
+__all__ = ["check_named", "check_named_model", "encode", "plan", "template_of"]

@@ -13,6 +13,8 @@ reads a body declares no body parameter, so FastAPI never parses (or copies) it,
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -20,19 +22,20 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from tensorbits import model_info
+from tensorbits import model_info, model_lifecycle
 from tensorbits.api import v2_openapi
 from tensorbits.api.body import read_body
 from tensorbits.api.deps import RuntimeDep
 from tensorbits.api.v2_openapi import ModelName, ModelVersion
-from tensorbits.core.models import MODEL_VERSION, ModelStates, resolve_model
+from tensorbits.core.models import MODEL_VERSION, Model, ModelStates, resolve_model, resolve_served
 from tensorbits.runtime import Runtime
 from tensorbits_protocol.errors import InvalidRequest
 from tensorbits_protocol.jsondata import JsonLimits, parse_json
-from tensorbits_protocol.operators import OPERATORS, OperatorSpec, get_operator
+from tensorbits_protocol.operators import OPERATORS
 from tensorbits_protocol.schema_errors import validate_document
 from tensorbits_protocol.v2 import (
     ErrorResponse,
+    LoadRequest,
     ModelConfigResponse,
     ModelMetadataResponse,
     ModelStatisticsResponse,
@@ -51,12 +54,20 @@ router = APIRouter(prefix="/v2", tags=[v2_openapi.TAG])
 
 # The model a path names, as a dependency (async: FastAPI runs a plain-def one on a worker
 # thread): an unknown model or version is a 404 before the route runs.
-async def _model(model: ModelName) -> OperatorSpec:
-    return resolve_model(model, None)
+async def _model(request: Request, model: ModelName) -> Model:
+    return _resolve(request, model, None)
 
 
-async def _model_version(model: ModelName, version: ModelVersion) -> OperatorSpec:
-    return resolve_model(model, version)
+async def _model_version(request: Request, model: ModelName, version: ModelVersion) -> Model:
+    return _resolve(request, model, version)
+
+
+def _resolve(request: Request, model: str, version: str | None) -> Model:
+    """A graph model loaded on this server, or an operator."""
+    runtime = _runtime(request)
+    if runtime is None:
+        return resolve_model(model, version)
+    return resolve_served(runtime.plane.graphs, model, version)
 
 
 # Each path's model, as an endpoint's default for ``op`` (FastAPI's ``Depends`` marker): the
@@ -112,7 +123,7 @@ async def _readiness(request: Request) -> Response:
     return _not_ready()
 
 
-def _model_readiness(request: Request, op: OperatorSpec) -> Response:
+def _model_readiness(request: Request, op: Model) -> Response:
     runtime = _runtime(request)
     if runtime is None or not runtime.ready:
         return _not_ready()
@@ -123,7 +134,7 @@ def _model_readiness(request: Request, op: OperatorSpec) -> Response:
 
 
 def _model_ready(resolved: Any) -> Callable[..., Awaitable[Response]]:
-    async def endpoint(request: Request, op: OperatorSpec = resolved) -> Response:
+    async def endpoint(request: Request, op: Model = resolved) -> Response:
         return _model_readiness(request, op)
 
     return endpoint
@@ -188,18 +199,26 @@ async def repository_index(request: Request) -> list[RepositoryIndexEntry]:
         query = validate_document(RepositoryIndexRequest, document, "request body")
     runtime = _runtime(request)
     entries = []
-    for op in OPERATORS:
-        reason = _unavailable_because(runtime, op.name)
+    for name, version in _listed(runtime):
+        reason = _unavailable_because(runtime, name)
         if reason is None:
-            entries.append(RepositoryIndexEntry(name=op.name, version=MODEL_VERSION, state="READY"))
+            entries.append(RepositoryIndexEntry(name=name, version=version, state="READY"))
         elif not query.ready:
             entries.append(
-                RepositoryIndexEntry(
-                    name=op.name, version=MODEL_VERSION, state="UNAVAILABLE",
-                    reason=reason,
-                )
-            )  # fmt: skip
+                RepositoryIndexEntry(name=name, version=version, state="UNAVAILABLE", reason=reason)
+            )
     return entries
+
+
+def _listed(runtime: Runtime | None) -> list[tuple[str, str]]:
+    """Every model the repository index lists: the operators, the graph models, and the
+    repository folder's models that failed to load (their version unknown: "")."""
+    listed = [(op.name, MODEL_VERSION) for op in OPERATORS]
+    if runtime is not None:
+        graphs = runtime.plane.graphs
+        listed += [(model.name, model.version) for model in graphs.models()]
+        listed += [(name, "") for name in sorted(graphs.failed())]
+    return listed
 
 
 def _unavailable_because(runtime: Runtime | None, model: str) -> str | None:
@@ -235,39 +254,72 @@ _UNLOADED: dict[int | str, dict[str, Any]] = {
 }
 
 
-# The operators are compiled in: loading and unloading only change whether this server serves
-# one through v2 (runtime.ModelStates), which is what Triton clients see of a model's lifecycle.
+# Loading with files brings a graph model (an ONNX file and its configuration, Triton's load
+# parameters); loading without files and unloading change whether this server serves a model
+# through v2 (model_lifecycle.py), which is what Triton clients see of a model's lifecycle.
 _LIFECYCLE: dict[str, Any] = {
     "response_class": Response,
     "responses": {**_DONE, **v2_openapi.errors(404, 503)},
 }
+LOAD_JSON_LIMITS = JsonLimits(max_depth=3, max_values=64)
 
 
-def _lifecycle_route(action: str, change: Callable[[ModelStates, str], None], summary: str) -> None:
-    """``POST /repository/models/{model}/<action>`` (named ``repository_model_<action>``)."""
-
-    async def endpoint(model: ModelName, runtime: RuntimeDep) -> Response:
-        change(runtime.plane.models, get_operator(model).name)
-        return Response(status_code=200)
-
-    router.add_api_route(
-        f"/repository/models/{{model}}/{action}",
-        endpoint,
-        methods=["POST"],
-        name=f"repository_model_{action}",
-        summary=summary,
-        **_LIFECYCLE,
-    )
-
-
-_lifecycle_route(
-    "load", ModelStates.load, "Load a model: it is READY again (a no-op for a model already loaded)"
+@router.post(
+    "/repository/models/{model}/load",
+    name="repository_model_load",
+    summary="Load a model: a built-in one again, or a graph model from its configuration and "
+    "ONNX file (Triton's load parameters)",
+    response_class=Response,
+    responses={**_DONE, **v2_openapi.errors(400, 404, 413, 503)},
+    openapi_extra={
+        "requestBody": {
+            "required": False,
+            "content": {"application/json": {"schema": v2_openapi.request_schema(LoadRequest)}},
+        }
+    },
 )
-_lifecycle_route(
-    "unload",
-    ModelStates.unload,
-    "Unload a model: UNAVAILABLE, not ready, and its inferences refused until it is loaded",
+async def repository_model_load(
+    model: ModelName, request: Request, runtime: RuntimeDep
+) -> Response:
+    body = await read_body(request, model_lifecycle.load_request_bytes(runtime))
+    config: str | None = None
+    files: dict[str, bytes] = {}
+    if body.strip():
+        document = parse_json(body, LOAD_JSON_LIMITS, "request body")
+        parameters = validate_document(LoadRequest, document, "request body").parameters or {}
+        model_lifecycle.check_parameter_names(list(parameters))
+        for name, value in parameters.items():
+            if name == model_lifecycle.CONFIG:
+                config = value
+                continue
+            padding = len(value) - len(value.rstrip("="))
+            model_lifecycle.check_file_size(name, len(value) * 3 // 4 - padding, runtime)
+            files[name] = _base64(name, value)
+    await model_lifecycle.load_model(runtime, model, config, files)
+    return Response(status_code=200)
+
+
+def _base64(name: str, value: str) -> bytes:
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidRequest(
+            f"parameters.{name[:100]}: a file's content is base64 text",
+            field=f"parameters.{name[:100]}",
+            rule="base64",
+        ) from None
+
+
+@router.post(
+    "/repository/models/{model}/unload",
+    name="repository_model_unload",
+    summary="Unload a model: a graph model is removed (load it again with its file), a built-in "
+    "one UNAVAILABLE, not ready, its inferences refused until it is loaded",
+    **_LIFECYCLE,
 )
+async def repository_model_unload(model: ModelName, runtime: RuntimeDep) -> Response:
+    model_lifecycle.unload_model(runtime, model)
+    return Response(status_code=200)
 
 
 # --- models --------------------------------------------------------------------------------------
@@ -292,9 +344,7 @@ _STATS: dict[str, Any] = {
 }
 
 
-def _statistics(
-    request: Request, runtime: Runtime, models: list[OperatorSpec]
-) -> ModelStatisticsResponse:
+def _statistics(request: Request, runtime: Runtime, models: list[Model]) -> ModelStatisticsResponse:
     # With several workers, each counts its own: the others' published counts are added in.
     others = request.app.state.metrics.other_workers_statistics()
     return ModelStatisticsResponse.model_validate(
@@ -308,12 +358,12 @@ def _statistics(
     summary="Inference statistics of every model (statistics extension)",
 )
 async def models_statistics(request: Request, runtime: RuntimeDep) -> ModelStatisticsResponse:
-    return _statistics(request, runtime, list(OPERATORS))
+    return _statistics(request, runtime, [*OPERATORS, *runtime.plane.graphs.models()])
 
 
 def _model_statistics(resolved: Any) -> Callable[..., Awaitable[Any]]:
     async def endpoint(
-        request: Request, op: OperatorSpec = resolved, *, runtime: RuntimeDep
+        request: Request, op: Model = resolved, *, runtime: RuntimeDep
     ) -> ModelStatisticsResponse:
         return _statistics(request, runtime, [op])
 
@@ -330,13 +380,13 @@ _per_model_route(
 
 
 def _from_tables(
-    answer: Callable[[OperatorSpec], BaseModel],
+    answer: Callable[[Model], BaseModel],
 ) -> Callable[[Any], Callable[..., Awaitable[Any]]]:
     """The endpoints of a route answered from the operator's tables alone (its response model
     is the route's ``response_model``)."""
 
     def endpoint_for(resolved: Any) -> Callable[..., Awaitable[Any]]:
-        async def endpoint(op: OperatorSpec = resolved) -> BaseModel:
+        async def endpoint(op: Model = resolved) -> BaseModel:
             return answer(op)
 
         return endpoint

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 from starlette.types import Receive, Scope, Send
 
-from tensorbits.api import rest_infer, v2_openapi
+from tensorbits.api import rest_graph, rest_infer, v2_openapi
 from tensorbits.api.admitted import AdmittedRequest
 from tensorbits.api.deps import runtime_of_app
 from tensorbits.api.fastpath import FastRoute
-from tensorbits.core.models import resolve_model
+from tensorbits.core.graphs.models import GraphModel
+from tensorbits.core.models import resolve_model, resolve_served
 from tensorbits.runtime import Runtime
 from tensorbits_protocol.operators import OperatorSpec
 
@@ -51,6 +52,31 @@ async def run_inference(
         await exchange.send(send, framed)
 
 
+async def run_graph_inference(
+    model: GraphModel,
+    runtime: Runtime,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    version: str | None = None,
+) -> None:
+    """One inference of a graph model, through the same lifecycle: admitted for its body, then
+    for what its plan holds (``GraphPlan.needed_bytes``), counted under the model's name."""
+    plane = runtime.plane
+    async with plane.call((model.name,)) as call:
+        exchange = AdmittedRequest(runtime, scope)
+        call.admitted(exchange.grant)
+        body, header_length = await exchange.receive(receive)
+        call.mark_received()
+        json_bytes = len(body) if header_length is None else header_length
+        request = await call.plan(
+            json_bytes, rest_graph.plan, model, plane.limits, body, header_length, version
+        )
+        call.hold(len(body) + request.needed_bytes, "inference", "body, outputs, work", "body")
+        framed = await call.run(request.work_bytes, rest_graph.encode, request, plane.backend)
+        await exchange.send(send, framed)
+
+
 class InferEndpoint:
     """The ASGI app of the infer routes: the model (and version) from the path, refused while
     the repository extension has it unloaded, then ``run_inference``."""
@@ -58,6 +84,13 @@ class InferEndpoint:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path_params"]
         version = path.get("version")
+        started: Runtime | None = getattr(scope["app"].state, "runtime", None)
+        graph = None if started is None else started.plane.graphs.get(path["model"])
+        if graph is not None:  # a graph model: its own codec, any number of outputs
+            runtime = runtime_of_app(scope["app"])
+            resolve_served(runtime.plane.graphs, graph.name, version)
+            await run_graph_inference(graph, runtime, scope, receive, send, version)
+            return
         op = resolve_model(path["model"], version)
         runtime = runtime_of_app(scope["app"])
         # Before the body is read or admitted: an unloaded model costs the server nothing. Here

@@ -19,7 +19,7 @@ knows a protocol: no Starlette, no grpc, no settings.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from time import perf_counter_ns
 from types import TracebackType
 from typing import ParamSpec, TypeVar
@@ -27,6 +27,7 @@ from typing import ParamSpec, TypeVar
 from tensorbits.backends.base import Backend
 from tensorbits.core.admission import Admission, Grant
 from tensorbits.core.batch import BatchLimits, BatchPlan
+from tensorbits.core.graphs.models import GraphModel, GraphModels
 from tensorbits.core.models import ModelStates
 from tensorbits.core.plan import PlanTemplate
 from tensorbits.core.statistics import Statistics
@@ -43,8 +44,8 @@ class DataPlane:
     """What every request of one server shares, and the way each runs (``call``)."""
 
     __slots__ = (
-        "admission", "backend", "batch_limits", "batch_plans", "limits", "models", "plans",
-        "regions", "statistics",
+        "admission", "backend", "batch_limits", "batch_plans", "graphs", "limits", "models",
+        "plans", "regions", "statistics",
     )  # fmt: skip
 
     def __init__(
@@ -59,6 +60,7 @@ class DataPlane:
         regions: SharedMemoryRegions | None = None,
         models: ModelStates | None = None,
         statistics: Statistics | None = None,
+        graphs: GraphModels | None = None,
     ) -> None:
         self.backend = backend
         self.admission = admission
@@ -74,6 +76,26 @@ class DataPlane:
         self.models = models if models is not None else ModelStates()
         # Per-model inference counts and durations, fed by every front end.
         self.statistics = statistics if statistics is not None else Statistics()
+        # The graph models loaded beside the operators (core/graphs/models.py).
+        self.graphs = graphs if graphs is not None else GraphModels()
+
+    def load_graph(self, name: str, config: str | bytes, files: Mapping[str, bytes]) -> GraphModel:
+        """Load (or replace) graph model ``name``: read, checked, then served and counted."""
+        model = self.graphs.load(name, config, files)
+        self.statistics.add(name)
+        return model
+
+    def add_graph(self, model: GraphModel) -> None:
+        """Serve a graph model built already (the repository folder's, at start)."""
+        self.graphs.add(model)
+        self.statistics.add(model.name)
+
+    def unload_graph(self, name: str) -> bool:
+        """Stop serving graph model ``name`` (its counts go with it); whether there was one."""
+        found = self.graphs.unload(name)
+        if found:
+            self.statistics.remove(name)
+        return found
 
     def call(self, models: Sequence[str] = ()) -> Call:
         """One request's lifecycle, as an async context manager: ``async with plane.call(...)

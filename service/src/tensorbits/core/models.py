@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import threading
 
+from tensorbits.core.graphs.models import GraphModel, GraphModels
 from tensorbits_protocol.errors import ModelUnavailable, OperatorNotFound
 from tensorbits_protocol.operators import OperatorSpec, get_operator
+
+# A model this server serves: an operator (built in) or a graph model (loaded).
+Model = OperatorSpec | GraphModel
 
 MODEL_VERSION = "1"
 MODEL_VERSIONS = (MODEL_VERSION,)
@@ -23,6 +27,21 @@ def resolve_model(name: str, version: str | None) -> OperatorSpec:
             rule="unknown_version",
         )
     return op
+
+
+def resolve_served(graphs: GraphModels, name: str, version: str | None) -> Model:
+    """The graph model or the operator a v2 model name (and optional version) names; 404 for
+    any other."""
+    graph = graphs.get(name)
+    if graph is None:
+        return resolve_model(name, version)
+    if version is not None and version != graph.version:
+        raise OperatorNotFound(
+            f"model '{name[:100]}' has no version '{version[:40]}' (versions: {graph.version})",
+            field="model_version",
+            rule="unknown_version",
+        )
+    return graph
 
 
 class ModelStates:
@@ -63,4 +82,11 @@ class ModelStates:
             )
 
 
-__all__ = ["MODEL_VERSION", "MODEL_VERSIONS", "ModelStates", "resolve_model"]
+__all__ = [
+    "MODEL_VERSION",
+    "MODEL_VERSIONS",
+    "Model",
+    "ModelStates",
+    "resolve_model",
+    "resolve_served",
+]

@@ -36,6 +36,9 @@ the batch's phase durations are shared out evenly among its dispatches (so every
 add up to the batch's time); a batch refused after planning counts one failure per dispatch. A
 batch refused before it is planned names no model for sure and is counted by ``/metrics`` only.
 
+Graph models are counted from their load (``add``) to their unload (``remove``); a request
+that ends after its model was unloaded is counted nowhere.
+
 Cheap by design: a few integer additions into one list per model, under a lock (front ends may
 run on different threads: the HTTP event loop, the gRPC server's).
 """
@@ -59,6 +62,9 @@ PHASES = {"queue": QUEUE_NS, "compute_input": INPUT_NS, "compute_infer": INFER_N
           "compute_output": OUTPUT_NS}  # fmt: skip
 
 
+_NONE = (0,) * _SLOTS  # a model without a tally (unloaded meanwhile): nothing counted
+
+
 def _duration(count: int, ns: int) -> dict[str, int]:
     return {"count": count, "ns": ns}
 
@@ -77,6 +83,17 @@ class Statistics:
         # into wall-clock milliseconds when read.
         self._epoch_offset_ns = time.time_ns() - time.perf_counter_ns()
 
+    def add(self, model: str) -> None:
+        """Count ``model`` from now on (a graph model loaded), from zero; a no-op for one
+        counted already (a model replaced keeps its counts)."""
+        with self._lock:
+            self._tallies.setdefault(model, [0] * _SLOTS)
+
+    def remove(self, model: str) -> None:
+        """Stop counting ``model`` (a graph model unloaded): its counts are gone."""
+        with self._lock:
+            self._tallies.pop(model, None)
+
     def record(
         self,
         model: str,
@@ -90,7 +107,9 @@ class Statistics:
         """``inferences`` requests of ``model`` that succeeded, with their summed durations."""
         end = time.perf_counter_ns()
         with self._lock:
-            tally = self._tallies[model]
+            tally = self._tallies.get(model)
+            if tally is None:
+                return  # a graph model unloaded while the request ran: counted nowhere
             tally[SUCCESS] += inferences
             tally[SUCCESS_NS] += total_ns
             tally[QUEUE_NS] += queue_ns
@@ -103,7 +122,9 @@ class Statistics:
         """``inferences`` requests of ``model`` that failed, after ``total_ns`` in all."""
         end = time.perf_counter_ns()
         with self._lock:
-            tally = self._tallies[model]
+            tally = self._tallies.get(model)
+            if tally is None:
+                return
             tally[FAIL] += inferences
             tally[FAIL_NS] += total_ns
             tally[LAST_NS] = end
@@ -172,7 +193,7 @@ class Statistics:
     def snapshot_of(self, model: str) -> list[int]:
         """``snapshot``'s tally of one model."""
         with self._lock:
-            tally = list(self._tallies[model])
+            tally = list(self._tallies.get(model, _NONE))
         last = tally[LAST_NS]
         tally[LAST_NS] = (last + self._epoch_offset_ns) // 1_000_000 if last else 0
         return tally

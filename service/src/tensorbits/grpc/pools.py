@@ -60,11 +60,13 @@ RPC_RULES: Mapping[str, RpcRule] = {
     "ModelInfer": RpcRule(Pool.INFERENCE, None),
     # One slot for the stream's life, however many messages it carries (``stream``).
     "ModelStreamInfer": RpcRule(Pool.STREAMS, None, streaming=True),
+    # A graph model's file comes with it: TENSORBITS_MAX_BODY_BYTES bounds it, as HTTP's body.
+    "RepositoryModelLoad": RpcRule(Pool.CONTROL, None),
     **{
         rpc: _CONTROL
         for rpc in (
             "ServerMetadata", "ModelMetadata", "ModelConfig", "ModelStatistics",
-            "RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload",
+            "RepositoryIndex", "RepositoryModelUnload",
             "SystemSharedMemoryStatus", "SystemSharedMemoryRegister",
             "SystemSharedMemoryUnregister", "CudaSharedMemoryStatus",
             "CudaSharedMemoryRegister", "CudaSharedMemoryUnregister",

@@ -32,11 +32,12 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
 from starlette.concurrency import run_in_threadpool
 
-from tensorbits import auth, model_info, refusals
-from tensorbits.core.models import MODEL_VERSION, resolve_model
+from tensorbits import auth, model_info, model_lifecycle, refusals
+from tensorbits.core.graphs.models import GraphModel
+from tensorbits.core.models import MODEL_VERSION, Model, resolve_model, resolve_served
 from tensorbits.deadlines import within_read_deadline
+from tensorbits.grpc import graph_messages, messages, streams, wire
 from tensorbits.grpc import inference_pb2 as pb
-from tensorbits.grpc import messages, streams, wire
 from tensorbits.grpc.pools import RPC_RULES, Pool, Slots, worker_pools
 from tensorbits.grpc.status import Context, error_metadata, status_code
 from tensorbits.grpc.streams import StreamBehaviour
@@ -45,7 +46,7 @@ from tensorbits.offload import JSON_INLINE_MAX_BYTES, offload
 from tensorbits.runtime import Runtime
 from tensorbits.shared_memory import Kind, SharedMemoryRegions, switched_on
 from tensorbits_protocol.errors import InvalidRequest, OperatorNotFound, PayloadTooLarge
-from tensorbits_protocol.operators import OPERATORS, OperatorSpec
+from tensorbits_protocol.operators import OPERATORS
 
 logger = logging.getLogger("tensorbits.grpc")
 
@@ -200,6 +201,9 @@ class InferenceService:
         ]
         self.keys.check(headers, "gRPC", route, context.peer)
 
+    def _resolve(self, name: str, version: str) -> Model:
+        return resolve_served(self.runtime.plane.graphs, name, _version(version))
+
     # --- health and metadata ------------------------------------------------------------------
 
     async def server_live(self, data: bytes) -> bytes:
@@ -212,7 +216,7 @@ class InferenceService:
 
     async def model_ready(self, data: bytes) -> bytes:
         request = _parse(pb.ModelReadyRequest, data)
-        op = resolve_model(request.name, _version(request.version))
+        op = self._resolve(request.name, request.version)
         ready = self.runtime.unavailable_because(op.name) is None
         return pb.ModelReadyResponse(ready=ready).SerializeToString()
 
@@ -224,7 +228,7 @@ class InferenceService:
 
     async def model_metadata(self, data: bytes) -> bytes:
         request = _parse(pb.ModelMetadataRequest, data)
-        op = resolve_model(request.name, _version(request.version))
+        op = self._resolve(request.name, request.version)
         document = model_info.model_metadata(op).model_dump(exclude_none=True)
         # The HTTP metadata's extra words (allowed types, ranks, parameters) have no field in
         # TensorMetadata; ModelConfig carries them (openapi/README.md).
@@ -232,15 +236,15 @@ class InferenceService:
 
     async def model_config(self, data: bytes) -> bytes:
         request = _parse(pb.ModelConfigRequest, data)
-        op = resolve_model(request.name, _version(request.version))
+        op = self._resolve(request.name, request.version)
         config = _message(pb.ModelConfig, model_info.model_config(op))
         return pb.ModelConfigResponse(config=config).SerializeToString()
 
     async def model_statistics(self, data: bytes) -> bytes:
         request = _parse(pb.ModelStatisticsRequest, data)
-        models: list[OperatorSpec] = list(OPERATORS)
+        models: list[Model] = [*OPERATORS, *self.runtime.plane.graphs.models()]
         if request.name:
-            models = [resolve_model(request.name, _version(request.version))]
+            models = [self._resolve(request.name, request.version)]
         elif request.version:
             raise InvalidRequest(
                 "a version without a model name: give the model's name too",
@@ -258,14 +262,18 @@ class InferenceService:
         request = _parse(pb.RepositoryIndexRequest, data)
         _check_repository(request.repository_name)
         models = []
-        for op in OPERATORS:
-            reason = self.runtime.unavailable_because(op.name)
+        graphs = self.runtime.plane.graphs
+        listed = [(op.name, MODEL_VERSION) for op in OPERATORS]
+        listed += [(model.name, model.version) for model in graphs.models()]
+        listed += [(name, "") for name in sorted(graphs.failed())]
+        for name, version in listed:
+            reason = self.runtime.unavailable_because(name)
             if reason is not None and request.ready:
                 continue
             models.append(
                 pb.RepositoryIndexResponse.ModelIndex(
-                    name=op.name,
-                    version=MODEL_VERSION,
+                    name=name,
+                    version=version,
                     state="READY" if reason is None else "UNAVAILABLE",
                     reason=reason or "",
                 )
@@ -275,8 +283,24 @@ class InferenceService:
     async def repository_model_load(self, data: bytes) -> bytes:
         request = _parse(pb.RepositoryModelLoadRequest, data)
         _check_repository(request.repository_name)
-        _no_repository_parameters(request.parameters, ())
-        self.runtime.plane.models.load(resolve_model(request.model_name, None).name)
+        parameters = request.parameters
+        model_lifecycle.check_parameter_names(list(parameters))
+        config: str | None = None
+        files: dict[str, bytes] = {}
+        for name, value in parameters.items():
+            kind = value.WhichOneof("parameter_choice")
+            if name == model_lifecycle.CONFIG and kind == "string_param":
+                config = value.string_param
+            elif name != model_lifecycle.CONFIG and kind == "bytes_param":
+                model_lifecycle.check_file_size(name, len(value.bytes_param), self.runtime)
+                files[name] = value.bytes_param
+            else:
+                raise InvalidRequest(
+                    f"parameters.{name[:100]}: 'config' is a string_param, a file a bytes_param",
+                    field=f"parameters.{name[:100]}",
+                    rule="parameter_type",
+                )
+        await model_lifecycle.load_model(self.runtime, request.model_name, config, files)
         return pb.RepositoryModelLoadResponse().SerializeToString()
 
     async def repository_model_unload(self, data: bytes) -> bytes:
@@ -284,7 +308,7 @@ class InferenceService:
         _check_repository(request.repository_name)
         # Triton's one unload parameter: no model here has dependents, so either value holds.
         _no_repository_parameters(request.parameters, ("unload_dependents",))
-        self.runtime.plane.models.unload(resolve_model(request.model_name, None).name)
+        model_lifecycle.unload_model(self.runtime, request.model_name)
         return pb.RepositoryModelUnloadResponse().SerializeToString()
 
     # --- system shared memory -----------------------------------------------------------------
@@ -376,6 +400,11 @@ class InferenceService:
             )  # fmt: skip
             if message_state is not None:
                 message_state.id = message.id
+            graph = plane.graphs.get(message.model_name)
+            if graph is not None:
+                return await self._infer_graph(
+                    graph, message, split, len(data), message_state, streamed=streamed
+                )
             op = resolve_model(message.model_name, _version(message.model_version))
         plane.models.check_loaded(op.name)  # every call: a template skips no state
         async with plane.call((op.name,)) as call:
@@ -399,6 +428,32 @@ class InferenceService:
                 message_state.admitted.set()
             return await call.run(
                 work, messages.encode, plan, plane.backend, plane.regions, streamed=streamed
+            )
+
+    async def _infer_graph(
+        self,
+        model: GraphModel,
+        message: pb.ModelInferRequest,
+        split: wire.SplitRequest,
+        size: int,
+        message_state: streams.Message | None,
+        *,
+        streamed: bool,
+    ) -> bytes:
+        """One inference of a graph model through the data plane's lifecycle: admitted for its
+        message, then for what its plan holds (``GraphPlan.needed_bytes``)."""
+        plane = self.runtime.plane
+        resolve_served(plane.graphs, model.name, _version(message.model_version))
+        async with plane.call((model.name,)) as call:
+            call.admit(size)
+            request = await call.plan(
+                len(split.message), graph_messages.plan, plane, model, message, split.raw_contents
+            )
+            call.hold(size + request.needed_bytes, "inference", "message, outputs, work", "inputs")
+            if message_state is not None:
+                message_state.admitted.set()
+            return await call.run(
+                request.work_bytes, graph_messages.encode, request, plane.backend, streamed=streamed
             )
 
 

@@ -1,0 +1,80 @@
+"""The REST form of a graph model's inference: a request body in, a framed response out, with
+any number of outputs (the operators' codec, ``rest_infer.py``, answers their one output).
+
+``plan`` decodes the body (``InferRequest.from_rest``: the JSON, the framing, the counts) and
+checks it against the graph model (``core.graphs.request.plan_request``). ``encode`` runs it:
+when every output asked for goes back as binary data, the response's buffer is laid out first
+and the graph writes each output straight into its place in it; otherwise the outputs are
+computed first and the JSON ones written into the header as data."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tensorbits.api.rest_infer import check_named
+from tensorbits.backends.base import Backend
+from tensorbits.core.graphs.models import GraphModel
+from tensorbits.core.graphs.request import GraphRequest, plan_request, run_request
+from tensorbits_protocol import codec
+from tensorbits_protocol.dtypes import wire_dtype
+from tensorbits_protocol.infer import InferRequest, InferResponse, RequestLimits, Tensor
+from tensorbits_protocol.jsondata import encode_data
+
+
+def plan(
+    model: GraphModel,
+    limits: RequestLimits,
+    body: bytearray,
+    header_length: int | None,
+    version: str | None,
+) -> GraphRequest:
+    head, tail = codec.split_body(memoryview(body), header_length)
+    request = InferRequest.from_rest(
+        bytes(head), tail, model=model.name, header_given=header_length is not None, limits=limits
+    )
+    check_named(request, model.name, model.version, version)
+    return plan_request(model, request, limits)
+
+
+def _response(request: GraphRequest, data: dict[str, list[object]]) -> InferResponse:
+    outputs = tuple(
+        Tensor(
+            a.planned.name, a.planned.datatype, a.planned.shape,
+            data=None if a.binary else data[a.planned.name],
+        )
+        for a in request.answered
+    )  # fmt: skip
+    return InferResponse(request.model.name, outputs, request.model.version, request.request_id)
+
+
+def encode(request: GraphRequest, backend: Backend) -> codec.Framed:
+    """Run the graph and encode the response (see the module's docstring)."""
+    if all(a.binary for a in request.answered):
+        layout = _response(request, {}).to_rest()
+        body, tails = layout.allocate()
+        into = {
+            a.planned.name: np.frombuffer(tail, wire_dtype(a.planned.datatype)).reshape(
+                a.planned.shape
+            )
+            for a, tail in zip(request.answered, tails, strict=True)
+        }
+        run_request(request, backend, into)
+        return codec.Framed((body,), layout.header_length)
+    arrays = run_request(request, backend)
+    data = {
+        a.planned.name: encode_data(a.planned.name, arrays[a.planned.name])
+        for a in request.answered
+        if not a.binary
+    }
+    layout = _response(request, data).to_rest()
+    if not layout.sizes:
+        return codec.Framed.json(layout.header)
+    body, tails = layout.allocate()
+    binary = [a for a in request.answered if a.binary]
+    for answered, tail in zip(binary, tails, strict=True):
+        array = arrays[answered.planned.name]
+        np.frombuffer(tail, np.uint8)[:] = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+    return codec.Framed((body,), layout.header_length)
+
+
+__all__ = ["encode", "plan"]

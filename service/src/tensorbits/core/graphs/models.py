@@ -1,0 +1,154 @@
+"""The graph models one server serves beside its operators: loaded through the repository
+extension (a configuration and an ONNX file, as Triton's ``load`` takes them) or from the model
+repository folder at start, unloaded by name.
+
+``GraphModels`` holds them by name. Readers (every inference, every metadata route) look a name
+up in whichever dict is current, without a lock; writers (load, unload) build a new dict under
+the lock and swap it in. A load reads the file under ``GraphLimits`` (every bound before any
+parsing) and checks the configuration against it before anything changes: a refused load leaves
+the models as they were. Models the folder held but that could not be loaded are kept with the
+reason (``failed``), for the repository index."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tensorbits.core.graphs.limits import GraphLimits
+from tensorbits.core.graphs.plan import PlanCache
+from tensorbits.core.graphs.reader import read_onnx
+from tensorbits.core.graphs.refusals import invalid, shown
+from tensorbits.core.graphs.spec import GraphSpec
+from tensorbits.core.graphs.triton_config import check_config, model_config, read_config
+from tensorbits_protocol.errors import PayloadTooLarge
+
+GRAPH_VERSION = "1"
+# The one file a graph model is: Triton's name for it in a load request's parameters.
+MODEL_FILE = "file:1/model.onnx"
+MAX_MODEL_NAME_CHARS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class GraphModel:
+    """A loaded graph model: its name, the checked graph, its plans, its configuration."""
+
+    name: str
+    spec: GraphSpec
+    plans: PlanCache
+    config: Mapping[str, Any]
+    version: str = GRAPH_VERSION
+
+
+def check_name(name: str, is_builtin: Callable[[str], bool]) -> None:
+    """A graph model's name: some text, no path, and not a built-in model's."""
+    if not name or len(name) > MAX_MODEL_NAME_CHARS or "/" in name or name in (".", ".."):
+        raise invalid(
+            "model_name",
+            "model_name",
+            f"{shown(name)}: a graph model's name is 1 to {MAX_MODEL_NAME_CHARS} characters, "
+            "no '/'",
+        )
+    if is_builtin(name):
+        raise invalid(
+            "model_name",
+            "builtin_model",
+            f"{shown(name)} is a built-in model (an operator): a graph model cannot take its name",
+        )
+
+
+def build(
+    name: str,
+    config_text: str | bytes,
+    data: bytes,
+    limits: GraphLimits,
+    version: str = GRAPH_VERSION,
+) -> GraphModel:
+    """A graph model from its configuration's text and its ONNX file, every bound checked before
+    what it bounds is parsed (the configuration's first: it is small)."""
+    document = read_config(config_text, name)
+    spec = read_onnx(data, limits)
+    check_config(document, spec)
+    return GraphModel(name, spec, PlanCache(spec), model_config(name, spec, version), version)
+
+
+class GraphModels:
+    """The graph models by name, and those the repository folder could not load (their reason)."""
+
+    __slots__ = ("_failed", "_lock", "_models", "is_builtin", "limits", "max_loaded")
+
+    def __init__(
+        self,
+        limits: GraphLimits | None = None,
+        max_loaded: int = 64,
+        is_builtin: Callable[[str], bool] = lambda name: False,
+    ) -> None:
+        self.limits = limits or GraphLimits()
+        self.max_loaded = max_loaded
+        self.is_builtin = is_builtin
+        self._lock = threading.Lock()
+        self._models: dict[str, GraphModel] = {}
+        self._failed: dict[str, str] = {}
+
+    def get(self, name: str) -> GraphModel | None:
+        return self._models.get(name)
+
+    def models(self) -> list[GraphModel]:
+        return sorted(self._models.values(), key=lambda m: m.name)
+
+    def failed(self) -> dict[str, str]:
+        """The models the repository folder holds but could not load: their reasons."""
+        return dict(self._failed)
+
+    def load(self, name: str, config_text: str | bytes, files: Mapping[str, bytes]) -> GraphModel:
+        """Load (or replace) graph model ``name`` from a load request's configuration and files
+        (``{MODEL_FILE: data}``); refused naming the part and the rule, nothing changed."""
+        check_name(name, self.is_builtin)
+        for key in files:
+            if key != MODEL_FILE:
+                raise invalid(
+                    f"parameters.{key[:100]}",
+                    "unsupported_file",
+                    f"a graph model is one file, {MODEL_FILE!r}",
+                )
+        if MODEL_FILE not in files:
+            raise invalid(f"parameters.{MODEL_FILE}", "missing_file", "the ONNX file is missing")
+        self._check_room(name)
+        model = build(name, config_text, files[MODEL_FILE], self.limits)
+        self.add(model)
+        return model
+
+    def _check_room(self, name: str) -> None:
+        if name not in self._models and len(self._models) >= self.max_loaded:
+            raise PayloadTooLarge(
+                f"model_name: {len(self._models)} graph models are loaded, the most this server "
+                f"holds ({self.max_loaded}, TENSORBITS_MAX_LOADED_MODELS): unload one first",
+                field="model_name",
+                rule="max_loaded_models",
+            )
+
+    def add(self, model: GraphModel) -> None:
+        with self._lock:
+            self._check_room(model.name)
+            self._models = {**self._models, model.name: model}
+            self._failed = {k: v for k, v in self._failed.items() if k != model.name}
+
+    def fail(self, name: str, reason: str) -> None:
+        """Remember that the repository folder's model ``name`` could not be loaded, and why (not
+        for a built-in model's name: the built-in stays what the index says of it)."""
+        if self.is_builtin(name):
+            return
+        with self._lock:
+            self._failed = {**self._failed, name: reason}
+
+    def unload(self, name: str) -> bool:
+        """Remove graph model ``name`` (and any failure of that name); whether there was one."""
+        with self._lock:
+            found = name in self._models or name in self._failed
+            self._models = {k: v for k, v in self._models.items() if k != name}
+            self._failed = {k: v for k, v in self._failed.items() if k != name}
+        return found
+
+
+__all__ = ["GRAPH_VERSION", "MODEL_FILE", "GraphModel", "GraphModels", "build", "check_name"]

@@ -1,0 +1,176 @@
+"""A graph model's configuration as a Triton user writes it for an ONNX file, checked against
+the file: ``{"backend": "onnxruntime"}`` or ``{"platform": "onnxruntime_onnx"}``, optionally
+with ``name``, ``max_batch_size`` (0: no implicit batch dimension) and ``input``/``output``
+entries (``name``, ``data_type`` such as ``"TYPE_UINT8"``, ``dims``, -1 a variable dimension),
+which must agree with the file. The JSON form only (Triton's protobuf JSON of ModelConfig).
+
+``model_config`` is the configuration the server answers with: the file's inputs and outputs
+as Triton's ModelConfig, the platform ``onnxruntime_onnx``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tensorbits.core.graphs.refusals import invalid, shown
+from tensorbits.core.graphs.spec import Dim, GraphSpec, ValueDecl
+from tensorbits_protocol.errors import PayloadTooLarge
+from tensorbits_protocol.jsondata import JsonLimits, parse_json
+
+PLATFORM = "onnxruntime_onnx"
+BACKEND = "onnxruntime"
+TYPE_PREFIX = "TYPE_"
+MAX_CONFIG_BYTES = 64 << 10
+CONFIG_JSON_LIMITS = JsonLimits(max_depth=8, max_values=4096, max_bytes=MAX_CONFIG_BYTES)
+ACCEPTED_KEYS = frozenset({"name", "backend", "platform", "max_batch_size", "input", "output"})
+TENSOR_KEYS = frozenset({"name", "data_type", "dims"})
+
+
+def read_config(text: str | bytes, model: str) -> dict[str, Any]:
+    """The configuration's JSON text as a document, bounded before it is parsed, with its keys,
+    backend and platform checked (``check_config`` checks it against the file)."""
+    raw = text.encode() if isinstance(text, str) else text
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise PayloadTooLarge(
+            f"config: {len(raw)} bytes, more than the {MAX_CONFIG_BYTES} a configuration may have",
+            field="config",
+            rule="max_config_bytes",
+        )
+    document = parse_json(raw, CONFIG_JSON_LIMITS, "config")
+    if not isinstance(document, dict):
+        raise invalid("config", "config", "a model configuration is a JSON object")
+    for key in document:
+        if key not in ACCEPTED_KEYS:
+            raise invalid(
+                f"config.{key[:100]}",
+                "unsupported_config",
+                f"not a setting this server takes for a graph model (it takes: "
+                f"{', '.join(sorted(ACCEPTED_KEYS))})",
+            )
+    name = document.get("name")
+    if name is not None and name != model:
+        raise invalid("config.name", "model_mismatch", f"{shown(str(name))} is not {shown(model)}")
+    backend, platform = document.get("backend"), document.get("platform")
+    if backend is None and platform is None:
+        raise invalid(
+            "config.backend",
+            "unsupported_backend",
+            f'name the ONNX file\'s runtime: "backend": "{BACKEND}" or "platform": "{PLATFORM}"',
+        )
+    if backend is not None and backend != BACKEND:
+        raise invalid(
+            "config.backend", "unsupported_backend", f'{shown(str(backend))}; only "{BACKEND}"'
+        )
+    if platform is not None and platform != PLATFORM:
+        raise invalid(
+            "config.platform", "unsupported_backend", f'{shown(str(platform))}; only "{PLATFORM}"'
+        )
+    batch = document.get("max_batch_size", 0)
+    if batch != 0 or isinstance(batch, bool):
+        raise invalid(
+            "config.max_batch_size",
+            "max_batch_size",
+            f"{shown(str(batch))}; only 0 (no implicit batch dimension: dims is the whole shape)",
+        )
+    return document
+
+
+def check_config(document: Mapping[str, Any], spec: GraphSpec) -> None:
+    """Each ``input``/``output`` entry of ``document`` agrees with the file's declaration of the
+    same name: its data type, its rank, each fixed dimension (-1 agrees with any)."""
+    for kind, declared in (("input", spec.inputs), ("output", spec.outputs)):
+        entries = document.get(kind, [])
+        if not isinstance(entries, list):
+            raise invalid(f"config.{kind}", "config", "a list of tensors")
+        by_name = {decl.name: decl for decl in declared}
+        seen: set[str] = set()
+        for index, entry in enumerate(entries):
+            field = f"config.{kind}[{index}]"
+            _check_entry(field, entry, by_name, seen, kind)
+
+
+def _check_entry(
+    field: str, entry: Any, by_name: Mapping[str, ValueDecl], seen: set[str], kind: str
+) -> None:
+    if not isinstance(entry, dict):
+        raise invalid(field, "config", "a tensor is an object with name, data_type and dims")
+    for key in entry:
+        if key not in TENSOR_KEYS:
+            raise invalid(
+                f"{field}.{key[:100]}", "unsupported_config", "a tensor takes name, data_type, dims"
+            )
+    name = entry.get("name")
+    if not isinstance(name, str) or name not in by_name:
+        raise invalid(
+            f"{field}.name",
+            f"unknown_{kind}",
+            f"{shown(str(name))} is no {kind} of the file (its {kind}s: "
+            f"{', '.join(shown(n) for n in by_name)})",
+        )
+    if name in seen:
+        raise invalid(f"{field}.name", f"duplicate_{kind}", f"{shown(name)} is given twice")
+    seen.add(name)
+    decl = by_name[name]
+    wanted = TYPE_PREFIX + decl.datatype.value
+    data_type = entry.get("data_type")
+    if data_type is not None and data_type != wanted:
+        raise invalid(
+            f"{field}.data_type",
+            "datatype",
+            f"{shown(str(data_type))}; the file declares {kind} {shown(name)} as {wanted}",
+        )
+    dims = entry.get("dims")
+    if dims is not None:
+        _check_dims(f"{field}.dims", dims, decl, kind)
+
+
+def _check_dims(field: str, dims: Any, decl: ValueDecl, kind: str) -> None:
+    if not isinstance(dims, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) for d in dims
+    ):
+        raise invalid(field, "config", "a list of integers, -1 a variable dimension")
+    if decl.dims is None:
+        return  # the file gives no shape: any dims agree
+    if len(dims) != len(decl.dims):
+        raise invalid(
+            field,
+            "shape",
+            f"{list(dims)} has rank {len(dims)}; the file declares {kind} {shown(decl.name)} "
+            f"with rank {len(decl.dims)} ({_shown_dims(decl.dims)})",
+        )
+    for axis, (given, declared) in enumerate(zip(dims, decl.dims, strict=True)):
+        if given == -1 or given == declared:
+            continue
+        raise invalid(
+            field,
+            "shape",
+            f"dimension {axis} is {given}; the file declares {kind} {shown(decl.name)} as "
+            f"{_shown_dims(decl.dims)} (-1: variable)",
+        )
+
+
+def _shown_dims(dims: Sequence[Dim]) -> str:
+    return "[" + ", ".join(str(d) if isinstance(d, int) else "-1" for d in dims) + "]"
+
+
+def _config_tensor(decl: ValueDecl) -> dict[str, Any]:
+    dims = [-1] if decl.dims is None else [d if isinstance(d, int) else -1 for d in decl.dims]
+    return {"name": decl.name, "data_type": TYPE_PREFIX + decl.datatype.value, "dims": dims}
+
+
+def model_config(name: str, spec: GraphSpec, version: str) -> dict[str, Any]:
+    """The protobuf JSON of Triton's ModelConfig for the graph model (what the configuration
+    routes answer)."""
+    return {
+        "name": name,
+        "platform": PLATFORM,
+        "backend": BACKEND,
+        "max_batch_size": 0,
+        "version_policy": {"specific": {"versions": [int(version)]}},
+        "input": [_config_tensor(d) for d in spec.inputs],
+        "output": [_config_tensor(d) for d in spec.outputs],
+        "parameters": {},
+    }
+
+
+__all__ = ["BACKEND", "PLATFORM", "check_config", "model_config", "read_config"]

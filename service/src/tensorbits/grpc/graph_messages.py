@@ -1,0 +1,48 @@
+"""The gRPC form of a graph model's inference: ``ModelInferRequest`` in (raw or typed contents,
+read by ``decode.infer_request`` as for an operator), ``ModelInferResponse`` out with every output
+asked for, each as an entry of ``raw_output_contents`` in the outputs' order, as Triton answers
+(the operators' encoder, ``messages.py``, writes their one output in place)."""
+
+from __future__ import annotations
+
+from tensorbits.backends.base import Backend
+from tensorbits.core.dataplane import DataPlane
+from tensorbits.core.graphs.models import GraphModel
+from tensorbits.core.graphs.request import GraphRequest, plan_request, run_request
+from tensorbits.grpc import inference_pb2 as pb
+from tensorbits.grpc.decode import infer_request
+from tensorbits.grpc.messages import FINAL_RESPONSE
+
+
+def plan(
+    plane: DataPlane, model: GraphModel, message: pb.ModelInferRequest, raw: list[memoryview]
+) -> GraphRequest:
+    """``message`` checked and planned for the graph model."""
+    return plan_request(model, infer_request(message, raw, plane.limits), plane.limits)
+
+
+def encode(request: GraphRequest, backend: Backend, *, streamed: bool = False) -> bytes:
+    """Run the graph into a serialized ``ModelInferResponse`` (``streamed``: inside a
+    ``ModelStreamInferResponse``, marked final)."""
+    arrays = run_request(request, backend)
+    response = pb.ModelInferResponse(
+        model_name=request.model.name,
+        model_version=request.model.version,
+        id=request.request_id or "",
+        outputs=[
+            pb.ModelInferResponse.InferOutputTensor(
+                name=a.planned.name, datatype=a.planned.datatype.value, shape=a.planned.shape
+            )
+            for a in request.answered
+        ],
+        raw_output_contents=[arrays[a.planned.name].tobytes() for a in request.answered],
+    )
+    data = response.SerializeToString()
+    if not streamed:
+        return data
+    return pb.ModelStreamInferResponse(
+        infer_response=pb.ModelInferResponse.FromString(data + FINAL_RESPONSE)
+    ).SerializeToString()
+
+
+__all__ = ["encode", "plan"]
