@@ -15,6 +15,10 @@ in its route table, documented by ``v2_openapi.infer_operation``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+from typing import Protocol, TypeVar
+
 from starlette.types import Receive, Scope, Send
 
 from tensorbits.api import rest_graph, rest_infer, v2_openapi
@@ -24,7 +28,43 @@ from tensorbits.api.fastpath import FastRoute
 from tensorbits.core.graphs.models import GraphModel
 from tensorbits.core.models import resolve_model, resolve_served
 from tensorbits.runtime import Runtime
+from tensorbits_protocol import codec
 from tensorbits_protocol.operators import OperatorSpec
+
+
+class _Planned(Protocol):
+    @property
+    def work_bytes(self) -> int: ...
+
+
+P = TypeVar("P", bound=_Planned)
+
+
+async def _through_the_plane(
+    runtime: Runtime,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    model: str,
+    decode: Callable[[bytearray, int | None], P],
+    needed: Callable[[P, int], int],
+    parts: str,
+    encode: Callable[[P], codec.Framed],
+) -> None:
+    """One inference of ``model``, from the request's body to the response's last byte, through
+    the data plane's lifecycle (core/dataplane.py): admitted for its declared body, ``decode``d
+    and planned, admitted for what the plan ``needed`` beside the body (``parts``, in the
+    refusal's words), ``encode``d into the response."""
+    async with runtime.plane.call((model,)) as call:
+        exchange = AdmittedRequest(runtime, scope)
+        call.admitted(exchange.grant)
+        body, header_length = await exchange.receive(receive)
+        call.mark_received()
+        json_bytes = len(body) if header_length is None else header_length
+        planned = await call.plan(json_bytes, decode, body, header_length)
+        call.hold(needed(planned, len(body)), "inference", parts, "body")
+        framed = await call.run(planned.work_bytes, encode, planned)
+        await exchange.send(send, framed)
 
 
 async def run_inference(
@@ -35,21 +75,15 @@ async def run_inference(
     send: Send,
     version: str | None = None,
 ) -> None:
-    """One inference of ``op`` (at the URL's ``version``, if it names one), from the request's
-    body to the response's last byte, through the data plane's lifecycle (core/dataplane.py)."""
+    """One inference of ``op`` (at the URL's ``version``, if it names one)."""
     plane = runtime.plane
-    async with plane.call((op.name,)) as call:
-        exchange = AdmittedRequest(runtime, scope)
-        call.admitted(exchange.grant)
-        body, header_length = await exchange.receive(receive)
-        call.mark_received()
-        json_bytes = len(body) if header_length is None else header_length
-        plan = await call.plan(json_bytes, rest_infer.plan, plane, op, body, header_length, version)
-        call.hold(plan.memory_needed(len(body), plane.backend), "inference", "body, output", "body")
-        framed = await call.run(
-            plan.work_bytes, rest_infer.encode, plan, plane.backend, plane.regions
-        )
-        await exchange.send(send, framed)
+    await _through_the_plane(
+        runtime, scope, receive, send, op.name,
+        partial(rest_infer.plan, plane, op, version=version),
+        lambda plan, body_bytes: plan.memory_needed(body_bytes, plane.backend),
+        "body, output",
+        partial(rest_infer.encode, backend=plane.backend, regions=plane.regions),
+    )  # fmt: skip
 
 
 async def run_graph_inference(
@@ -60,21 +94,16 @@ async def run_graph_inference(
     send: Send,
     version: str | None = None,
 ) -> None:
-    """One inference of a graph model, through the same lifecycle: admitted for its body, then
-    for what its plan holds (``GraphPlan.needed_bytes``), counted under the model's name."""
+    """One inference of a graph model: admitted for what its plan holds beside the body
+    (``GraphPlan.needed_bytes``), counted under the model's name."""
     plane = runtime.plane
-    async with plane.call((model.name,)) as call:
-        exchange = AdmittedRequest(runtime, scope)
-        call.admitted(exchange.grant)
-        body, header_length = await exchange.receive(receive)
-        call.mark_received()
-        json_bytes = len(body) if header_length is None else header_length
-        request = await call.plan(
-            json_bytes, rest_graph.plan, model, plane.limits, body, header_length, version
-        )
-        call.hold(len(body) + request.needed_bytes, "inference", "body, outputs, work", "body")
-        framed = await call.run(request.work_bytes, rest_graph.encode, request, plane.backend)
-        await exchange.send(send, framed)
+    await _through_the_plane(
+        runtime, scope, receive, send, model.name,
+        partial(rest_graph.plan, model, plane.limits, version=version),
+        lambda request, body_bytes: body_bytes + request.needed_bytes,
+        "body, outputs, work",
+        partial(rest_graph.encode, backend=plane.backend),
+    )  # fmt: skip
 
 
 class InferEndpoint:
