@@ -25,11 +25,9 @@ from tensorbits.api import rest_graph, rest_infer, v2_openapi
 from tensorbits.api.admitted import AdmittedRequest
 from tensorbits.api.deps import runtime_of_app
 from tensorbits.api.fastpath import FastRoute
-from tensorbits.core.graphs.models import GraphModel
 from tensorbits.core.models import resolve_model, resolve_served
 from tensorbits.runtime import Runtime
 from tensorbits_protocol import codec
-from tensorbits_protocol.operators import OperatorSpec
 
 
 class _Planned(Protocol):
@@ -67,65 +65,39 @@ async def _through_the_plane(
         await exchange.send(send, framed)
 
 
-async def run_inference(
-    op: OperatorSpec,
-    runtime: Runtime,
-    scope: Scope,
-    receive: Receive,
-    send: Send,
-    version: str | None = None,
-) -> None:
-    """One inference of ``op`` (at the URL's ``version``, if it names one)."""
-    plane = runtime.plane
-    await _through_the_plane(
-        runtime, scope, receive, send, op.name,
-        partial(rest_infer.plan, plane, op, version=version),
-        lambda plan, body_bytes: plan.memory_needed(body_bytes, plane.backend),
-        "body, output",
-        partial(rest_infer.encode, backend=plane.backend, regions=plane.regions),
-    )  # fmt: skip
-
-
-async def run_graph_inference(
-    model: GraphModel,
-    runtime: Runtime,
-    scope: Scope,
-    receive: Receive,
-    send: Send,
-    version: str | None = None,
-) -> None:
-    """One inference of a graph model: admitted for what its plan holds beside the body
-    (``GraphPlan.needed_bytes``), counted under the model's name."""
-    plane = runtime.plane
-    await _through_the_plane(
-        runtime, scope, receive, send, model.name,
-        partial(rest_graph.plan, model, plane.limits, version=version),
-        lambda request, body_bytes: body_bytes + request.needed_bytes,
-        "body, outputs, work",
-        partial(rest_graph.encode, backend=plane.backend),
-    )  # fmt: skip
-
-
 class InferEndpoint:
     """The ASGI app of the infer routes: the model (and version) from the path, refused while
-    the repository extension has it unloaded, then ``run_inference``."""
+    the repository extension has it unloaded, then its inference through the data plane (a
+    graph model's with its own codec, any number of outputs)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path_params"]
         version = path.get("version")
-        started: Runtime | None = getattr(scope["app"].state, "runtime", None)
-        graph = None if started is None else started.plane.graphs.get(path["model"])
+        runtime = runtime_of_app(scope["app"])
+        plane = runtime.plane
+        graph = plane.graphs.get(path["model"])
         if graph is not None:  # a graph model: its own codec, any number of outputs
-            runtime = runtime_of_app(scope["app"])
-            resolve_served(runtime.plane.graphs, graph.name, version)
-            await run_graph_inference(graph, runtime, scope, receive, send, version)
+            resolve_served(plane.graphs, graph.name, version)
+            await _through_the_plane(
+                runtime, scope, receive, send, graph.name,
+                partial(rest_graph.plan, graph, plane.limits, version=version),
+                # what its plan holds beside the body (GraphPlan.needed_bytes)
+                lambda request, body_bytes: body_bytes + request.needed_bytes,
+                "body, outputs, work",
+                partial(rest_graph.encode, backend=plane.backend),
+            )  # fmt: skip
             return
         op = resolve_model(path["model"], version)
-        runtime = runtime_of_app(scope["app"])
         # Before the body is read or admitted: an unloaded model costs the server nothing. Here
         # and not in the planner, whose cached plans would skip the check.
-        runtime.plane.models.check_loaded(op.name)
-        await run_inference(op, runtime, scope, receive, send, version)
+        plane.models.check_loaded(op.name)
+        await _through_the_plane(
+            runtime, scope, receive, send, op.name,
+            partial(rest_infer.plan, plane, op, version=version),
+            lambda plan, body_bytes: plan.memory_needed(body_bytes, plane.backend),
+            "body, output",
+            partial(rest_infer.encode, backend=plane.backend, regions=plane.regions),
+        )  # fmt: skip
 
 
 _ENDPOINT = InferEndpoint()
