@@ -56,5 +56,16 @@ class Backend(Protocol):
         ...
 
 
+def run_fused(backend: Backend, plan: Any, values: dict[int, DeviceArray]) -> bool:
+    """Run a fused graph plan (``core.graphs.plan.GraphPlan``) in one pass on ``backend``, where
+    it offers that: ``backend.run_fused(plan, values)`` takes the sources by slot (its device
+    arrays) and adds a device array for each value a graph output holds. False (nothing run)
+    where the backend has no such method or it cannot run this plan; the caller then runs the
+    plan node by node. Optional, so that a backend without it (NumPy, whose fused runs go piece
+    by piece through ``run``) need not say so."""
+    method = getattr(backend, "run_fused", None)
+    return method is not None and bool(method(plan, values))
+
+
 class BackendUnavailable(RuntimeError):
     """The requested backend cannot run here; the message says why."""

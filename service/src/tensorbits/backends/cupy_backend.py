@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from tensorbits.backends.base import BackendUnavailable
+from tensorbits.backends.cupy_graphs import FusedChain, GraphKernels
 from tensorbits.backends.cupy_wide import WideKernels
 from tensorbits.cuda_ipc import CupyDeviceMemory
 from tensorbits.kernels import BitOps, DeviceArray, as_kernel_operands, run_kernel
@@ -82,6 +83,7 @@ class CupyBackend:
             self._popcount = cupy.ElementwiseKernel("T x", "O z", POPCOUNT_BODY, "tensorbits_popc")
             # Public: tests/gpu runs the wide kernels on their own, beside the whole backend.
             self.wide = WideKernels(cupy, SHIFT_BODY, POPCOUNT_BODY)
+            self.graphs = GraphKernels(cupy, SHIFT_BODY, POPCOUNT_BODY)
             self.xp: Any = cupy
             self._cupy = cupy
             self.device = f"cuda:{device_id} {name}"
@@ -153,6 +155,11 @@ class CupyBackend:
         with self._device:
             if not self.wide.run(call.op.function, call.shift_left, operands, target):
                 run_kernel(self._cupy, self.ops, call, operands, target)
+
+    def run_fused(self, plan: FusedChain, values: dict[int, DeviceArray]) -> bool:
+        """A fused graph plan in one kernel (``backends.base.run_fused``)."""
+        with self._device:
+            return self.graphs.run(plan, values, self.empty)
 
     def synchronize(self) -> None:
         with self._device:

@@ -4,10 +4,13 @@ Fused (a ``fused`` plan on a host backend, every output C-contiguous): the whole
 piece at a time, each step on the same ``piece_elements`` positions of flat operands
 (``engine.flat_call``), every intermediate in a small reused scratch buffer: each input byte is
 read from memory once and each output byte written once, while the intermediates never leave
-the cache. Otherwise, node by node over whole arrays (broadcasting; device backends, whose
-intermediates stay on the device), each intermediate freed after its last reader. Both run
-every call through ``engine.run_into``, the kernels a single call runs, so their results are
-byte-identical to running the nodes one by one.
+the cache. A fused plan on a device backend that offers it (``backends.base.run_fused``: CuPy)
+runs as one generated kernel reading the inputs and writing every output's value in one pass,
+each step by the per-element source of its single-call kernel. Otherwise, node by node over
+whole arrays (broadcasting; device backends, whose intermediates stay on the device), each
+intermediate freed after its last reader. The host paths run every call through
+``engine.run_into``, the kernels a single call runs, so every path's results are byte-identical
+to running the nodes one by one.
 
 Inputs and outputs are checked against the plan (``InvalidRequest`` naming the tensor). The
 output arrays must not overlap the inputs.
@@ -20,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from tensorbits.backends.base import Backend
+from tensorbits.backends.base import Backend, run_fused
 from tensorbits.core.engine import flat_call, run_into
 from tensorbits.core.graphs.plan import GraphPlan, SlotKind
 from tensorbits.core.graphs.refusals import invalid
@@ -69,10 +72,14 @@ def run_graph(plan: GraphPlan, backend: Backend, inputs: HostArrays, outputs: Ho
     contiguous = all(outputs[o.name].flags.c_contiguous for o in plan.outputs)
     if plan.fused and backend.host_memory and contiguous:
         _run_fused(plan, backend, values, outputs)
+    elif plan.fused and not backend.host_memory and run_fused(backend, plan, values):
+        pass  # one kernel wrote each output's value on the device; copied out below
     else:
         _run_node_by_node(plan, backend, values, outputs)
     for output in plan.outputs:
-        if not output.written_in_place:
+        # On a device every output's value is on the device (a step "in place" wrote a device
+        # array, not the caller's): each comes back here.
+        if not output.written_in_place or not backend.host_memory:
             _copy_into(backend, values[output.slot], outputs[output.name])
 
 
