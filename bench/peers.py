@@ -11,7 +11,9 @@ proxy (the proxy relays each request over ZeroMQ to the Python process that made
 requests went about 20x slower, which would not be a fair peer). Each model is a Python-backend
 model doing the same NumPy call as ours, under the same model name, with the same input and
 output names (``GET /v2/models/DML_OPERATOR_ELEMENT_WISE_BIT_NOT`` on ours), so one request path
-and one body serve both servers.
+and one body serve both servers. Beside them, ``CHAIN``: a graph of the family (XOR, shift right,
+NOT; UINT32) as one model, named and bound like the graph model that ``bench/graph_models.py``
+loads into ours.
 
 The backend's stub embeds libpython: it must load the same libpython as the interpreter whose venv
 hosts the model (the venv's base interpreter), or loading fails with an ``_thread.RLock`` error.
@@ -60,20 +62,36 @@ SHM_BYTES = 80 * 1024 * 1024
 
 @dataclass(frozen=True)
 class Model:
-    """One Python-backend model: our model name, its input names, the NumPy ufunc it calls."""
+    """One Python-backend model: our model name, its input names, what it computes (an
+    expression of the inputs, by name, with NumPy as ``np``), its output, the tensors' type."""
 
     name: str
     inputs: tuple[str, ...]
-    ufunc: str
+    expression: str
     output: str = "OutputTensor"
+    datatype: str = "UINT8"
 
 
-# The same names as ours (DirectML's binding names), UINT8, rank 1, any length.
+# A graph of the family as one model: XOR of x and y, shifted right by 3, then NOT, UINT32 (the
+# graph model bench/graph_models.py loads under the same name, with the same tensor names). One
+# execute, NumPy's calls in place after the first.
+CHAIN = "chain_xor_shr_not"
+CHAIN_SHIFT = 3
+
+# The same names as ours (DirectML's binding names), UINT8, rank 1, any length; and the chain.
+AB = ("ATensor", "BTensor")
 MODELS: tuple[Model, ...] = (
-    Model("DML_OPERATOR_ELEMENT_WISE_BIT_NOT", ("InputTensor",), "bitwise_not"),
-    Model("DML_OPERATOR_ELEMENT_WISE_BIT_AND", ("ATensor", "BTensor"), "bitwise_and"),
-    Model("DML_OPERATOR_ELEMENT_WISE_BIT_OR", ("ATensor", "BTensor"), "bitwise_or"),
-    Model("DML_OPERATOR_ELEMENT_WISE_BIT_XOR", ("ATensor", "BTensor"), "bitwise_xor"),
+    Model("DML_OPERATOR_ELEMENT_WISE_BIT_NOT", ("InputTensor",), "np.bitwise_not(InputTensor)"),
+    Model("DML_OPERATOR_ELEMENT_WISE_BIT_AND", AB, "np.bitwise_and(ATensor, BTensor)"),
+    Model("DML_OPERATOR_ELEMENT_WISE_BIT_OR", AB, "np.bitwise_or(ATensor, BTensor)"),
+    Model("DML_OPERATOR_ELEMENT_WISE_BIT_XOR", AB, "np.bitwise_xor(ATensor, BTensor)"),
+    Model(
+        CHAIN,
+        ("x", "y"),
+        f"np.bitwise_not(np.right_shift(t := np.bitwise_xor(x, y), {CHAIN_SHIFT}, out=t), out=t)",
+        output="z",
+        datatype="UINT32",
+    ),
 )
 
 MODEL_PY = """\
@@ -81,7 +99,10 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 INPUTS = {inputs!r}
-OP = np.{ufunc}
+
+
+def OP({parameters}):
+    return {expression}
 
 
 class TritonPythonModel:
@@ -102,7 +123,7 @@ input [
 {inputs}
 ]
 output [
-  {{ name: "{output}" data_type: TYPE_UINT8 dims: [ -1 ] }}
+  {{ name: "{output}" data_type: TYPE_{datatype} dims: [ -1 ] }}
 ]
 instance_group [ {{ kind: KIND_CPU count: 1 }} ]
 """
@@ -177,13 +198,21 @@ def write_repository(root: Path) -> None:
         folder = root / model.name
         (folder / "1").mkdir(parents=True)
         inputs = ",\n".join(
-            f'  {{ name: "{name}" data_type: TYPE_UINT8 dims: [ -1 ] }}' for name in model.inputs
+            f'  {{ name: "{name}" data_type: TYPE_{model.datatype} dims: [ -1 ] }}'
+            for name in model.inputs
         )
         (folder / "config.pbtxt").write_text(
-            CONFIG_PBTXT.format(name=model.name, inputs=inputs, output=model.output)
+            CONFIG_PBTXT.format(
+                name=model.name, inputs=inputs, output=model.output, datatype=model.datatype
+            )
         )
         (folder / "1" / "model.py").write_text(
-            MODEL_PY.format(inputs=model.inputs, ufunc=model.ufunc, output=model.output)
+            MODEL_PY.format(
+                inputs=model.inputs,
+                parameters=", ".join(model.inputs),
+                expression=model.expression,
+                output=model.output,
+            )
         )
 
 

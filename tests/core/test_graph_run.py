@@ -23,6 +23,7 @@ from onnx import TensorProto, helper
 from tensorbits.backends.numpy_backend import NumpyBackend
 from tensorbits.core.engine import run_into
 from tensorbits.core.graphs import GraphPlan, PlanCache, plan_graph, read_onnx, run_graph
+from tensorbits.core.graphs.plan import PIECE_BYTES
 from tensorbits_protocol.dtypes import numpy_dtype
 from tensorbits_protocol.errors import InvalidRequest
 
@@ -211,7 +212,8 @@ def test_chain_at_the_default_piece_size() -> None:
     }
     plan = check_everywhere(chain_model(np.dtype(np.uint16)), inputs)
     assert plan.fused
-    assert plan.piece_elements == (64 << 10) // 2
+    assert plan.piece_elements == PIECE_BYTES // 2  # several pieces, the last a partial one
+    assert size % plan.piece_elements
 
 
 def test_symbolic_dimensions_are_resolved_per_request_and_cached() -> None:
