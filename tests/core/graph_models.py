@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 # An IR version every ONNX Runtime of the dev group reads (make_model's default may be newer).
 IR_VERSION = 10
@@ -26,6 +26,16 @@ INTEGER_DTYPES = tuple(ONNX_OF)
 UNSIGNED_DTYPES = INTEGER_DTYPES[:4]
 
 Dims = Sequence[int | str | None] | None
+
+
+def random_array(
+    rng: np.random.Generator, dtype: Any, shape: tuple[int, ...]
+) -> np.ndarray[Any, Any]:
+    """Every bit pattern of the type equally likely (for BOOL: any byte, nonzero is true)."""
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape)) * dtype.itemsize
+    out: np.ndarray[Any, Any] = rng.integers(0, 256, count, np.uint8).view(dtype).reshape(shape)
+    return out
 
 
 def tensor(name: str, elem_type: int, dims: Dims) -> onnx.ValueInfoProto:
@@ -64,3 +74,44 @@ def chain_model(dtype: np.dtype[Any], dims: Dims = ("n",)) -> bytes:
     return model_bytes(
         nodes, [tensor("x", elem, dims), tensor("y", elem, dims)], [tensor("z", elem, dims)], [k]
     )
+
+
+def several_outputs_model(mask: np.ndarray[Any, Any], value: np.ndarray[Any, Any]) -> bytes:
+    """Six UINT32 elements in (x), five outputs: ``b`` a node's written in place, ``b_copy`` an
+    Identity of it (copied), ``a`` an intermediate also read further on, ``not_b``, and
+    ``x_again`` an Identity of the input; ``mask`` an initializer, ``value`` a Constant node."""
+    elem = TensorProto.UINT32
+    nodes = [
+        helper.make_node("Constant", [], ["c"], value=constant("c", value)),
+        helper.make_node("BitwiseAnd", ["x", "mask"], ["a"]),
+        helper.make_node("BitwiseXor", ["a", "c"], ["b"]),
+        helper.make_node("Identity", ["b"], ["b_copy"]),
+        helper.make_node("Identity", ["x"], ["x_again"]),
+        helper.make_node("BitwiseNot", ["b_copy"], ["not_b"]),
+    ]
+    outputs = ("b", "b_copy", "a", "not_b", "x_again")
+    return model_bytes(
+        nodes,
+        [tensor("x", elem, [6])],
+        [tensor(name, elem, [6]) for name in outputs],
+        [constant("mask", mask)],
+    )
+
+
+def broadcast_model() -> bytes:
+    """``e = (a & b) | d`` over INT16 shapes that broadcast: a [3, 1, 5], b [4, 1], d [5]."""
+    elem = TensorProto.INT16
+    return model_bytes(
+        [
+            helper.make_node("BitwiseAnd", ["a", "b"], ["c"]),
+            helper.make_node("BitwiseOr", ["c", "d"], ["e"]),
+        ],
+        [tensor("a", elem, [3, 1, 5]), tensor("b", elem, [4, 1]), tensor("d", elem, [5])],
+        [tensor("e", elem, [3, 4, 5])],
+    )
+
+
+def broadcast_inputs(rng: np.random.Generator) -> dict[str, np.ndarray[Any, Any]]:
+    """Random inputs of ``broadcast_model``'s shapes."""
+    shapes = {"a": (3, 1, 5), "b": (4, 1), "d": (5,)}
+    return {name: random_array(rng, np.int16, shape) for name, shape in shapes.items()}

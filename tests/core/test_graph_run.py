@@ -13,12 +13,15 @@ from core.graph_models import (
     INTEGER_DTYPES,
     ONNX_OF,
     UNSIGNED_DTYPES,
+    broadcast_inputs,
+    broadcast_model,
     chain_model,
-    constant,
     model_bytes,
+    random_array,
+    several_outputs_model,
     tensor,
 )
-from onnx import TensorProto, helper
+from onnx import helper
 
 from tensorbits.backends.numpy_backend import NumpyBackend
 from tensorbits.core.engine import run_into
@@ -31,11 +34,6 @@ ort = pytest.importorskip("onnxruntime")
 
 Arrays = Mapping[str, np.ndarray[Any, Any]]
 BACKEND = NumpyBackend(2)
-
-
-def random_array(rng: np.random.Generator, dtype: Any, shape: tuple[int, ...]) -> Any:
-    info = np.iinfo(dtype)
-    return rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
 
 
 def run_plan(plan: GraphPlan, inputs: Arrays) -> dict[str, np.ndarray[Any, Any]]:
@@ -138,20 +136,7 @@ def test_bit_shift_on_every_unsigned_type(direction: str, dtype: Any) -> None:
 
 def test_broadcasting_runs_node_by_node() -> None:
     rng = np.random.default_rng(4)
-    elem = TensorProto.INT16
-    data = model_bytes(
-        [
-            helper.make_node("BitwiseAnd", ["a", "b"], ["c"]),
-            helper.make_node("BitwiseOr", ["c", "d"], ["e"]),
-        ],
-        [tensor("a", elem, [3, 1, 5]), tensor("b", elem, [4, 1]), tensor("d", elem, [5])],
-        [tensor("e", elem, [3, 4, 5])],
-    )
-    inputs = {
-        "a": random_array(rng, np.int16, (3, 1, 5)),
-        "b": random_array(rng, np.int16, (4, 1)),
-        "d": random_array(rng, np.int16, (5,)),
-    }
+    data, inputs = broadcast_model(), broadcast_inputs(rng)
     plan = check_everywhere(data, inputs)
     assert not plan.fused
     assert plan.work_bytes == 3 * 4 * 5 * 2  # c, alive while e is made
@@ -161,29 +146,9 @@ def test_outputs_initializer_constant_and_identity() -> None:
     """Several outputs: one a node's written in place, one an Identity of it (copied), one an
     intermediate also read further on; an initializer and a Constant node as operands."""
     rng = np.random.default_rng(5)
-    elem = TensorProto.UINT32
     mask = random_array(rng, np.uint32, (6,))
     value = random_array(rng, np.uint32, (6,))
-    nodes = [
-        helper.make_node("Constant", [], ["c"], value=constant("c", value)),
-        helper.make_node("BitwiseAnd", ["x", "mask"], ["a"]),
-        helper.make_node("BitwiseXor", ["a", "c"], ["b"]),
-        helper.make_node("Identity", ["b"], ["b_copy"]),
-        helper.make_node("Identity", ["x"], ["x_again"]),
-        helper.make_node("BitwiseNot", ["b_copy"], ["not_b"]),
-    ]
-    data = model_bytes(
-        nodes,
-        [tensor("x", elem, [6])],
-        [
-            tensor("b", elem, [6]),
-            tensor("b_copy", elem, [6]),
-            tensor("a", elem, [6]),
-            tensor("not_b", elem, [6]),
-            tensor("x_again", elem, [6]),
-        ],
-        [constant("mask", mask)],
-    )
+    data = several_outputs_model(mask, value)
     plan = check_everywhere(data, {"x": random_array(rng, np.uint32, (6,))})
     assert plan.fused
     assert [o.written_in_place for o in plan.outputs] == [True, False, True, True, False]

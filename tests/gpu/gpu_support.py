@@ -8,6 +8,7 @@ run of skips that exits 0 would read as a pass. Everywhere else the GPU tests sk
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 from typing import NoReturn
 
 import pytest
@@ -26,6 +27,18 @@ def unavailable(reason: str) -> NoReturn:
     if gpu_required():
         pytest.fail(f"{GPU_REQUIRED_VARIABLE} is set: {reason}", pytrace=False)
     pytest.skip(reason, allow_module_level=True)
+
+
+def module_backend(backend: Backend) -> Callable[[], Iterator[Backend]]:
+    """A module-scoped fixture named ``cupy_backend`` that hands out ``backend`` (made at import,
+    so that a module without one skips as a whole) and closes it with the module."""
+
+    @pytest.fixture(scope="module", name="cupy_backend")
+    def fixture() -> Iterator[Backend]:
+        yield backend
+        backend.close()
+
+    return fixture
 
 
 def cupy_backend_or_skip() -> Backend:

@@ -5,12 +5,11 @@ the reason, where CuPy or a working CUDA device is missing (in GPU mode, failed:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
-from gpu.gpu_support import cupy_backend_or_skip
+from gpu.gpu_support import cupy_backend_or_skip, module_backend
 from support.v1 import outputs, post, rich_batch, run_planned, v1_client
 
 from tensorbits.backends import Backend
@@ -20,12 +19,7 @@ from tensorbits.core import batch
 pytestmark = pytest.mark.gpu
 
 BACKEND = cupy_backend_or_skip()
-
-
-@pytest.fixture(scope="module")
-def cupy_backend() -> Iterator[Backend]:
-    yield BACKEND
-    BACKEND.close()
+cupy_backend = module_backend(BACKEND)
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -7,15 +7,13 @@ missing (in GPU mode, failed: gpu_support)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
-from core.graph_models import chain_model, model_bytes, tensor
-from gpu.gpu_support import cupy_backend_or_skip
-from onnx import TensorProto, helper
-from service.test_graph_kernels import CASES, GraphCase, numpy_outputs, random_array
+from core.graph_models import broadcast_inputs, broadcast_model, chain_model, random_array
+from gpu.gpu_support import cupy_backend_or_skip, module_backend
+from service.test_graph_kernels import CASES, GraphCase, numpy_outputs
 
 from tensorbits.backends import Backend
 from tensorbits.backends.base import run_fused
@@ -25,12 +23,7 @@ from tensorbits_protocol.dtypes import numpy_dtype
 pytestmark = pytest.mark.gpu
 
 BACKEND = cupy_backend_or_skip()
-
-
-@pytest.fixture(scope="module")
-def cupy_backend() -> Iterator[Backend]:
-    yield BACKEND
-    BACKEND.close()
+cupy_backend = module_backend(BACKEND)
 
 
 def run_on(backend: Backend, plan: GraphPlan, inputs: Any) -> dict[str, np.ndarray[Any, Any]]:
@@ -87,20 +80,7 @@ def test_chain_over_many_blocks(cupy_backend: Backend, dtype: Any) -> None:
 
 def test_broadcasting_still_runs_node_by_node(cupy_backend: Backend) -> None:
     rng = np.random.default_rng(4)
-    elem = TensorProto.INT16
-    data = model_bytes(
-        [
-            helper.make_node("BitwiseAnd", ["a", "b"], ["c"]),
-            helper.make_node("BitwiseOr", ["c", "d"], ["e"]),
-        ],
-        [tensor("a", elem, [3, 1, 5]), tensor("b", elem, [4, 1]), tensor("d", elem, [5])],
-        [tensor("e", elem, [3, 4, 5])],
-    )
-    inputs = {
-        "a": random_array(rng, np.int16, (3, 1, 5)),
-        "b": random_array(rng, np.int16, (4, 1)),
-        "d": random_array(rng, np.int16, (5,)),
-    }
+    data, inputs = broadcast_model(), broadcast_inputs(rng)
     plan = plan_graph(read_onnx(data), {n: a.shape for n, a in inputs.items()})
     assert not plan.fused
     assert not run_fused(cupy_backend, plan, {})

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import shutil
-import subprocess
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
@@ -26,10 +25,12 @@ from core.graph_models import (
     chain_model,
     constant,
     model_bytes,
+    random_array,
+    several_outputs_model,
     tensor,
 )
 from onnx import TensorProto, helper
-from support.wide_kernel_cases import aligned
+from support.wide_kernel_cases import HOST_SHIM, aligned, compile_host_library, host_runner
 
 from tensorbits.backends.cupy_backend import POPCOUNT_BODY, SHIFT_BODY
 from tensorbits.backends.cupy_graphs import FusedKernel, fused_kernel, graph_kernel_source
@@ -41,30 +42,7 @@ from tensorbits_protocol.operators import get_operator
 
 Array = np.ndarray[Any, Any]
 BACKEND = NumpyBackend(1)
-SHIM = """
-struct alignas(16) uint4 { unsigned int x, y, z, w; };
-struct alignas(8) uint2 { unsigned int x, y; };
-struct Index { unsigned int x; };
-static Index blockIdx, threadIdx, blockDim, gridDim;
-#define __global__
-#define __device__
-#define __forceinline__ inline
-static inline int __popc(unsigned int v) { return __builtin_popcount(v); }
-static inline int __popcll(unsigned long long v) { return __builtin_popcountll(v); }
-"""
-RUNNER = """
-extern "C" void run_NAME(void* const* p, unsigned long long n, unsigned blocks, unsigned threads) {
-    gridDim.x = blocks;
-    blockDim.x = threads;
-    for (unsigned block = 0; block < blocks; ++block) {
-        for (unsigned thread = 0; thread < threads; ++thread) {
-            blockIdx.x = block;
-            threadIdx.x = thread;
-            SPACE::NAME(ARGUMENTS, n);
-        }
-    }
-}
-"""
+RUNNER = host_runner("void* const* p, unsigned long long n", "SPACE::NAME(ARGUMENTS, n)")
 # A small grid, so that the grid-stride loop goes round more than once; 32 threads cover any
 # tail (at most 15 elements), as the device's 256 a block do.
 BLOCKS, THREADS = 2, 16
@@ -78,14 +56,6 @@ class GraphCase(NamedTuple):
     name: str
     plan: GraphPlan
     inputs: Mapping[str, Array]
-
-
-def random_array(rng: np.random.Generator, dtype: Any, shape: tuple[int, ...]) -> Array:
-    """Every bit pattern of the type equally likely (for BOOL: any byte, nonzero is true)."""
-    dtype = np.dtype(dtype)
-    count = int(np.prod(shape)) * dtype.itemsize
-    out: Array = rng.integers(0, 256, count, np.uint8).view(dtype).reshape(shape)
-    return out
 
 
 def shift_counts(rng: np.random.Generator, dtype: Any, shape: tuple[int, ...]) -> Array:
@@ -185,28 +155,8 @@ def _several_outputs(rng: np.random.Generator) -> GraphCase:
     """test_graph_run's model of several outputs: one a node's, one an Identity of it, one an
     intermediate also read further on, one an Identity of the input; an initializer and a
     Constant node as operands."""
-    elem = TensorProto.UINT32
-    nodes = [
-        helper.make_node(
-            "Constant", [], ["c"], value=constant("c", random_array(rng, np.uint32, (6,)))
-        ),
-        helper.make_node("BitwiseAnd", ["x", "mask"], ["a"]),
-        helper.make_node("BitwiseXor", ["a", "c"], ["b"]),
-        helper.make_node("Identity", ["b"], ["b_copy"]),
-        helper.make_node("Identity", ["x"], ["x_again"]),
-        helper.make_node("BitwiseNot", ["b_copy"], ["not_b"]),
-    ]
-    data = model_bytes(
-        nodes,
-        [tensor("x", elem, [6])],
-        [
-            tensor("b", elem, [6]),
-            tensor("b_copy", elem, [6]),
-            tensor("a", elem, [6]),
-            tensor("not_b", elem, [6]),
-            tensor("x_again", elem, [6]),
-        ],
-        [constant("mask", random_array(rng, np.uint32, (6,)))],
+    data = several_outputs_model(
+        mask=random_array(rng, np.uint32, (6,)), value=random_array(rng, np.uint32, (6,))
     )
     return _onnx_case("several-outputs", data, {"x": random_array(rng, np.uint32, (6,))})
 
@@ -277,7 +227,7 @@ def run_on_host(tmp_path_factory: pytest.TempPathFactory) -> Runner:
     compiler = shutil.which("g++") or shutil.which("clang++")
     if compiler is None:
         pytest.skip("no C++ compiler (g++ or clang++) to build the kernels for the host")
-    parts = [SHIM]
+    parts = [HOST_SHIM]
     built: set[str] = set()
     for case in CASES:
         kernel = kernel_of(case.plan)
@@ -293,16 +243,7 @@ def run_on_host(tmp_path_factory: pytest.TempPathFactory) -> Runner:
             .replace("NAME", kernel.name)
             .replace("ARGUMENTS", arguments)
         )
-    folder = tmp_path_factory.mktemp("graphs")
-    source_path, library = folder / "graphs.cpp", folder / "graphs.so"
-    source_path.write_text("\n".join(parts))
-    subprocess.run(
-        [compiler, "-std=c++17", "-O1", "-shared", "-fPIC", "-o", str(library), str(source_path)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    host = ctypes.CDLL(str(library))
+    host = compile_host_library(compiler, tmp_path_factory.mktemp("graphs"), "graphs", parts)
 
     def run(kernel: FusedKernel, arrays: list[Array], elements: int) -> None:
         function = getattr(host, f"run_{kernel.name}")

@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import ctypes
 import shutil
-import subprocess
 from collections.abc import Callable
 
 import numpy as np
 import pytest
 from support.wide_kernel_cases import (
+    HOST_SHIM,
     INTEGERS,
     Case,
     aligned,
     cases,
+    compile_host_library,
+    host_runner,
     random,
     shift_counts,
 )
@@ -29,31 +31,10 @@ from tensorbits.backends.cupy_backend import POPCOUNT_BODY, SHIFT_BODY
 from tensorbits.backends.cupy_wide import Launch, LaunchKey, kernel_source, plan_launch
 from tensorbits_protocol.operators import Function
 
-SHIM = """
-struct alignas(16) uint4 { unsigned int x, y, z, w; };
-struct alignas(8) uint2 { unsigned int x, y; };
-struct Index { unsigned int x; };
-static Index blockIdx, threadIdx, blockDim, gridDim;
-#define __global__
-#define __device__
-#define __forceinline__ inline
-static inline int __popc(unsigned int v) { return __builtin_popcount(v); }
-static inline int __popcll(unsigned long long v) { return __builtin_popcountll(v); }
-"""
-RUNNER = """
-extern "C" void run_NAME(const void* a, const void* b, void* z, unsigned long long n,
-                         int b_scalar, unsigned blocks, unsigned threads) {
-    gridDim.x = blocks;
-    blockDim.x = threads;
-    for (unsigned block = 0; block < blocks; ++block) {
-        for (unsigned thread = 0; thread < threads; ++thread) {
-            blockIdx.x = block;
-            threadIdx.x = thread;
-            SPACE::NAME((const SPACE::T*)a, (const SPACE::T*)b, (SPACE::O*)z, n, b_scalar);
-        }
-    }
-}
-"""
+RUNNER = host_runner(
+    "const void* a, const void* b, void* z, unsigned long long n, int b_scalar",
+    "SPACE::NAME((const SPACE::T*)a, (const SPACE::T*)b, (SPACE::O*)z, n, b_scalar)",
+)
 # A small grid, so that the grid-stride loop goes round more than once; 32 threads cover any
 # tail (at most 15 elements), as the device's 256 a block do.
 BLOCKS, THREADS = 2, 16
@@ -76,7 +57,7 @@ def run_on_host(tmp_path_factory: pytest.TempPathFactory) -> Runner:
     if compiler is None:
         pytest.skip("no C++ compiler (g++ or clang++) to build the kernels for the host")
     keys: dict[LaunchKey, str] = {}
-    parts = [SHIM]
+    parts = [HOST_SHIM]
     for case in CASES:
         key = _launch(case).key
         if key in keys:
@@ -89,16 +70,7 @@ def run_on_host(tmp_path_factory: pytest.TempPathFactory) -> Runner:
             f"namespace {space} {{\n{code.replace(f'void {name}(', f'void {unique}(')}\n}}"
         )
         parts.append(RUNNER.replace("SPACE", space).replace("NAME", unique))
-    folder = tmp_path_factory.mktemp("wide")
-    source_path, library = folder / "wide.cpp", folder / "wide.so"
-    source_path.write_text("\n".join(parts))
-    subprocess.run(
-        [compiler, "-std=c++17", "-O1", "-shared", "-fPIC", "-o", str(library), str(source_path)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    host = ctypes.CDLL(str(library))
+    host = compile_host_library(compiler, tmp_path_factory.mktemp("wide"), "wide", parts)
 
     def run(launch: Launch) -> None:
         function = getattr(host, f"run_{keys[launch.key]}")

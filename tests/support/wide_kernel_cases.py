@@ -4,7 +4,10 @@ operand of one element; operands 16-byte aligned, as the kernels require."""
 
 from __future__ import annotations
 
+import ctypes
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -12,6 +15,20 @@ import numpy as np
 from tensorbits.backends.cupy_wide import VECTOR_BYTES
 from tensorbits_protocol.operators import Function
 
+# What a CUDA kernel's source needs to compile as C++ on the host: the vector types, the grid's
+# indices (set by each test's runner before it calls the kernel as a plain function, thread by
+# thread) and the device intrinsics the kernels use.
+HOST_SHIM = """
+struct alignas(16) uint4 { unsigned int x, y, z, w; };
+struct alignas(8) uint2 { unsigned int x, y; };
+struct Index { unsigned int x; };
+static Index blockIdx, threadIdx, blockDim, gridDim;
+#define __global__
+#define __device__
+#define __forceinline__ inline
+static inline int __popc(unsigned int v) { return __builtin_popcount(v); }
+static inline int __popcll(unsigned long long v) { return __builtin_popcountll(v); }
+"""
 INTEGERS = [np.dtype(t) for t in ("u1", "i1", "u2", "i2", "u4", "i4", "u8", "i8")]
 UNSIGNED = [t for t in INTEGERS if t.kind == "u"]
 SIZES = [1, 3, 15, 16, 17, 37, 100, 257]
@@ -108,3 +125,36 @@ def cases() -> Iterator[Case]:
                         [a],
                         np.bitwise_count(a).astype(out_type),
                     )
+
+
+def compile_host_library(compiler: str, folder: Path, name: str, parts: list[str]) -> ctypes.CDLL:
+    """``parts`` (``HOST_SHIM`` first, then kernels and their runners) built as one shared
+    library with ``compiler`` in ``folder``, and loaded."""
+    source_path, library = folder / f"{name}.cpp", folder / f"{name}.so"
+    source_path.write_text("\n".join(parts))
+    subprocess.run(
+        [compiler, "-std=c++17", "-O1", "-shared", "-fPIC", "-o", str(library), str(source_path)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return ctypes.CDLL(str(library))
+
+
+def host_runner(parameters: str, call: str) -> str:
+    """A C function ``run_NAME(<parameters>, blocks, threads)`` that runs the kernel ``call``
+    names once for every thread of a grid of ``blocks`` x ``threads``, in order, with the
+    shim's indices set as the device would set them (NAME and SPACE replaced by the caller)."""
+    return f"""
+extern "C" void run_NAME({parameters}, unsigned blocks, unsigned threads) {{
+    gridDim.x = blocks;
+    blockDim.x = threads;
+    for (unsigned block = 0; block < blocks; ++block) {{
+        for (unsigned thread = 0; thread < threads; ++thread) {{
+            blockIdx.x = block;
+            threadIdx.x = thread;
+            {call};
+        }}
+    }}
+}}
+"""
