@@ -34,7 +34,7 @@ GB/s is bytes moved over time, 1 GB = 1e9 bytes: every input plus the output for
 ours (above 1: we are faster). At 16 MiB a row's working set partly fits in the L2 cache (50 MB
 on an H100), so the targets start at 64 MiB.
 
-Targets (GPU session brief): at 64 MiB and above, ``/copy`` >= 0.8 for every row, and ours
+The targets: at 64 MiB and above, ``/copy`` >= 0.8 for every row, and ours
 within 1.1x of the plain call's time (``/cupy`` >= 1/1.1) for every row where both compute the
 same (not the shifts; not where the results differed).
 
