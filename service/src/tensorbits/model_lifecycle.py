@@ -23,6 +23,12 @@ CONFIG = "config"
 FILE_PREFIX = "file:"
 
 
+# What a load holds while it is decoded, in multiples of what it received: the request, the
+# file's parsed or decoded copy (HTTP's base64 in the JSON, gRPC's bytes_param), and the JSON's
+# text over HTTP. Admission counts it so (as an inference's plan is counted).
+LOAD_COPIES = 3
+
+
 def load_request_bytes(runtime: Runtime) -> int:
     """The most bytes a load request needs: a file of the largest size allowed, in base64 (HTTP
     sends it so), and a configuration, with room for the JSON around them; never more than

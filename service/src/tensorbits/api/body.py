@@ -58,8 +58,11 @@ def declared_length(raw: str | None, limit: int) -> int | None:
     return length
 
 
-async def read_body(request: Request, limit: int, timeout: float | None = None) -> bytearray:
-    """``receive_body`` for a Starlette request."""
+async def read_body(request: Request, limit: int) -> bytearray:
+    """``receive_body`` for a Starlette request of the tensorbits app, under its read deadline
+    (TENSORBITS_TIMEOUT_BODY_READ), as every body and gRPC message is read."""
+    settings = getattr(request.app.state, "settings", None)
+    timeout = None if settings is None else settings.timeout_body_read
     length = declared_length(request.headers.get("content-length"), limit)
     encoding = request.headers.get("content-encoding")
     return await receive_body(request.receive, length, encoding, limit, timeout)

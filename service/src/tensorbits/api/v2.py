@@ -24,7 +24,7 @@ from pydantic import BaseModel
 
 from tensorbits import model_info, model_lifecycle
 from tensorbits.api import v2_openapi
-from tensorbits.api.body import read_body
+from tensorbits.api.body import declared_length, read_body
 from tensorbits.api.deps import RuntimeDep
 from tensorbits.api.v2_openapi import ModelName, ModelVersion
 from tensorbits.core.models import MODEL_VERSION, Model, ModelStates, resolve_model, resolve_served
@@ -281,21 +281,27 @@ LOAD_JSON_LIMITS = JsonLimits(max_depth=3, max_values=64)
 async def repository_model_load(
     model: ModelName, request: Request, runtime: RuntimeDep
 ) -> Response:
-    body = await read_body(request, model_lifecycle.load_request_bytes(runtime))
-    config: str | None = None
-    files: dict[str, bytes] = {}
-    if body.strip():
-        document = parse_json(body, LOAD_JSON_LIMITS, "request body")
-        parameters = validate_document(LoadRequest, document, "request body").parameters or {}
-        model_lifecycle.check_parameter_names(list(parameters))
-        for name, value in parameters.items():
-            if name == model_lifecycle.CONFIG:
-                config = value
-                continue
-            padding = len(value) - len(value.rstrip("="))
-            model_lifecycle.check_file_size(name, len(value) * 3 // 4 - padding, runtime)
-            files[name] = _base64(name, value)
-    await model_lifecycle.load_model(runtime, model, config, files)
+    limit = model_lifecycle.load_request_bytes(runtime)
+    async with runtime.plane.call() as call:
+        # Admitted as an inference is: for the body it declares before a byte is read, then
+        # for the copies decoding makes (the JSON's text, the decoded file).
+        call.admit(declared_length(request.headers.get("content-length"), limit) or 0)
+        body = await read_body(request, limit)
+        call.hold(model_lifecycle.LOAD_COPIES * len(body), "model load", "body, copies", "body")
+        config: str | None = None
+        files: dict[str, bytes] = {}
+        if body.strip():
+            document = parse_json(body, LOAD_JSON_LIMITS, "request body")
+            parameters = validate_document(LoadRequest, document, "request body").parameters
+            model_lifecycle.check_parameter_names(list(parameters or {}))
+            for name, value in (parameters or {}).items():
+                if name == model_lifecycle.CONFIG:
+                    config = value
+                    continue
+                padding = len(value) - len(value.rstrip("="))
+                model_lifecycle.check_file_size(name, len(value) * 3 // 4 - padding, runtime)
+                files[name] = _base64(name, value)
+        await model_lifecycle.load_model(runtime, model, config, files)
     return Response(status_code=200)
 
 

@@ -281,6 +281,14 @@ class InferenceService:
         return pb.RepositoryIndexResponse(models=models).SerializeToString()
 
     async def repository_model_load(self, data: bytes) -> bytes:
+        async with self.runtime.plane.call() as call:
+            # Admitted as HTTP's load is (api/v2.py): the message and its decoded copies.
+            call.admit(len(data))
+            call.hold(model_lifecycle.LOAD_COPIES * len(data), "model load", "message, copies",
+                      "message")  # fmt: skip
+            return await self._load(data)
+
+    async def _load(self, data: bytes) -> bytes:
         request = _parse(pb.RepositoryModelLoadRequest, data)
         _check_repository(request.repository_name)
         parameters = request.parameters
