@@ -4,7 +4,7 @@ ONNX Runtime on the same file and as the nodes run one at a time through ``engin
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -26,6 +26,7 @@ from onnx import helper
 from tensorbits.backends.numpy_backend import NumpyBackend
 from tensorbits.core.engine import run_into
 from tensorbits.core.graphs import GraphPlan, PlanCache, plan_graph, read_onnx, run_graph
+from tensorbits.core.graphs import run as graph_run
 from tensorbits.core.graphs.plan import PIECE_BYTES
 from tensorbits_protocol.dtypes import numpy_dtype
 from tensorbits_protocol.errors import InvalidRequest
@@ -223,3 +224,38 @@ def test_a_strided_output_runs_node_by_node_with_the_same_bytes() -> None:
     strided = np.zeros(100, np.uint32)[::2]
     run_graph(plan, BACKEND, inputs, {"z": strided})
     assert strided.tobytes() == run_plan(plan, inputs)["z"].tobytes()
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_a_large_chain_is_shared_among_the_backends_threads(
+    monkeypatch: pytest.MonkeyPatch, threads: int
+) -> None:
+    """Past SHARED_MIN_BYTES a fused run goes in ranges of whole pieces, one a thread (here with
+    the bound at 0, so that a small chain shows it): the same bytes as ONNX Runtime's, the ranges
+    covering every element once, a piece cut short only at the very end."""
+    monkeypatch.setattr(graph_run, "SHARED_MIN_BYTES", 0)
+    backend = NumpyBackend(threads)
+    shared: list[int] = []
+    real = backend.share
+
+    def counted(tasks: Sequence[Callable[[], None]]) -> None:
+        shared.append(len(tasks))
+        real(tasks)
+
+    monkeypatch.setattr(backend, "share", counted)
+    rng = np.random.default_rng(9)
+    size = 100_003
+    inputs = {
+        "x": random_array(rng, np.uint32, (size,)),
+        "y": random_array(rng, np.uint32, (size,)),
+    }
+    data = chain_model(np.dtype(np.uint32))
+    plan = plan_graph(read_onnx(data), {"x": (size,), "y": (size,)}, piece_bytes=256 * 4)
+    assert plan.fused
+    outputs = {o.name: np.empty(o.shape, numpy_dtype(o.datatype)) for o in plan.outputs}
+    try:
+        run_graph(plan, backend, inputs, outputs)
+    finally:
+        backend.close()
+    assert shared == [threads]
+    assert_identical(outputs, onnx_runtime(data, inputs))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -65,6 +65,17 @@ def run_fused(backend: Backend, plan: Any, values: dict[int, DeviceArray]) -> bo
     by piece through ``run``) need not say so."""
     method = getattr(backend, "run_fused", None)
     return method is not None and bool(method(plan, values))
+
+
+def share(backend: Backend, tasks: Sequence[Callable[[], None]]) -> None:
+    """Run every task once, on the backend's threads where it offers them
+    (``backend.share``, NumPy's), else one after the other on the calling thread."""
+    method = getattr(backend, "share", None)
+    if method is not None:
+        method(tasks)
+        return
+    for task in tasks:
+        task()
 
 
 class BackendUnavailable(RuntimeError):

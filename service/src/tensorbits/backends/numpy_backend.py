@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -135,16 +136,11 @@ def _work_bytes(
 _SHIFTS = (Function.SHIFT, Function.SHIFT_LEFT, Function.SHIFT_RIGHT)
 
 
-class _Pieces:
-    """The pieces of one call, handed out one at a time to whichever thread asks first."""
+class _Tasks:
+    """Tasks handed out one at a time to whichever thread asks first."""
 
-    def __init__(
-        self,
-        call: ResolvedCall,
-        pieces: list[tuple[list[np.ndarray[Any, Any]], np.ndarray[Any, Any]]],
-    ) -> None:
-        self.call = call
-        self.pieces = pieces
+    def __init__(self, tasks: Sequence[Callable[[], None]]) -> None:
+        self.tasks = tasks
         self.next = 0
         self.lock = threading.Lock()
 
@@ -152,15 +148,14 @@ class _Pieces:
         while True:
             with self.lock:
                 index = self.next
-                if index >= len(self.pieces):
+                if index >= len(self.tasks):
                     return
                 self.next = index + 1
-            piece_in, piece_out = self.pieces[index]
-            run_kernel(np, NUMPY_BIT_OPS, self.call, piece_in, piece_out)
+            self.tasks[index]()
 
     def cancel(self) -> None:
         with self.lock:
-            self.next = len(self.pieces)
+            self.next = len(self.tasks)
 
 
 class NumpyBackend:
@@ -200,17 +195,32 @@ class NumpyBackend:
             run_kernel(np, NUMPY_BIT_OPS, call, operands, target)
             return
         parts = min(self.threads * CHUNKS_PER_THREAD, max(1, work // MIN_CHUNK_BYTES))
-        pieces = _Pieces(call, chunked(operands, target, parts))
-        helpers = min(self.threads, len(pieces.pieces)) - 1
-        futures: list[Future[None]] = [self._pool.submit(pieces.drain) for _ in range(helpers)]
+        self.share(
+            [
+                partial(run_kernel, np, NUMPY_BIT_OPS, call, piece_in, piece_out)
+                for piece_in, piece_out in chunked(operands, target, parts)
+            ]
+        )
+
+    def share(self, tasks: Sequence[Callable[[], None]]) -> None:
+        """Run every task once on this backend's threads, the calling thread among them, and
+        return when all have run (a fused graph's ranges, a large call's pieces); the first
+        exception is raised once the others stopped taking tasks."""
+        if self._pool is None or len(tasks) < 2:
+            for task in tasks:
+                task()
+            return
+        queue = _Tasks(tasks)
+        helpers = min(self.threads, len(tasks)) - 1
+        futures: list[Future[None]] = [self._pool.submit(queue.drain) for _ in range(helpers)]
         try:
-            pieces.drain()
+            queue.drain()
         except BaseException:
-            pieces.cancel()
+            queue.cancel()
             raise
         finally:
             # Helpers that never started (the pool busy with another call) are withdrawn; the
-            # others finish the piece they hold before ``out`` is handed back.
+            # others finish the task they hold before the caller goes on.
             for future in futures:
                 if not future.cancel():
                     future.result()

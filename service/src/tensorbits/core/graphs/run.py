@@ -19,17 +19,23 @@ output arrays must not overlap the inputs.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 import numpy as np
 
-from tensorbits.backends.base import Backend, run_fused
+from tensorbits.backends.base import Backend, run_fused, share
 from tensorbits.core.engine import flat_call, run_into
 from tensorbits.core.graphs.plan import GraphPlan, SlotKind
 from tensorbits.core.graphs.refusals import invalid
 from tensorbits.kernels import DeviceArray
 from tensorbits_protocol.dtypes import numpy_dtype
 from tensorbits_protocol.validation import ResolvedCall, Shape
+
+# A fused run of at least this many bytes (of its widest type) is shared among the backend's
+# threads. XOR -> shift -> NOT over 64 MiB of UINT32 on 2 cores, in process: see
+# docs/benchmarks.md "Graph models" (the same bound as a single call's, numpy_backend.py).
+SHARED_MIN_BYTES = 4 << 20
 
 HostArray = np.ndarray[Any, Any]
 HostArrays = Mapping[str, HostArray]  # by tensor name
@@ -130,40 +136,53 @@ def _run_fused(
         flat[slot] = outputs[name].reshape(-1)
     piece = plan.piece_elements
     widest = max((plan.slots[s].nbytes // max(plan.elements, 1) for s in plan.scratch), default=1)
-    buffers = [np.empty(piece * widest, np.uint8) for _ in range(plan.scratch_buffers)]
-    scratch: dict[int, HostArray] = {
-        slot: buffers[buffer].view(numpy_dtype(plan.slots[slot].datatype))[:piece]
-        for slot, buffer in plan.scratch.items()
-    }
     # Operands of one element where the step has more (``plan.fusable``): the same element for
     # every position, a stride-0 view, made once per piece size.
     single_slots = {
         s for step in plan.steps for s in step.reads if s in flat and flat[s].size < plan.elements
     }
-    single: dict[int, HostArray] = {}
-    calls: dict[int, list[ResolvedCall]] = {}
     total = plan.elements
-    for start in range(0, total, piece):
-        count = min(piece, total - start)
-        if count not in calls:
-            calls[count] = [flat_call(step.call, count) for step in plan.steps]
-        if single_slots and len(single[min(single_slots)] if single else ()) != count:
-            single = {s: np.broadcast_to(flat[s], (count,)) for s in single_slots}
-        for step, call in zip(plan.steps, calls[count], strict=True):
-            operands = [
-                scratch[s][:count]
-                if s in scratch
-                else single[s]
-                if s in single
-                else flat[s][start : start + count]
-                for s in step.reads
-            ]
-            target = (
-                scratch[step.writes][:count]
-                if step.writes in scratch
-                else flat[step.writes][start : start + count]
-            )
-            run_into(backend, call, operands, target)
+
+    def run_range(begin: int, end: int) -> None:
+        """Elements ``begin`` to ``end`` of every output, a piece at a time, through scratch
+        buffers of this range's own (ranges run on different threads)."""
+        buffers = [np.empty(piece * widest, np.uint8) for _ in range(plan.scratch_buffers)]
+        scratch: dict[int, HostArray] = {
+            slot: buffers[buffer].view(numpy_dtype(plan.slots[slot].datatype))[:piece]
+            for slot, buffer in plan.scratch.items()
+        }
+        single: dict[int, HostArray] = {}
+        calls: dict[int, list[ResolvedCall]] = {}
+        for start in range(begin, end, piece):
+            count = min(piece, end - start)
+            if count not in calls:
+                calls[count] = [flat_call(step.call, count) for step in plan.steps]
+            if single_slots and len(single[min(single_slots)] if single else ()) != count:
+                single = {s: np.broadcast_to(flat[s], (count,)) for s in single_slots}
+            for step, call in zip(plan.steps, calls[count], strict=True):
+                operands = [
+                    scratch[s][:count]
+                    if s in scratch
+                    else single[s]
+                    if s in single
+                    else flat[s][start : start + count]
+                    for s in step.reads
+                ]
+                target = (
+                    scratch[step.writes][:count]
+                    if step.writes in scratch
+                    else flat[step.writes][start : start + count]
+                )
+                run_into(backend, call, operands, target)
+
+    # A large graph runs on every thread of the backend, each a range of whole pieces (NumPy
+    # releases the GIL in its kernels): a piece's steps stay on one core, its cache warm.
+    threads = getattr(backend, "threads", 1) if total * widest >= SHARED_MIN_BYTES else 1
+    span = -(-total // (threads * piece)) * piece if threads > 1 else max(total, 1)
+    ranges = [
+        partial(run_range, begin, min(begin + span, total)) for begin in range(0, total, span)
+    ]
+    share(backend, ranges)
     for slot, name in plan.in_place.items():
         values[slot] = outputs[name]
 
