@@ -21,7 +21,7 @@ from tensorbits.backends.base import Backend
 from tensorbits.core.engine import is_flat_elementwise
 from tensorbits.core.models import MODEL_VERSION
 from tensorbits.shared_memory import Location, SharedMemoryRegions, switched_on
-from tensorbits_protocol.dtypes import itemsize, wire_dtype
+from tensorbits_protocol.dtypes import DataType, itemsize, wire_dtype
 from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
 from tensorbits_protocol.infer import (
     UNSUPPORTED_OUTPUT_PARAMETERS,
@@ -164,18 +164,23 @@ def _binary_output(op: OperatorSpec, request: InferRequest) -> bool:
     return default
 
 
-def _check_output(call: ResolvedCall, binary: bool, limits: RequestLimits) -> None:
-    name, count = call.op.output, math.prod(call.output_shape)
+def check_output(
+    name: str, datatype: DataType, shape: Sequence[int], binary: bool, limits: RequestLimits
+) -> None:
+    """An output's bounds, whatever model computes it (an operator's, a graph's): its elements
+    within TENSORBITS_MAX_TENSOR_ELEMENTS, and, as JSON ``data``, a type with a JSON form and
+    within TENSORBITS_MAX_JSON_ELEMENTS."""
+    name, count = name[:100], math.prod(shape)
     if count > limits.max_tensor_elements:
         raise PayloadTooLarge(
-            f"output '{name}': shape {list(call.output_shape)} has {count} elements, more than "
+            f"output '{name}': shape {list(shape)} has {count} elements, more than "
             f"the limit of {limits.max_tensor_elements} (TENSORBITS_MAX_TENSOR_ELEMENTS)",
             field=name,
             rule="max_tensor_elements",
         )
     if binary:
         return
-    require_json_form(name, call.output_datatype, "output")
+    require_json_form(name, datatype, "output")
     if count > limits.max_json_elements:
         raise PayloadTooLarge(
             f"output '{name}': {count} elements are too many for JSON data (limit "
@@ -209,7 +214,10 @@ def plan(
         (o.shared_memory for o in request.outputs or () if o.shared_memory is not None), None
     )
     binary = _binary_output(op, request)
-    _check_output(call, binary or shared_output is not None, limits)
+    check_output(
+        op.output, call.output_datatype, call.output_shape, binary or shared_output is not None,
+        limits,
+    )  # fmt: skip
     output_nbytes = math.prod(call.output_shape) * itemsize(call.output_datatype)
     arrays: dict[str, HostArray] = {}
     shared: list[SharedInput] = []
@@ -344,6 +352,7 @@ __all__ = [
     "Plan",
     "PlanTemplate",
     "SharedInput",
+    "check_output",
     "plan",
     "streams",
 ]

@@ -18,10 +18,9 @@ from tensorbits.core.graphs.models import GraphModel
 from tensorbits.core.graphs.plan import GraphPlan, PlannedOutput
 from tensorbits.core.graphs.refusals import invalid
 from tensorbits.core.graphs.run import run_graph
+from tensorbits.core.plan import check_output
 from tensorbits_protocol.dtypes import wire_dtype
-from tensorbits_protocol.errors import PayloadTooLarge
 from tensorbits_protocol.infer import UNSUPPORTED_OUTPUT_PARAMETERS, InferRequest, RequestLimits
-from tensorbits_protocol.jsondata import require_json_form
 
 HostArray = np.ndarray[Any, Any]
 JSON_BYTES_PER_ELEMENT = 8
@@ -90,25 +89,7 @@ def _answered(
             binary = default if output.binary is None else output.binary
             chosen.append((by_name[output.name], binary))
     for planned, binary in chosen:
-        count = math.prod(planned.shape)
-        if count > limits.max_tensor_elements:
-            raise PayloadTooLarge(
-                f"output '{planned.name[:100]}': shape {list(planned.shape)} has {count} "
-                f"elements, more than the limit of {limits.max_tensor_elements} "
-                "(TENSORBITS_MAX_TENSOR_ELEMENTS)",
-                field=planned.name[:100],
-                rule="max_tensor_elements",
-            )
-        if not binary:
-            require_json_form(planned.name, planned.datatype, "output")
-            if count > limits.max_json_elements:
-                raise PayloadTooLarge(
-                    f"output '{planned.name[:100]}': {count} elements are too many for JSON "
-                    f"data (limit {limits.max_json_elements}, TENSORBITS_MAX_JSON_ELEMENTS); "
-                    "request binary data",
-                    field=planned.name[:100],
-                    rule="max_json_elements",
-                )
+        check_output(planned.name, planned.datatype, planned.shape, binary, limits)
     return tuple(AnsweredOutput(p, b) for p, b in chosen)
 
 
