@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from tensorbits.core.graphs.limits import GraphLimits
-from tensorbits.core.graphs.plan import PlanCache
+from tensorbits.core.graphs.program import GraphProgram, OnnxGraph
 from tensorbits.core.graphs.reader import read_onnx
 from tensorbits.core.graphs.refusals import invalid, shown
-from tensorbits.core.graphs.spec import GraphSpec
+from tensorbits.core.graphs.spec import ValueDecl
 from tensorbits.core.graphs.triton_config import check_config, model_config, read_config
 from tensorbits_protocol.errors import PayloadTooLarge
 
@@ -32,13 +32,21 @@ MAX_MODEL_NAME_CHARS = 256
 
 @dataclass(frozen=True, slots=True)
 class GraphModel:
-    """A loaded graph model: its name, the checked graph, its plans, its configuration."""
+    """A loaded graph model: its name, what it runs (``program.GraphProgram``: its inputs,
+    outputs, plans and runs, whatever kind of graph it was made from), its configuration."""
 
     name: str
-    spec: GraphSpec
-    plans: PlanCache
+    program: GraphProgram
     config: Mapping[str, Any]
     version: str = GRAPH_VERSION
+
+    @property
+    def inputs(self) -> tuple[ValueDecl, ...]:
+        return self.program.inputs
+
+    @property
+    def outputs(self) -> tuple[ValueDecl, ...]:
+        return self.program.outputs
 
 
 def check_name(name: str, is_builtin: Callable[[str], bool]) -> None:
@@ -70,7 +78,7 @@ def build(
     document = read_config(config_text, name)
     spec = read_onnx(data, limits)
     check_config(document, spec)
-    return GraphModel(name, spec, PlanCache(spec), model_config(name, spec, version), version)
+    return GraphModel(name, OnnxGraph(spec), model_config(name, spec, version), version)
 
 
 class GraphModels:

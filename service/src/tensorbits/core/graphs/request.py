@@ -15,9 +15,8 @@ import numpy as np
 
 from tensorbits.backends.base import Backend
 from tensorbits.core.graphs.models import GraphModel
-from tensorbits.core.graphs.plan import GraphPlan, PlannedOutput
+from tensorbits.core.graphs.program import ModelPlan, PlannedTensor
 from tensorbits.core.graphs.refusals import invalid
-from tensorbits.core.graphs.run import run_graph
 from tensorbits.core.plan import check_output
 from tensorbits_protocol.dtypes import wire_dtype
 from tensorbits_protocol.infer import UNSUPPORTED_OUTPUT_PARAMETERS, InferRequest, RequestLimits
@@ -29,7 +28,7 @@ JSON_BYTES_PER_ELEMENT = 8
 class AnsweredOutput(NamedTuple):
     """An output the response carries: the plan's, and whether as binary data."""
 
-    planned: PlannedOutput
+    planned: PlannedTensor
     binary: bool
 
 
@@ -37,7 +36,7 @@ class GraphRequest(NamedTuple):
     """A checked inference of a graph model, ready to run."""
 
     model: GraphModel
-    plan: GraphPlan
+    plan: ModelPlan
     inputs: Mapping[str, HostArray]
     answered: tuple[AnsweredOutput, ...]
     request_id: str | None
@@ -45,7 +44,7 @@ class GraphRequest(NamedTuple):
     @property
     def needed_bytes(self) -> int:
         """Memory the run holds beyond the request's own bytes: the graph's inputs, outputs and
-        work (``GraphPlan.needed_bytes``), and JSON text for outputs sent as JSON."""
+        work (``ModelPlan.needed_bytes``), and JSON text for outputs sent as JSON."""
         return self.plan.needed_bytes + sum(
             math.prod(a.planned.shape) * JSON_BYTES_PER_ELEMENT
             for a in self.answered
@@ -58,7 +57,7 @@ class GraphRequest(NamedTuple):
 
 
 def _answered(
-    plan: GraphPlan, request: InferRequest, limits: RequestLimits
+    plan: ModelPlan, request: InferRequest, limits: RequestLimits
 ) -> tuple[AnsweredOutput, ...]:
     by_name = {o.name: o for o in plan.outputs}
     default = request.binary_output
@@ -96,7 +95,7 @@ def _answered(
 def plan_request(model: GraphModel, request: InferRequest, limits: RequestLimits) -> GraphRequest:
     """``request`` checked against ``model`` and planned (a refusal names the tensor, or the
     node whose rule the shapes break, and the rule)."""
-    declared = {decl.name: decl for decl in model.spec.inputs}
+    declared = {decl.name: decl for decl in model.inputs}
     for tensor in request.inputs:
         name = tensor.name[:100]
         if tensor.shared_memory is not None:
@@ -110,7 +109,7 @@ def plan_request(model: GraphModel, request: InferRequest, limits: RequestLimits
                 "datatype",
                 f"{tensor.datatype.value}; the model takes {decl.datatype.value}",
             )
-    plan = model.plans.plan({t.name: t.shape for t in request.inputs})
+    plan = model.program.plan({t.name: t.shape for t in request.inputs})
     answered = _answered(plan, request, limits)
     arrays = {tensor.name: tensor.array() for tensor in request.inputs}
     return GraphRequest(model, plan, arrays, answered, request.id)
@@ -131,7 +130,7 @@ def run_request(
     for output in request.plan.outputs:
         if output.name not in arrays:
             arrays[output.name] = np.empty(output.shape, wire_dtype(output.datatype))
-    run_graph(request.plan, backend, request.inputs, arrays)
+    request.model.program.run(request.plan, backend, request.inputs, arrays)
     return arrays
 
 
