@@ -155,6 +155,93 @@ class BatchRequest(_Request):
     outputs: list[Name]
 
 
+# --- a graph model in the binding model (model.json) --------------------------------------------
+class GraphTensor(_Request):
+    """A graph model's input or output: a whole declared buffer, read as one packed tensor of
+    this type and shape (the buffer's ``byte_size`` is the tensor's bytes)."""
+
+    name: Name
+    datatype: DataTypeName
+    shape: list[Wide64]
+    buffer: Name
+
+
+class BindingGraph(_Request):
+    """A graph model written in the batch API's binding model (a model's ``model.json``): the
+    buffers and dispatches of a batch, with named model inputs and outputs mapped onto buffers.
+    Each inference fills the input buffers with its inputs, zero-fills the others, runs the
+    dispatches in order and answers the output buffers: DirectML's feature levels, strides,
+    offsets and in-place bindings, served as a model of the v2 protocol."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "inputs": [
+                        {"name": "codes", "datatype": "UINT32", "shape": [4, 8], "buffer": "codes"},
+                        {"name": "query", "datatype": "UINT32", "shape": [8], "buffer": "query"},
+                    ],
+                    "outputs": [
+                        {
+                            "name": "distance",
+                            "datatype": "UINT8",
+                            "shape": [4, 8],
+                            "buffer": "counts",
+                        }
+                    ],
+                    "buffers": [
+                        {"name": "codes", "byte_size": 128},
+                        {"name": "query", "byte_size": 32},
+                        {"name": "counts", "byte_size": 32, "init": "zeros"},
+                    ],
+                    "dispatches": [
+                        {
+                            "operator": "DML_OPERATOR_ELEMENT_WISE_BIT_XOR",
+                            "bindings": {
+                                "ATensor": {
+                                    "buffer": "codes",
+                                    "desc": {"datatype": "UINT32", "sizes": [4, 8]},
+                                },
+                                "BTensor": {
+                                    "buffer": "query",
+                                    "desc": {
+                                        "datatype": "UINT32",
+                                        "sizes": [4, 8],
+                                        "strides": [0, 1],
+                                    },
+                                },
+                                "OutputTensor": {
+                                    "buffer": "codes",
+                                    "desc": {"datatype": "UINT32", "sizes": [4, 8]},
+                                },
+                            },
+                        },
+                        {
+                            "operator": "DML_OPERATOR_ELEMENT_WISE_BIT_COUNT",
+                            "parameters": {"feature_level": "4_1"},
+                            "bindings": {
+                                "InputTensor": {
+                                    "buffer": "codes",
+                                    "desc": {"datatype": "UINT32", "sizes": [4, 8]},
+                                },
+                                "OutputTensor": {
+                                    "buffer": "counts",
+                                    "desc": {"datatype": "UINT8", "sizes": [4, 8]},
+                                },
+                            },
+                        },
+                    ],
+                }
+            ]
+        }
+    )
+
+    inputs: list[GraphTensor]
+    outputs: list[GraphTensor]
+    buffers: list[BufferDeclaration]
+    dispatches: list[Dispatch]
+
+
 # --- POST /v1/batch response --------------------------------------------------------------------
 class OutputBuffer(_Reply):
     name: str

@@ -162,7 +162,7 @@ def _invalid(path: str, text: str, rule: str) -> InvalidRequest:
     return InvalidRequest(f"{path}: {text}", field=path, rule=rule)
 
 
-def _listed(names: Sequence[str], most: int = 20) -> str:
+def listed(names: Sequence[str], most: int = 20) -> str:
     shown = ", ".join(names[:most])
     return f"{shown}, … ({len(names)} in all)" if len(names) > most else shown or "none"
 
@@ -292,7 +292,7 @@ def _plan_outputs(outputs: Sequence[str], index: Mapping[str, int]) -> tuple[int
         if name not in index:
             raise _invalid(
                 f"outputs[{j}]",
-                f"no buffer named '{name}' (declared: {_listed(list(index))})",
+                f"no buffer named '{name}' (declared: {listed(list(index))})",
                 "unknown_buffer",
             )
         if name in first_seen:
@@ -363,7 +363,7 @@ class _Planner:
         if buffer_index is None:
             raise _invalid(
                 f"{at}.bindings.{name}.buffer",
-                f"no buffer named '{binding['buffer']}' (declared: {_listed(list(self.index))})",
+                f"no buffer named '{binding['buffer']}' (declared: {listed(list(self.index))})",
                 "unknown_buffer",
             )
         byte_size = self.buffers[buffer_index].byte_size
@@ -603,12 +603,12 @@ def _place(backend: Backend, body: bytearray, buffer: BufferPlan) -> DeviceArray
     """The buffer as a flat uint8 array on the device. On NumPy a data buffer is the body's own
     memory (the body is a writable bytearray, so outputs may be written into it in place)."""
     if buffer.body_offset is None:
-        return _zeros(backend, buffer.byte_size)
+        return zeroed(backend, buffer.byte_size)
     host = np.frombuffer(body, dtype=_UINT8, count=buffer.byte_size, offset=buffer.body_offset)
     return backend.asarray(host)
 
 
-def _zeros(backend: Backend, nbytes: int) -> DeviceArray:
+def zeroed(backend: Backend, nbytes: int) -> DeviceArray:
     """``nbytes`` zero bytes on the backend's device (zeros: the bytes no output covers go back
     to the client too). ``xp.zeros`` would allocate on the calling thread's current device,
     device 0 on a worker thread whatever the backend's; ``empty`` allocates on the backend's,
@@ -665,16 +665,24 @@ class _Views:
         )
 
 
+def run_dispatches(
+    backend: Backend, buffers: Sequence[DeviceArray], dispatches: Sequence[DispatchPlan]
+) -> None:
+    """Run checked dispatches in order over the placed buffers (flat uint8 arrays on the
+    backend's device, in declaration order): a later dispatch reads what an earlier one wrote."""
+    views = _Views(backend.xp, buffers)
+    for dispatch in dispatches:
+        inputs = [views.of(t) for t in dispatch.inputs]
+        backend.run(dispatch.call, inputs, views.of(dispatch.output))
+
+
 def run_batch(
     plan: BatchPlan, body: bytearray, backend: Backend, sinks: Sequence[memoryview]
 ) -> None:
     """Run a planned batch (``plan_batch``) over the request ``body``; copy each output
     buffer into its sink (in ``plan.outputs`` order). Blocking (it waits for the device)."""
     arrays = [_place(backend, body, b) for b in plan.buffers]
-    views = _Views(backend.xp, arrays)
-    for dispatch in plan.dispatches:
-        inputs = [views.of(t) for t in dispatch.inputs]
-        backend.run(dispatch.call, inputs, views.of(dispatch.output))
+    run_dispatches(backend, arrays, plan.dispatches)
     for i, sink in zip(plan.outputs, sinks, strict=True):
         backend.to_host(arrays[i], np.frombuffer(sink, dtype=_UINT8))
 

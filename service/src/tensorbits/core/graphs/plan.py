@@ -28,7 +28,7 @@ import numpy as np
 
 from tensorbits.core.engine import is_flat_elementwise
 from tensorbits.core.graphs.refusals import invalid
-from tensorbits.core.graphs.spec import GraphNode, GraphSpec, node_call
+from tensorbits.core.graphs.spec import GraphNode, GraphSpec, ValueDecl, node_call
 from tensorbits_protocol.dtypes import DataType, from_numpy, itemsize
 from tensorbits_protocol.validation import ResolvedCall, TensorSpec
 
@@ -122,17 +122,22 @@ def fusable(call: ResolvedCall) -> bool:
     )
 
 
-def _resolve_inputs(spec: GraphSpec, shapes: Mapping[str, Sequence[int]]) -> dict[str, TensorSpec]:
-    unknown = [name for name in shapes if name not in {d.name for d in spec.inputs}]
+def resolve_inputs(
+    declared: Sequence[ValueDecl], shapes: Mapping[str, Sequence[int]]
+) -> dict[str, TensorSpec]:
+    """A request's input shapes (by name) checked against a model's ``declared`` inputs, every
+    kind of graph alike: each name known and given, each rank and fixed dimension the declared
+    one, each symbolic dimension one size; the inputs as tensors, in declaration order."""
+    unknown = [name for name in shapes if name not in {d.name for d in declared}]
     if unknown:
         raise invalid(
             unknown[0][:100],
             "unknown_input",
-            f"the model has no input of that name (inputs: {', '.join(d.name for d in spec.inputs)})",
+            f"the model has no input of that name (inputs: {', '.join(d.name for d in declared)})",
         )
     bound: dict[str, tuple[int, str]] = {}
     resolved: dict[str, TensorSpec] = {}
-    for decl in spec.inputs:
+    for decl in declared:
         if decl.name not in shapes:
             raise invalid(decl.name, "missing_input", "an input of the model is missing")
         shape = tuple(int(s) for s in shapes[decl.name])
@@ -166,7 +171,7 @@ def plan_graph(
 ) -> GraphPlan:
     """The plan of ``spec`` for inputs of ``shapes`` (by input name), or the refusal of a shape
     the model does not take (field: the input, or the node whose rule it breaks)."""
-    input_specs = _resolve_inputs(spec, shapes)
+    input_specs = resolve_inputs(spec.inputs, shapes)
     slots: list[ValueSlot] = []
     slot_of: dict[str, int] = {}
     specs: dict[str, TensorSpec] = dict(input_specs)
