@@ -7,6 +7,7 @@ here, send it, and hand the response back here to be judged and decoded.
 
 from __future__ import annotations
 
+import base64
 import email.utils
 import json
 import math
@@ -17,11 +18,12 @@ import ssl
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Generic, Self, TypeVar
 from urllib.parse import quote
 
 import httpx
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
 
 from tensorbits_client import _constants as constants
 from tensorbits_client._catalog import (
@@ -71,7 +73,13 @@ from tensorbits_client._types import (
     as_array,
     given,
 )
-from tensorbits_protocol.v2 import ModelConfigResponse, ModelStatisticsResponse
+from tensorbits_protocol.v2 import (
+    LoadRequest,
+    ModelConfigResponse,
+    ModelStatisticsResponse,
+    RepositoryIndexEntry,
+    RepositoryIndexRequest,
+)
 
 T = TypeVar("T")
 HttpT = TypeVar("HttpT", httpx.Client, httpx.AsyncClient)
@@ -79,6 +87,15 @@ R = TypeVar("R")  # what an operator method returns: the array, or an awaitable 
 M = TypeVar("M", bound=BaseModel)
 
 HTTPX_DEFAULT_TIMEOUT = httpx.Timeout(5.0)
+
+#: Triton's load parameters: the configuration's key, and the one file a graph model has.
+LOAD_CONFIG = "config"
+ONNX_MODEL_FILE = "file:1/model.onnx"
+#: The configuration ``load_onnx`` sends unless told otherwise: Triton's, for an ONNX file.
+ONNX_CONFIG: Mapping[str, Any] = {"backend": "onnxruntime"}
+
+#: What ``load_onnx`` takes as the file: its bytes, or its path.
+OnnxFile = bytes | str | os.PathLike[str]
 
 #: What ``verify=`` takes: True (the system's CAs), False (no verification), a CA bundle's path,
 #: or a ready ``ssl.SSLContext`` (client certificates, pinned CAs, ...).
@@ -195,12 +212,50 @@ def _decode_model(model: type[M]) -> Callable[[httpx.Response, Body], M]:
     return decode
 
 
+def _decode_empty(response: httpx.Response, body: Body) -> None:
+    return None
+
+
+_INDEX = TypeAdapter(list[RepositoryIndexEntry])
+
+
+def _decode_index(response: httpx.Response, body: Body) -> list[RepositoryIndexEntry]:
+    return _INDEX.validate_json(body.buffer[body.start : body.end].tobytes())
+
+
 def _decode_infer(response: httpx.Response, body: Body) -> InferResult:
     return decode_infer(body, response.headers.get(HEADER_LENGTH))
 
 
 def _model_path(model: str) -> str:
     return f"/v2/models/{quote(model, safe='')}"
+
+
+def _repository_path(model: str) -> str:
+    return f"/v2/repository/models/{quote(model, safe='')}"
+
+
+def load_parameters(
+    config: str | Mapping[str, Any] | None, files: Mapping[str, bytes] | None
+) -> dict[str, str]:
+    """Triton's load parameters: ``config`` as JSON text (a mapping is serialized), each file's
+    bytes in base64 under its name (``file:<version>/<file name>``)."""
+    parameters: dict[str, str] = {}
+    if config is not None:
+        parameters[LOAD_CONFIG] = config if isinstance(config, str) else json.dumps(dict(config))
+    for name, data in (files or {}).items():
+        if name == LOAD_CONFIG:
+            # It would overwrite the configuration: a file's name is "file:<path>".
+            raise ValueError(f"files: {name!r} is not a file's name (e.g. {ONNX_MODEL_FILE!r})")
+        parameters[name] = base64.b64encode(data).decode("ascii")
+    return parameters
+
+
+def read_onnx_file(file: OnnxFile) -> bytes:
+    """An ONNX file's bytes: ``file`` itself, or what its path holds."""
+    if isinstance(file, bytes | bytearray | memoryview):
+        return bytes(file)
+    return Path(file).read_bytes()
 
 
 def _content_length(response: httpx.Response) -> int | None:
@@ -419,6 +474,48 @@ class BaseClient(Families[R], Generic[HttpT, R]):
     def _model_config_call(self, model: str) -> Call[ModelConfigResponse]:
         """GET /v2/models/{model}/config (Triton's model configuration extension)."""
         return Call("GET", f"{_model_path(model)}/config", _decode_model(ModelConfigResponse))
+
+    def _load_call(
+        self,
+        model: str,
+        config: str | Mapping[str, Any] | None,
+        files: Mapping[str, bytes] | None,
+    ) -> Call[None]:
+        """POST /v2/repository/models/{model}/load (Triton's model repository extension). Retried
+        as any call: loading the same configuration and files again changes nothing."""
+        parameters = load_parameters(config, files)
+        document = LoadRequest(parameters=parameters or None).model_dump_json(exclude_none=True)
+        return Call(
+            "POST",
+            f"{_repository_path(model)}/load",
+            _decode_empty,
+            body=Framed.json(document.encode()),
+        )
+
+    def _load_onnx_call(
+        self, model: str, data: bytes, config: str | Mapping[str, Any] | None
+    ) -> Call[None]:
+        """``_load_call`` for one ONNX file, as Triton names it, with Triton's configuration for
+        an ONNX file unless ``config`` says otherwise."""
+        return self._load_call(
+            model, ONNX_CONFIG if config is None else config, {ONNX_MODEL_FILE: data}
+        )
+
+    def _unload_call(self, model: str) -> Call[None]:
+        """POST /v2/repository/models/{model}/unload."""
+        return Call(
+            "POST",
+            f"{_repository_path(model)}/unload",
+            _decode_empty,
+            max_retries=0,  # a lost answer would make the retry a 404: the graph model is gone
+        )
+
+    def _repository_index_call(self, ready: bool) -> Call[list[RepositoryIndexEntry]]:
+        """POST /v2/repository/index."""
+        document = RepositoryIndexRequest(ready=ready or None).model_dump_json(exclude_none=True)
+        return Call(
+            "POST", "/v2/repository/index", _decode_index, body=Framed.json(document.encode())
+        )
 
     def _catalog_call(self) -> Call[object]:
         return Call("GET", OPERATORS_PATH, _decode_json)

@@ -6,8 +6,9 @@ Everything but the I/O loop is in ``_base.BaseClient``: keep the two classes lin
 from __future__ import annotations
 
 import asyncio
+import os
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, Self, TypeVar, cast
 
@@ -15,7 +16,7 @@ import httpx
 import numpy.typing as npt
 
 from tensorbits_client import _constants as constants
-from tensorbits_client._base import BaseClient, Call
+from tensorbits_client._base import BaseClient, Call, OnnxFile, read_onnx_file
 from tensorbits_client._batch import Batch, PreparedBatch
 from tensorbits_client._catalog import Registry
 from tensorbits_client._codec import HEADER_LENGTH, Body, FramingError, InferResult, decode_batch
@@ -37,7 +38,11 @@ from tensorbits_client._types import (
     Parameters,
     TimeoutTypes,
 )
-from tensorbits_protocol.v2 import ModelConfigResponse, ModelStatisticsResponse
+from tensorbits_protocol.v2 import (
+    ModelConfigResponse,
+    ModelStatisticsResponse,
+    RepositoryIndexEntry,
+)
 
 T = TypeVar("T")
 
@@ -191,6 +196,43 @@ class Client(BaseClient[httpx.Client, Array]):
         """``model``'s configuration in Triton's form (ModelConfig): its inputs and outputs, and
         in ``parameters`` every data type, rank and request parameter it takes."""
         return self._request(self._model_config_call(model))
+
+    def load_model(
+        self,
+        model: str,
+        *,
+        config: str | Mapping[str, Any] | None = None,
+        files: Mapping[str, bytes] | None = None,
+    ) -> None:
+        """Load ``model`` (Triton's model repository extension). With ``files`` (by Triton's
+        names: ``{"file:1/model.onnx": data}``) and its ``config`` (JSON text, or a mapping
+        sent as JSON), a graph model, replacing one of that name; without, a built-in model
+        unloaded before. A refused load raises ``BadRequestError`` (``rule`` says why) or
+        ``PayloadTooLargeError`` and loads nothing (a model of that name stays as it was)."""
+        self._request(self._load_call(model, config, files))
+
+    def load_onnx(
+        self,
+        model: str,
+        file: OnnxFile,
+        *,
+        config: str | Mapping[str, Any] | None = None,
+    ) -> None:
+        """Load an ONNX file (its bytes, or its path) as the graph model ``model``:
+        ``load_model`` with the file as ``file:1/model.onnx`` and ``config`` defaulting to
+        ``{"backend": "onnxruntime"}``."""
+        self._request(self._load_onnx_call(model, read_onnx_file(file), config))
+
+    def unload_model(self, model: str) -> None:
+        """Unload ``model``: a graph model is removed (its inferences then raise
+        ``NotFoundError`` until it is loaded again with its file); a built-in one is not ready
+        until ``load_model(model)``."""
+        self._request(self._unload_call(model))
+
+    def repository_index(self, *, ready: bool = False) -> list[RepositoryIndexEntry]:
+        """Every model the server has (Triton's repository index): name, version, ``state``
+        (READY or UNAVAILABLE) and why it is unavailable; ``ready=True``: the READY ones only."""
+        return self._request(self._repository_index_call(ready))
 
     def _registry(self) -> Registry:
         if self._catalog.registry is not None:
@@ -363,6 +405,47 @@ class AsyncClient(BaseClient[httpx.AsyncClient, Coroutine[Any, Any, Array]]):
         """``model``'s configuration in Triton's form (ModelConfig): its inputs and outputs, and
         in ``parameters`` every data type, rank and request parameter it takes."""
         return await self._request(self._model_config_call(model))
+
+    async def load_model(
+        self,
+        model: str,
+        *,
+        config: str | Mapping[str, Any] | None = None,
+        files: Mapping[str, bytes] | None = None,
+    ) -> None:
+        """Load ``model`` (Triton's model repository extension). With ``files`` (by Triton's
+        names: ``{"file:1/model.onnx": data}``) and its ``config`` (JSON text, or a mapping
+        sent as JSON), a graph model, replacing one of that name; without, a built-in model
+        unloaded before. A refused load raises ``BadRequestError`` (``rule`` says why) or
+        ``PayloadTooLargeError`` and loads nothing (a model of that name stays as it was)."""
+        await self._request(self._load_call(model, config, files))
+
+    async def load_onnx(
+        self,
+        model: str,
+        file: OnnxFile,
+        *,
+        config: str | Mapping[str, Any] | None = None,
+    ) -> None:
+        """Load an ONNX file (its bytes, or its path, read in a worker thread) as the graph
+        model ``model``: ``load_model`` with the file as ``file:1/model.onnx`` and ``config``
+        defaulting to ``{"backend": "onnxruntime"}``."""
+        if isinstance(file, str | os.PathLike):
+            data = await asyncio.to_thread(read_onnx_file, file)
+        else:
+            data = read_onnx_file(file)
+        await self._request(self._load_onnx_call(model, data, config))
+
+    async def unload_model(self, model: str) -> None:
+        """Unload ``model``: a graph model is removed (its inferences then raise
+        ``NotFoundError`` until it is loaded again with its file); a built-in one is not ready
+        until ``load_model(model)``."""
+        await self._request(self._unload_call(model))
+
+    async def repository_index(self, *, ready: bool = False) -> list[RepositoryIndexEntry]:
+        """Every model the server has (Triton's repository index): name, version, ``state``
+        (READY or UNAVAILABLE) and why it is unavailable; ``ready=True``: the READY ones only."""
+        return await self._request(self._repository_index_call(ready))
 
     async def _registry(self) -> Registry:
         if self._catalog.registry is not None:

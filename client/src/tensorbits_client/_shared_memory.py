@@ -45,7 +45,7 @@ import httpx
 import numpy as np
 import numpy.typing as npt
 
-from tensorbits_client._base import BaseClient, Call, _model_path
+from tensorbits_client._base import BaseClient, Call, _decode_empty, _model_path
 from tensorbits_client._catalog import Registry, datatype_of
 from tensorbits_client._codec import (
     HEADER_LENGTH,
@@ -183,10 +183,6 @@ class _Output:
 
 def _aligned(nbytes: int, alignment: int) -> int:
     return -(-nbytes // alignment) * alignment
-
-
-def _empty_decode(response: httpx.Response, body: Body) -> None:
-    return None
 
 
 class _Region(Families[R], Generic[ClientT, R]):
@@ -360,14 +356,14 @@ class _Region(Families[R], Generic[ClientT, R]):
         return Call(
             "POST",
             f"{SHARED_MEMORY_PATH}/region/{quote(self.name, safe='')}/register",
-            _empty_decode,
+            _decode_empty,
             body=Framed.json(json.dumps(document).encode()),
             max_retries=0,  # a lost answer would make the retry "already registered"
         )
 
     def _unregister_call(self) -> Call[None]:
         path = f"{SHARED_MEMORY_PATH}/region/{quote(self.name, safe='')}/unregister"
-        return Call("POST", path, _empty_decode)
+        return Call("POST", path, _decode_empty)
 
     @staticmethod
     def _exit_note(exc: BaseException | None, error: Exception) -> bool:

@@ -18,7 +18,11 @@ from tensorbits_client._shared_memory import AsyncSharedMemoryRegion, SharedMemo
 from tensorbits_client._types import NOT_GIVEN, Array, Inputs, NotGiven, Parameters, TimeoutTypes
 from tensorbits_protocol.dml import TensorDesc
 from tensorbits_protocol.dtypes import DataType
-from tensorbits_protocol.v2 import ModelConfigResponse, ModelStatisticsResponse
+from tensorbits_protocol.v2 import (
+    ModelConfigResponse,
+    ModelStatisticsResponse,
+    RepositoryIndexEntry,
+)
 
 __all__ = [
     "DML",
@@ -41,6 +45,7 @@ __all__ = [
     "NotGiven",
     "OpenVINO",
     "Parameters",
+    "RepositoryIndexEntry",
     "SharedMemoryRegion",
     "TensorDesc",
     "TimeoutTypes",
