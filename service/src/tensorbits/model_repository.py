@@ -1,8 +1,14 @@
 """The model repository folder (``TENSORBITS_MODEL_REPOSITORY``), read once at start, in
 Triton's layout::
 
-    <folder>/<name>/config.json          the configuration, JSON (config.pbtxt is not read)
+    <folder>/<name>/config.pbtxt         the configuration, Triton's protobuf text format
+    <folder>/<name>/config.json          ... or the same configuration as JSON
     <folder>/<name>/<version>/model.onnx the ONNX file; the highest numbered version is served
+
+A folder holds one of the two configurations: Triton reads ``config.pbtxt`` only, so a folder
+with both is refused rather than served from one while the other may say something else.
+``config.pbtxt`` is made the JSON form's document (``core.graphs.triton_pbtxt``, protobuf's own
+text-format parser) and checked as the JSON form is.
 
 Each model is loaded on its own: one that cannot be (no configuration, a file past the bounds, a
 graph refused) stays listed UNAVAILABLE in the repository index with the reason, the log says
@@ -16,12 +22,14 @@ from pathlib import Path
 from tensorbits.core.dataplane import DataPlane
 from tensorbits.core.graphs.models import build, check_name
 from tensorbits.core.graphs.triton_config import MAX_CONFIG_BYTES
+from tensorbits.core.graphs.triton_pbtxt import pbtxt_as_json
 from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge, TensorbitsError
 from tensorbits_protocol.operators import REGISTRY
 
 logger = logging.getLogger("tensorbits.repository")
 
 CONFIG_FILE = "config.json"
+CONFIG_PBTXT = "config.pbtxt"
 MODEL_FILE = "model.onnx"
 
 
@@ -51,23 +59,32 @@ def _version(folder: Path) -> Path:
     return versions[-1][1]
 
 
+def _config(folder: Path) -> str | bytes:
+    """The folder's configuration as JSON text: config.pbtxt made JSON, or config.json."""
+    pbtxt, json_file = folder / CONFIG_PBTXT, folder / CONFIG_FILE
+    if pbtxt.is_file() and json_file.is_file():
+        raise InvalidRequest(
+            f"both {CONFIG_PBTXT} and {CONFIG_FILE}: keep one (Triton reads {CONFIG_PBTXT} only)",
+            field=CONFIG_PBTXT,
+            rule="ambiguous_config",
+        )
+    if pbtxt.is_file():
+        return pbtxt_as_json(
+            _read(pbtxt, MAX_CONFIG_BYTES, CONFIG_PBTXT, "a configuration's bound")
+        )
+    if json_file.is_file():
+        return _read(json_file, MAX_CONFIG_BYTES, CONFIG_FILE, "a configuration's bound")
+    raise InvalidRequest(
+        f"no {CONFIG_PBTXT} (or {CONFIG_FILE}) in the model's folder",
+        field=CONFIG_PBTXT,
+        rule="missing_config",
+    )
+
+
 def _load_one(plane: DataPlane, folder: Path) -> str:
     name = folder.name
     check_name(name, REGISTRY.__contains__)
-    config_path = folder / CONFIG_FILE
-    if not config_path.is_file():
-        only_pbtxt = (folder / "config.pbtxt").is_file()
-        raise InvalidRequest(
-            f"no {CONFIG_FILE}"
-            + (
-                "; config.pbtxt is not read here: write the configuration as JSON"
-                if only_pbtxt
-                else ""
-            ),
-            field=CONFIG_FILE,
-            rule="missing_config",
-        )
-    config = _read(config_path, MAX_CONFIG_BYTES, CONFIG_FILE, "a configuration's bound")
+    config = _config(folder)
     version = _version(folder)
     limits = plane.graphs.limits
     data = _read(

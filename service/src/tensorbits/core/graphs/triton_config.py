@@ -2,7 +2,10 @@
 the file: ``{"backend": "onnxruntime"}`` or ``{"platform": "onnxruntime_onnx"}``, optionally
 with ``name``, ``max_batch_size`` (0: no implicit batch dimension) and ``input``/``output``
 entries (``name``, ``data_type`` such as ``"TYPE_UINT8"``, ``dims``, -1 a variable dimension),
-which must agree with the file. The JSON form only (Triton's protobuf JSON of ModelConfig).
+which must agree with the file. Keys Triton users commonly write that change no result of a
+graph model are taken and not acted on (``IGNORED_KEYS``, each with why); any other key is
+refused. This is Triton's protobuf JSON of ModelConfig; ``triton_pbtxt`` makes ``config.pbtxt``
+(its text format) this same document, checked here as the JSON form is.
 
 ``model_config`` is the configuration the server answers with: the file's inputs and outputs
 as Triton's ModelConfig, the platform ``onnxruntime_onnx``."""
@@ -10,6 +13,7 @@ as Triton's ModelConfig, the platform ``onnxruntime_onnx``."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from tensorbits.core.graphs.refusals import invalid, shown
@@ -23,13 +27,29 @@ TYPE_PREFIX = "TYPE_"
 MAX_CONFIG_BYTES = 64 << 10
 CONFIG_JSON_LIMITS = JsonLimits(max_depth=8, max_values=4096, max_bytes=MAX_CONFIG_BYTES)
 ACCEPTED_KEYS = frozenset({"name", "backend", "platform", "max_batch_size", "input", "output"})
+# Taken whatever they hold, and dropped from the document: why each changes no result.
+IGNORED_KEYS: Mapping[str, str] = MappingProxyType(
+    {
+        "instance_group": "how many copies of the model run, and on which device: this server "
+        "runs every graph model on its own backend and threads, and a copy computes what any "
+        "other does",
+    }
+)
 TENSOR_KEYS = frozenset({"name", "data_type", "dims"})
+
+
+def keys_taken() -> str:
+    """The keys a configuration may have, as a refusal lists them."""
+    return f"it takes: {', '.join(sorted(ACCEPTED_KEYS))}; it ignores: {', '.join(IGNORED_KEYS)}"
 
 
 def read_config(text: str | bytes, model: str) -> dict[str, Any]:
     """The configuration's JSON text as a document, bounded before it is parsed, with its keys,
-    backend and platform checked (``check_config`` checks it against the file)."""
-    raw = text.encode() if isinstance(text, str) else text
+    backend and platform checked (``check_config`` checks it against the file); the keys of
+    ``IGNORED_KEYS`` are left out of it."""
+    # surrogatepass: a lone surrogate (JSON's "\ud800" in a load request) is refused as the
+    # bytes that are not UTF-8 that it makes, not raised here
+    raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
     if len(raw) > MAX_CONFIG_BYTES:
         raise PayloadTooLarge(
             f"config: {len(raw)} bytes, more than the {MAX_CONFIG_BYTES} a configuration may have",
@@ -40,13 +60,13 @@ def read_config(text: str | bytes, model: str) -> dict[str, Any]:
     if not isinstance(document, dict):
         raise invalid("config", "config", "a model configuration is a JSON object")
     for key in document:
-        if key not in ACCEPTED_KEYS:
+        if key not in ACCEPTED_KEYS and key not in IGNORED_KEYS:
             raise invalid(
                 f"config.{key[:100]}",
                 "unsupported_config",
-                f"not a setting this server takes for a graph model (it takes: "
-                f"{', '.join(sorted(ACCEPTED_KEYS))})",
+                f"not a setting this server takes for a graph model ({keys_taken()})",
             )
+    document = {key: value for key, value in document.items() if key not in IGNORED_KEYS}
     name = document.get("name")
     if name is not None and name != model:
         raise invalid("config.name", "model_mismatch", f"{shown(str(name))} is not {shown(model)}")
@@ -173,4 +193,14 @@ def model_config(name: str, spec: GraphSpec, version: str) -> dict[str, Any]:
     }
 
 
-__all__ = ["BACKEND", "PLATFORM", "check_config", "model_config", "read_config"]
+__all__ = [
+    "ACCEPTED_KEYS",
+    "BACKEND",
+    "IGNORED_KEYS",
+    "PLATFORM",
+    "TENSOR_KEYS",
+    "check_config",
+    "keys_taken",
+    "model_config",
+    "read_config",
+]

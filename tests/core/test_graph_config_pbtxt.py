@@ -1,0 +1,316 @@
+"""``config.pbtxt`` (Triton's protobuf text format of ModelConfig) as the document the JSON form
+is, and checked by the same rules: dims made numbers again, enums by name, the ignored keys
+taken and dropped in both forms, every refusal naming ``config.pbtxt`` (or the key path) and its
+rule, a text past the bound refused before protobuf's parser sees it; the repository folder
+reading either form, and refusing a folder that holds both."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pytest
+from core.graph_models import constant, model_bytes, tensor
+from google.protobuf import text_format
+from google.protobuf.descriptor import Descriptor
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper
+from support.planes import data_plane
+
+from tensorbits.core.graphs.limits import GraphLimits
+from tensorbits.core.graphs.models import build
+from tensorbits.core.graphs.triton_config import (
+    ACCEPTED_KEYS,
+    IGNORED_KEYS,
+    MAX_CONFIG_BYTES,
+    TENSOR_KEYS,
+    read_config,
+)
+from tensorbits.core.graphs.triton_pbtxt import MODEL_CONFIG, pbtxt_as_json, read_pbtxt
+from tensorbits.grpc import inference_pb2
+from tensorbits.model_repository import load_repository
+from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge, TensorbitsError
+
+MASKED = """\
+name: "masked"
+backend: "onnxruntime"
+max_batch_size: 0
+input [ { name: "x" data_type: TYPE_UINT8 dims: [ -1, 4 ] } ]
+output [ { name: "z" data_type: TYPE_UINT8 dims: [ -1, 4 ] } ]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+MASKED_JSON = {
+    "name": "masked",
+    "backend": "onnxruntime",
+    "input": [{"name": "x", "data_type": "TYPE_UINT8", "dims": [-1, 4]}],
+    "output": [{"name": "z", "data_type": "TYPE_UINT8", "dims": [-1, 4]}],
+    "instance_group": [{"kind": "KIND_CPU", "count": 1}],
+}
+
+
+def masked_model() -> bytes:
+    return model_bytes(
+        [helper.make_node("BitwiseAnd", ["x", "k"], ["z"])],
+        [tensor("x", TensorProto.UINT8, ["n", 4])],
+        [tensor("z", TensorProto.UINT8, ["n", 4])],
+        [constant("k", np.array([1, 3, 7, 15], np.uint8))],
+    )
+
+
+def refused(text: str | bytes, rule: str, field: str = "config.pbtxt") -> TensorbitsError:
+    with pytest.raises(TensorbitsError) as caught:
+        read_pbtxt(text)
+    error = caught.value
+    assert (error.field, error.rule) == (field, rule), error.message
+    assert 400 <= error.status_code < 500
+    assert error.message.startswith(f"{field}: ")
+    return error
+
+
+def test_triton_s_example_is_the_json_document_with_dims_as_numbers() -> None:
+    document = read_pbtxt(MASKED)
+    assert document == MASKED_JSON  # max_batch_size 0 is protobuf's default: left out
+    assert all(type(d) is int for e in document["input"] + document["output"] for d in e["dims"])
+    assert json.loads(pbtxt_as_json(MASKED)) == MASKED_JSON
+
+
+def test_both_forms_are_one_document_under_one_set_of_checks() -> None:
+    from_pbtxt = read_config(pbtxt_as_json(MASKED), "masked")
+    assert from_pbtxt == read_config(json.dumps(MASKED_JSON), "masked")
+    assert "instance_group" not in from_pbtxt  # taken, not acted on
+    model = build("masked", pbtxt_as_json(MASKED), masked_model(), GraphLimits())
+    assert model.config["input"] == [{"name": "x", "data_type": "TYPE_UINT8", "dims": [-1, 4]}]
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "field", "rule"),
+    [
+        # a fixed dimension the file does not declare: dims reach the shape check as numbers
+        ("dims: [ -1, 4 ] } ]\noutput", "dims: [ -1, 5 ] } ]\noutput",
+         "config.input[0].dims", "shape"),
+        ("dims: [ -1, 4 ] } ]\noutput", "dims: [ 4 ] } ]\noutput", "config.input[0].dims", "shape"),
+        ('"x" data_type: TYPE_UINT8', '"x" data_type: TYPE_UINT16',
+         "config.input[0].data_type", "datatype"),
+        ('name: "z"', 'name: "w"', "config.output[0].name", "unknown_output"),
+        ('"onnxruntime"', '"tensorrt"', "config.backend", "unsupported_backend"),
+        ("max_batch_size: 0", "max_batch_size: 8", "config.max_batch_size", "max_batch_size"),
+        ('name: "masked"', 'name: "other"', "config.name", "model_mismatch"),
+    ],
+)  # fmt: skip
+def test_a_pbtxt_that_disagrees_with_the_file_is_refused_as_json_is(
+    before: str, after: str, field: str, rule: str
+) -> None:
+    text = MASKED.replace(before, after)
+    assert text != MASKED
+    with pytest.raises(InvalidRequest) as caught:
+        build("masked", pbtxt_as_json(text), masked_model(), GraphLimits())
+    assert (caught.value.field, caught.value.rule) == (field, rule)
+
+
+def test_a_syntax_error_names_the_file_the_rule_and_protobuf_s_line_and_column() -> None:
+    error = refused('name: "masked"\nbackend: onnxruntime"\n', "text_format")
+    assert "2:" in error.message
+    error = refused("input [ { name: x } ]", "text_format")
+    assert "1:" in error.message
+    refused('name: "a"\nname: "b"', "text_format")  # a singular field given twice
+    refused("max_batch_size: 99999999999", "text_format")  # past int32
+    refused("input { data_type: TYPE_UINT128 }", "text_format")  # no such enum value
+    refused("[some.extension]: 1", "text_format")
+    refused(b'name: "\xff"', "text_format")  # not UTF-8
+    refused('name: "\ud800"', "text_format")  # a lone surrogate: not UTF-8 either
+    refused('name: "a\\mb"', "text_format")  # an escape C's and protobuf's strings lack
+    refused("input { data_type: 9223372036854775808 }", "text_format")  # an enum past int32
+    refused("input { dims: 9223372036854775808 }", "text_format")  # past int64
+
+
+@pytest.mark.parametrize("action", ["ignore", "default", "error"])
+def test_an_unknown_escape_is_refused_whatever_the_warning_filters(
+    action: Literal["ignore", "default", "error"],
+) -> None:
+    """Protobuf's unescaping only warns of it (a server's filters may ignore that warning)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter(action)
+        error = refused('name: "a\\qb"', "text_format")
+    assert "\\q" in error.message
+
+
+def test_a_lone_surrogate_in_a_json_configuration_is_a_400() -> None:
+    """The load API's JSON body can carry one ("\\ud800" in the config parameter)."""
+    with pytest.raises(InvalidRequest) as caught:
+        read_config("\ud800", "m")
+    assert (caught.value.field, caught.value.rule) == ("config", "json")
+
+
+@pytest.mark.parametrize(
+    ("text", "named", "where"),
+    [
+        ("dynamic_batching { }", "dynamic_batching", "2:1"),
+        ("optimization { execution_accelerators { } }", "optimization", "2:1"),
+        ("max_bath_size: 0", "max_bath_size", "2:1"),  # a misspelt setting
+        ('input [ { name: "x" reshape: { shape: [ 4 ] } } ]', "reshape", "2:"),
+        ("instance_group [ { rate_limiter { } } ]", "rate_limiter", "2:"),
+    ],
+)
+def test_a_field_this_server_does_not_take_is_refused_naming_it(
+    text: str, named: str, where: str
+) -> None:
+    error = refused(f'name: "masked"\n{text}\n', "unsupported_config")
+    assert f'"{named}"' in error.message
+    assert where in error.message
+    assert "instance_group" in error.message  # what is taken and ignored is listed
+
+
+def test_version_policy_and_default_model_filename_are_refused_in_both_forms() -> None:
+    for key, value in (
+        ("version_policy", {"latest": {"num_versions": 1}}),
+        ("default_model_filename", "model.onnx"),
+    ):
+        with pytest.raises(InvalidRequest) as caught:
+            read_config(json.dumps({"backend": "onnxruntime", key: value}), "m")
+        assert (caught.value.field, caught.value.rule) == (f"config.{key}", "unsupported_config")
+    error = refused("version_policy { latest { num_versions: 1 } }", "unsupported_config")
+    assert '"version_policy"' in error.message
+    error = refused('default_model_filename: "model.onnx"', "unsupported_config")
+    assert '"default_model_filename"' in error.message
+
+
+def test_ignored_keys_are_taken_whatever_they_hold_and_dropped() -> None:
+    assert set(IGNORED_KEYS) == {"instance_group"}
+    assert all(reason for reason in IGNORED_KEYS.values())
+    groups = [{"kind": "KIND_GPU", "count": 4, "gpus": [0, 1]}]
+    document = read_config(json.dumps({"backend": "onnxruntime", "instance_group": groups}), "m")
+    assert document == {"backend": "onnxruntime"}
+    text = 'backend: "onnxruntime" instance_group [ { kind: KIND_GPU count: 4 gpus: [ 0, 1 ] } ]'
+    assert read_pbtxt(text)["instance_group"] == groups
+    assert read_config(pbtxt_as_json(text), "m") == {"backend": "onnxruntime"}
+
+
+@pytest.fixture
+def parser_unused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fails the test if protobuf's text-format parser is reached."""
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the text reached the parser")
+
+    monkeypatch.setattr(text_format, "Parse", refuse)
+
+
+@pytest.mark.usefixtures("parser_unused")
+def test_a_text_past_the_bound_is_refused_before_it_is_parsed() -> None:
+    text = MASKED + "#" * (MAX_CONFIG_BYTES - len(MASKED) + 1)
+    with pytest.raises(PayloadTooLarge) as caught:
+        read_pbtxt(text)
+    assert (caught.value.field, caught.value.rule) == ("config.pbtxt", "max_config_bytes")
+    assert str(MAX_CONFIG_BYTES) in caught.value.message
+
+
+def test_a_text_at_the_bound_is_parsed() -> None:
+    text = MASKED + "#" * (MAX_CONFIG_BYTES - len(MASKED))
+    assert len(text.encode()) == MAX_CONFIG_BYTES
+    assert read_pbtxt(text) == MASKED_JSON
+
+
+def test_a_text_that_grows_past_the_bound_as_json_is_refused() -> None:
+    entry = "input{data_type:2}"  # 18 characters, 27 as JSON
+    text = entry * (MAX_CONFIG_BYTES // len(entry))
+    with pytest.raises(PayloadTooLarge) as caught:
+        pbtxt_as_json(text)
+    assert (caught.value.field, caught.value.rule) == ("config.pbtxt", "max_config_bytes")
+
+
+TOKENS = st.sampled_from(
+    ["name", "input", "dims", "data_type", "TYPE_UINT8", "instance_group", "kind", "KIND_GPU",
+     "gpus", "passive", "true", "{", "}", "[", "]", "<", ">", ":", ",", ";", '"', "'", "\\",
+     "\\x", "\\u", "\\377", "-", "0x", "0", "-1", "9223372036854775808", "inf", "1e5", "#",
+     "\n", " ", "[a.b]", "\x00", "é", "\ud800"]
+)  # fmt: skip
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.one_of(
+        st.text(max_size=200),
+        st.binary(max_size=200),
+        st.lists(TOKENS, max_size=30).map("".join),
+        st.builds(
+            lambda cut, noise: MASKED[:cut] + noise + MASKED[cut:],
+            st.integers(0, len(MASKED)),
+            st.lists(TOKENS, max_size=6).map("".join),
+        ),
+    )
+)
+def test_any_text_is_a_document_or_a_4xx_refusal_never_a_crash(text: str | bytes) -> None:
+    refusal: TensorbitsError | None = None
+    try:
+        read_config(pbtxt_as_json(text), "masked")
+    except TensorbitsError as error:
+        refusal = error
+    if refusal is not None:
+        assert 400 <= refusal.status_code < 500
+        assert refusal.field is not None
+        assert refusal.field.startswith("config")
+
+
+# --- the schema ----------------------------------------------------------------------------------
+
+
+def _fields(message: Descriptor) -> set[tuple[str, int, int, bool]]:
+    return {(f.name, f.number, f.type, f.is_repeated) for f in message.fields}
+
+
+def test_the_schema_holds_what_a_configuration_may_have_and_nothing_else() -> None:
+    config = MODEL_CONFIG.DESCRIPTOR
+    assert {f.name for f in config.fields} == ACCEPTED_KEYS | set(IGNORED_KEYS)
+    for kind in ("input", "output"):
+        assert {f.name for f in config.fields_by_name[kind].message_type.fields} == TENSOR_KEYS
+
+
+def test_the_schema_is_the_project_s_model_config_in_part() -> None:
+    """Each message, field (name, number, type, list or not) and enum value of the schema is
+    the gRPC front end's ModelConfig's (Triton's subset): the two forms cannot drift apart."""
+    theirs = inference_pb2.DESCRIPTOR.message_types_by_name
+    ours = MODEL_CONFIG.DESCRIPTOR.file.message_types_by_name
+    assert set(ours) == {"ModelConfig", "ModelInput", "ModelOutput", "ModelInstanceGroup"}
+    for name, message in ours.items():
+        assert _fields(message) <= _fields(theirs[name]), name
+        for field in message.fields:
+            if field.enum_type is not None:
+                reference = theirs[name].fields_by_name[field.name].enum_type
+                assert [(v.name, v.number) for v in field.enum_type.values] == [
+                    (v.name, v.number) for v in reference.values
+                ]
+
+
+# --- the repository folder -----------------------------------------------------------------------
+
+
+def _folder(root: Path, name: str, files: dict[str, str | bytes]) -> None:
+    (root / name / "1").mkdir(parents=True)
+    (root / name / "1" / "model.onnx").write_bytes(masked_model())
+    for file, content in files.items():
+        path = root / name / file
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+
+
+def test_the_folder_reads_config_pbtxt_and_refuses_a_folder_with_both(tmp_path: Path) -> None:
+    _folder(tmp_path, "masked", {"config.pbtxt": MASKED})
+    _folder(tmp_path, "both", {"config.pbtxt": MASKED, "config.json": json.dumps(MASKED_JSON)})
+    _folder(tmp_path, "broken", {"config.pbtxt": 'backend: "onnxruntime"\nbatching {}\n'})
+    _folder(tmp_path, "none", {})
+    _folder(tmp_path, "large", {"config.pbtxt": "#" * (MAX_CONFIG_BYTES + 1)})
+    plane = data_plane()
+    load_repository(plane, tmp_path)
+    model = plane.graphs.get("masked")
+    assert model is not None
+    assert model.config["input"][0]["dims"] == [-1, 4]
+    failed = plane.graphs.failed()
+    assert set(failed) == {"both", "broken", "none", "large"}
+    assert "config.pbtxt and config.json" in failed["both"]
+    assert "config.pbtxt: 2:1" in failed["broken"]
+    assert '"batching"' in failed["broken"]
+    assert "no config.pbtxt (or config.json)" in failed["none"]
+    assert "config.pbtxt is" in failed["large"]
