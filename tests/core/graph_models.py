@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import Any
 
@@ -9,8 +10,14 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from tensorbits.config import Settings
+from tensorbits.core.batch import BatchLimits
+from tensorbits_protocol.v1 import BindingGraph
+
 # An IR version every ONNX Runtime of the dev group reads (make_model's default may be newer).
 IR_VERSION = 10
+# The batch API's bounds a binding graph's file is read under, as a server's defaults make them.
+BATCH_LIMITS = BatchLimits.of(Settings().core_limits)
 
 ONNX_OF = {
     np.dtype(np.uint8): onnx.TensorProto.UINT8,
@@ -115,3 +122,16 @@ def broadcast_inputs(rng: np.random.Generator) -> dict[str, np.ndarray[Any, Any]
     """Random inputs of ``broadcast_model``'s shapes."""
     shapes = {"a": (3, 1, 5), "b": (4, 1), "d": (5,)}
     return {name: random_array(rng, np.int16, shape) for name, shape in shapes.items()}
+
+
+def binding_example() -> dict[str, Any]:
+    """The protocol's example of a binding graph (``v1.BindingGraph``'s schema example), a fresh
+    copy: XOR in place in codes' buffer (a query row broadcast by a stride of 0), then a
+    population count at feature level 4_1 into a zero-filled buffer, the output "distance"."""
+    extra = BindingGraph.model_config.get("json_schema_extra")
+    assert isinstance(extra, dict)
+    examples = extra["examples"]
+    assert isinstance(examples, list)
+    first = examples[0]
+    assert isinstance(first, dict)
+    return copy.deepcopy(dict(first))

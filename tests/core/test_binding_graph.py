@@ -4,7 +4,6 @@ refusal naming the field path and the rule."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 from collections.abc import Mapping
@@ -12,13 +11,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from core.graph_models import binding_example
 
 from tensorbits.backends.numpy_backend import NumpyBackend
 from tensorbits.core.batch import BatchLimits, plan_rest, run_batch
 from tensorbits.core.graphs.binding_graph import BindingGraph, BindingPlan, read_binding_graph
 from tensorbits.core.limits import CoreLimits
 from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge, TensorbitsError
-from tensorbits_protocol.v1 import BindingGraph as BindingGraphFile
 
 Document = dict[str, Any]
 Arrays = Mapping[str, np.ndarray[Any, Any]]
@@ -37,16 +36,7 @@ LIMITS = BatchLimits.of(CORE_LIMITS)
 RNG = np.random.default_rng(7)
 
 
-def example() -> Document:
-    """The schema's example: XOR in place (a query row broadcast by a stride of 0), then a
-    population count at feature level 4_1 into a zero-filled buffer."""
-    extra = BindingGraphFile.model_config.get("json_schema_extra")
-    assert isinstance(extra, dict)
-    examples = extra["examples"]
-    assert isinstance(examples, list)
-    first = examples[0]
-    assert isinstance(first, dict)
-    return copy.deepcopy(dict(first))
+example = binding_example
 
 
 def binding(buffer: str, datatype: str, sizes: list[int], **more: Any) -> Document:

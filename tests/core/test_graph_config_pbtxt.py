@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import numpy as np
 import pytest
-from core.graph_models import constant, model_bytes, tensor
+from core.graph_models import BATCH_LIMITS, constant, model_bytes, tensor
 from google.protobuf import text_format
 from google.protobuf.descriptor import Descriptor
 from hypothesis import given, settings
@@ -82,7 +82,7 @@ def test_both_forms_are_one_document_under_one_set_of_checks() -> None:
     from_pbtxt = read_config(pbtxt_as_json(MASKED), "masked")
     assert from_pbtxt == read_config(json.dumps(MASKED_JSON), "masked")
     assert "instance_group" not in from_pbtxt  # taken, not acted on
-    model = build("masked", pbtxt_as_json(MASKED), masked_model(), GraphLimits())
+    model = build("masked", pbtxt_as_json(MASKED), masked_model(), GraphLimits(), BATCH_LIMITS)
     assert model.config["input"] == [{"name": "x", "data_type": "TYPE_UINT8", "dims": [-1, 4]}]
 
 
@@ -107,7 +107,7 @@ def test_a_pbtxt_that_disagrees_with_the_file_is_refused_as_json_is(
     text = MASKED.replace(before, after)
     assert text != MASKED
     with pytest.raises(InvalidRequest) as caught:
-        build("masked", pbtxt_as_json(text), masked_model(), GraphLimits())
+        build("masked", pbtxt_as_json(text), masked_model(), GraphLimits(), BATCH_LIMITS)
     assert (caught.value.field, caught.value.rule) == (field, rule)
 
 

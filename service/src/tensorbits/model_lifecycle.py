@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from starlette.concurrency import run_in_threadpool
 
-from tensorbits.core.graphs.models import MODEL_FILE
+from tensorbits.core.graphs.models import MODEL_FILES
 from tensorbits.core.models import ModelStates
 from tensorbits.runtime import Runtime
 from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
@@ -42,7 +42,8 @@ def check_parameter_names(names: list[str]) -> None:
     for name in names:
         if name != CONFIG and not name.startswith(FILE_PREFIX):
             raise InvalidRequest(
-                f"parameters.{name[:100]}: a load takes 'config' and files ('{MODEL_FILE}')",
+                f"parameters.{name[:100]}: a load takes 'config' and a file "
+                f"({' or '.join(repr(f) for f in MODEL_FILES)})",
                 field=f"parameters.{name[:100]}",
                 rule="unsupported_parameter",
             )
@@ -79,7 +80,7 @@ async def load_model(
         if config is not None:
             raise InvalidRequest(
                 f"parameters.{CONFIG}: a graph model's configuration comes with its file "
-                f"('{MODEL_FILE}')",
+                f"({' or '.join(repr(f) for f in MODEL_FILES)})",
                 field=f"parameters.{CONFIG}",
                 rule="missing_file",
             )

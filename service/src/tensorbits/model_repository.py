@@ -4,6 +4,8 @@ Triton's layout::
     <folder>/<name>/config.pbtxt         the configuration, Triton's protobuf text format
     <folder>/<name>/config.json          ... or the same configuration as JSON
     <folder>/<name>/<version>/model.onnx the ONNX file; the highest numbered version is served
+    <folder>/<name>/<version>/model.json ... or the graph in the /v1 binding model, as the
+                                         configuration's backend says (tensorbits)
 
 A folder holds one of the two configurations: Triton reads ``config.pbtxt`` only, so a folder
 with both is refused rather than served from one while the other may say something else.
@@ -20,7 +22,7 @@ import logging
 from pathlib import Path
 
 from tensorbits.core.dataplane import DataPlane
-from tensorbits.core.graphs.models import build, check_name
+from tensorbits.core.graphs.models import build, check_name, configuration
 from tensorbits.core.graphs.triton_config import MAX_CONFIG_BYTES
 from tensorbits.core.graphs.triton_pbtxt import pbtxt_as_json
 from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge, TensorbitsError
@@ -30,7 +32,6 @@ logger = logging.getLogger("tensorbits.repository")
 
 CONFIG_FILE = "config.json"
 CONFIG_PBTXT = "config.pbtxt"
-MODEL_FILE = "model.onnx"
 
 
 def _read(path: Path, limit: int, what: str, setting: str) -> bytes:
@@ -39,21 +40,21 @@ def _read(path: Path, limit: int, what: str, setting: str) -> bytes:
         raise PayloadTooLarge(
             f"{what} is {size} bytes, more than the {limit} allowed ({setting})",
             field=what,
-            rule="max_model_bytes" if what == MODEL_FILE else "max_config_bytes",
+            rule="max_config_bytes" if what in (CONFIG_FILE, CONFIG_PBTXT) else "max_model_bytes",
         )
     return path.read_bytes()[: limit + 1]
 
 
-def _version(folder: Path) -> Path:
+def _version(folder: Path, model_file: str) -> Path:
     versions = sorted(
         (int(entry.name), entry)
         for entry in folder.iterdir()
-        if entry.is_dir() and entry.name.isdigit() and (entry / MODEL_FILE).is_file()
+        if entry.is_dir() and entry.name.isdigit() and (entry / model_file).is_file()
     )
     if not versions:
         raise InvalidRequest(
-            f"no <version>/{MODEL_FILE} in the model's folder (e.g. 1/{MODEL_FILE})",
-            field=MODEL_FILE,
+            f"no <version>/{model_file} in the model's folder (e.g. 1/{model_file})",
+            field=model_file,
             rule="missing_file",
         )
     return versions[-1][1]
@@ -84,13 +85,14 @@ def _config(folder: Path) -> str | bytes:
 def _load_one(plane: DataPlane, folder: Path) -> str:
     name = folder.name
     check_name(name, REGISTRY.__contains__)
-    config = _config(folder)
-    version = _version(folder)
+    read = configuration(name, _config(folder))
+    model_file = read.form.file
+    version = _version(folder, model_file)
     limits = plane.graphs.limits
     data = _read(
-        version / MODEL_FILE, limits.max_model_bytes, MODEL_FILE, "TENSORBITS_MAX_MODEL_BYTES"
+        version / model_file, limits.max_model_bytes, model_file, "TENSORBITS_MAX_MODEL_BYTES"
     )
-    plane.add_graph(build(name, config, data, limits, version.name))
+    plane.add_graph(build(name, read, data, limits, plane.batch_limits, version.name))
     return version.name
 
 

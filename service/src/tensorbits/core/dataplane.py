@@ -81,7 +81,7 @@ class DataPlane:
 
     def load_graph(self, name: str, config: str | bytes, files: Mapping[str, bytes]) -> GraphModel:
         """Load (or replace) graph model ``name``: read, checked, then served and counted."""
-        model = self.graphs.load(name, config, files)
+        model = self.graphs.load(name, config, files, self.batch_limits)
         self.statistics.add(name)
         return model
 

@@ -1,11 +1,12 @@
 """The graph models one server serves beside its operators: loaded through the repository
-extension (a configuration and an ONNX file, as Triton's ``load`` takes them) or from the model
+extension (a configuration and one file, as Triton's ``load`` takes them: an ONNX file, or a
+graph in the /v1 binding model, as the configuration's backend says) or from the model
 repository folder at start, unloaded by name.
 
 ``GraphModels`` holds them by name. Readers (every inference, every metadata route) look a name
 up in whichever dict is current, without a lock; writers (load, unload) build a new dict under
-the lock and swap it in. A load reads the file under ``GraphLimits`` (every bound before any
-parsing) and checks the configuration against it before anything changes: a refused load leaves
+the lock and swap it in. A load reads the configuration first, then the file under
+``GraphLimits`` or the batch API's bounds (every bound before any parsing) and checks the configuration against it before anything changes: a refused load leaves
 the models as they were. Models the folder held but that could not be loaded are kept with the
 reason (``failed``), for the repository index."""
 
@@ -14,19 +15,31 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
+from tensorbits.core.batch import BatchLimits
+from tensorbits.core.graphs.binding_graph import read_binding_graph
 from tensorbits.core.graphs.limits import GraphLimits
 from tensorbits.core.graphs.program import GraphProgram, OnnxGraph
 from tensorbits.core.graphs.reader import read_onnx
-from tensorbits.core.graphs.refusals import invalid, shown
+from tensorbits.core.graphs.refusals import invalid, shown, too_large
 from tensorbits.core.graphs.spec import ValueDecl
-from tensorbits.core.graphs.triton_config import check_config, model_config, read_config
+from tensorbits.core.graphs.triton_config import (
+    BINDING,
+    FORMATS,
+    ONNX,
+    GraphFormat,
+    check_config,
+    graph_format,
+    model_config,
+    read_config,
+)
 from tensorbits_protocol.errors import PayloadTooLarge
 
 GRAPH_VERSION = "1"
-# The one file a graph model is: Triton's name for it in a load request's parameters.
-MODEL_FILE = "file:1/model.onnx"
+# The files a graph model may be, as a load request's parameters name them (one of them).
+MODEL_FILES = tuple(f"file:{GRAPH_VERSION}/{form.file}" for form in FORMATS)
 MAX_MODEL_NAME_CHARS = 256
 
 
@@ -66,19 +79,56 @@ def check_name(name: str, is_builtin: Callable[[str], bool]) -> None:
         )
 
 
+class Configuration(NamedTuple):
+    """A load's configuration, read and checked on its own: its document, and the format of
+    the file it names (``triton_config.FORMATS``)."""
+
+    document: dict[str, Any]
+    form: GraphFormat
+
+    @property
+    def file_parameter(self) -> str:
+        """The load request's parameter that carries the file: ``file:1/model.onnx``."""
+        return f"file:{GRAPH_VERSION}/{self.form.file}"
+
+
+def configuration(name: str, config_text: str | bytes) -> Configuration:
+    document = read_config(config_text, name)
+    return Configuration(document, graph_format(document))
+
+
+def _read_onnx(data: bytes, limits: GraphLimits, batch_limits: BatchLimits) -> GraphProgram:
+    return OnnxGraph(read_onnx(data, limits))
+
+
+def _read_binding(data: bytes, limits: GraphLimits, batch_limits: BatchLimits) -> GraphProgram:
+    if len(data) > limits.max_model_bytes:  # read_onnx checks its own, first of all
+        raise too_large(
+            "model", "max_model_bytes", f"{len(data)} bytes of file", limits.max_model_bytes
+        )
+    return read_binding_graph(data, batch_limits)
+
+
+# Each format's reader: the file's bytes made the model's program, every bound checked first.
+READERS: Mapping[GraphFormat, Callable[[bytes, GraphLimits, BatchLimits], GraphProgram]] = (
+    MappingProxyType({ONNX: _read_onnx, BINDING: _read_binding})
+)
+
+
 def build(
     name: str,
-    config_text: str | bytes,
+    config: str | bytes | Configuration,
     data: bytes,
     limits: GraphLimits,
+    batch_limits: BatchLimits,
     version: str = GRAPH_VERSION,
 ) -> GraphModel:
-    """A graph model from its configuration's text and its ONNX file, every bound checked before
-    what it bounds is parsed (the configuration's first: it is small)."""
-    document = read_config(config_text, name)
-    spec = read_onnx(data, limits)
-    check_config(document, spec)
-    return GraphModel(name, OnnxGraph(spec), model_config(name, spec, version), version)
+    """A graph model from its configuration (its text, or read already) and its file, every
+    bound checked before what it bounds is parsed (the configuration's first: it is small)."""
+    read = config if isinstance(config, Configuration) else configuration(name, config)
+    program = READERS[read.form](data, limits, batch_limits)
+    check_config(read.document, program)
+    return GraphModel(name, program, model_config(name, program, version, read.form), version)
 
 
 class GraphModels:
@@ -109,21 +159,33 @@ class GraphModels:
         """The models the repository folder holds but could not load: their reasons."""
         return dict(self._failed)
 
-    def load(self, name: str, config_text: str | bytes, files: Mapping[str, bytes]) -> GraphModel:
+    def load(
+        self,
+        name: str,
+        config_text: str | bytes,
+        files: Mapping[str, bytes],
+        batch_limits: BatchLimits,
+    ) -> GraphModel:
         """Load (or replace) graph model ``name`` from a load request's configuration and files
-        (``{MODEL_FILE: data}``); refused naming the part and the rule, nothing changed."""
+        (the one file its format names: ``{"file:1/model.onnx": data}``); refused naming the
+        part and the rule, nothing changed. A binding graph's file is read under the batch
+        API's bounds (``batch_limits``)."""
         check_name(name, self.is_builtin)
+        read = configuration(name, config_text)
+        wanted = read.file_parameter
         for key in files:
-            if key != MODEL_FILE:
+            if key != wanted:
                 raise invalid(
                     f"parameters.{key[:100]}",
                     "unsupported_file",
-                    f"a graph model is one file, {MODEL_FILE!r}",
+                    f"a graph model of backend {read.form.backend!r} is one file, {wanted!r}",
                 )
-        if MODEL_FILE not in files:
-            raise invalid(f"parameters.{MODEL_FILE}", "missing_file", "the ONNX file is missing")
+        if wanted not in files:
+            raise invalid(
+                f"parameters.{wanted}", "missing_file", f"the file ({read.form.what}) is missing"
+            )
         self._check_room(name)
-        model = build(name, config_text, files[MODEL_FILE], self.limits)
+        model = build(name, read, files[wanted], self.limits, batch_limits)
         self.add(model)
         return model
 
@@ -159,4 +221,14 @@ class GraphModels:
         return found
 
 
-__all__ = ["GRAPH_VERSION", "MODEL_FILE", "GraphModel", "GraphModels", "build", "check_name"]
+__all__ = [
+    "GRAPH_VERSION",
+    "MODEL_FILES",
+    "READERS",
+    "Configuration",
+    "GraphModel",
+    "GraphModels",
+    "build",
+    "check_name",
+    "configuration",
+]

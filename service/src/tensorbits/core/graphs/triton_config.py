@@ -1,5 +1,7 @@
-"""A graph model's configuration as a Triton user writes it for an ONNX file, checked against
-the file: ``{"backend": "onnxruntime"}`` or ``{"platform": "onnxruntime_onnx"}``, optionally
+"""A graph model's configuration as a Triton user writes it, checked against the file: the
+runtime that reads the file (``FORMATS``: ``{"backend": "onnxruntime"}`` or ``{"platform":
+"onnxruntime_onnx"}`` for an ONNX file, ``{"backend": "tensorbits"}`` or ``{"platform":
+"tensorbits_graph"}`` for a graph in the /v1 binding model), optionally
 with ``name``, ``max_batch_size`` (0: no implicit batch dimension) and ``input``/``output``
 entries (``name``, ``data_type`` such as ``"TYPE_UINT8"``, ``dims``, -1 a variable dimension),
 which must agree with the file. Keys Triton users commonly write that change no result of a
@@ -8,21 +10,38 @@ refused. This is Triton's protobuf JSON of ModelConfig; ``triton_pbtxt`` makes `
 (its text format) this same document, checked here as the JSON form is.
 
 ``model_config`` is the configuration the server answers with: the file's inputs and outputs
-as Triton's ModelConfig, the platform ``onnxruntime_onnx``."""
+as Triton's ModelConfig, with its format's platform and backend."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 from tensorbits.core.graphs.refusals import invalid, shown
-from tensorbits.core.graphs.spec import Dim, GraphSpec, ValueDecl
+from tensorbits.core.graphs.spec import Dim, ValueDecl
 from tensorbits_protocol.errors import PayloadTooLarge
 from tensorbits_protocol.jsondata import JsonLimits, parse_json
 
-PLATFORM = "onnxruntime_onnx"
-BACKEND = "onnxruntime"
+
+@dataclass(frozen=True, slots=True)
+class GraphFormat:
+    """A kind of graph model file, as a configuration names its runtime (Triton's backend or
+    platform), and the file's name: in a version folder (``1/model.onnx``) and in a load
+    request's parameters (``file:1/model.onnx``)."""
+
+    backend: str
+    platform: str
+    file: str
+    what: str  # the file, as messages name it
+
+
+ONNX = GraphFormat("onnxruntime", "onnxruntime_onnx", "model.onnx", "an ONNX file")
+BINDING = GraphFormat(
+    "tensorbits", "tensorbits_graph", "model.json", "a graph in the /v1 binding model"
+)
+FORMATS = (ONNX, BINDING)
 TYPE_PREFIX = "TYPE_"
 MAX_CONFIG_BYTES = 64 << 10
 CONFIG_JSON_LIMITS = JsonLimits(max_depth=8, max_values=4096, max_bytes=MAX_CONFIG_BYTES)
@@ -70,21 +89,7 @@ def read_config(text: str | bytes, model: str) -> dict[str, Any]:
     name = document.get("name")
     if name is not None and name != model:
         raise invalid("config.name", "model_mismatch", f"{shown(str(name))} is not {shown(model)}")
-    backend, platform = document.get("backend"), document.get("platform")
-    if backend is None and platform is None:
-        raise invalid(
-            "config.backend",
-            "unsupported_backend",
-            f'name the ONNX file\'s runtime: "backend": "{BACKEND}" or "platform": "{PLATFORM}"',
-        )
-    if backend is not None and backend != BACKEND:
-        raise invalid(
-            "config.backend", "unsupported_backend", f'{shown(str(backend))}; only "{BACKEND}"'
-        )
-    if platform is not None and platform != PLATFORM:
-        raise invalid(
-            "config.platform", "unsupported_backend", f'{shown(str(platform))}; only "{PLATFORM}"'
-        )
+    graph_format(document)
     batch = document.get("max_batch_size", 0)
     if batch != 0 or isinstance(batch, bool):
         raise invalid(
@@ -95,7 +100,51 @@ def read_config(text: str | bytes, model: str) -> dict[str, Any]:
     return document
 
 
-def check_config(document: Mapping[str, Any], spec: GraphSpec) -> None:
+def _runtimes() -> str:
+    return " or ".join(
+        f'"backend": "{f.backend}" / "platform": "{f.platform}" ({f.what})' for f in FORMATS
+    )
+
+
+def graph_format(document: Mapping[str, Any]) -> GraphFormat:
+    """The format the configuration's backend or platform names (both, when given, one)."""
+    found: list[GraphFormat] = []
+    for key in ("backend", "platform"):
+        value = document.get(key)
+        if value is None:
+            continue
+        chosen = next((f for f in FORMATS if getattr(f, key) == value), None)
+        if chosen is None:
+            raise invalid(
+                f"config.{key}",
+                "unsupported_backend",
+                f"{shown(str(value))}; only {' or '.join(repr(getattr(f, key)) for f in FORMATS)}",
+            )
+        found.append(chosen)
+    if not found:
+        raise invalid(
+            "config.backend", "unsupported_backend", f"name the file's runtime: {_runtimes()}"
+        )
+    if len(found) == 2 and found[0] != found[1]:
+        raise invalid(
+            "config.platform",
+            "unsupported_backend",
+            f"{shown(found[1].platform)} is {found[1].what}'s platform; the backend "
+            f"{shown(found[0].backend)} reads {found[0].what}",
+        )
+    return found[0]
+
+
+class Declared(Protocol):
+    """What declares a model's tensors: a graph's spec or program."""
+
+    @property
+    def inputs(self) -> tuple[ValueDecl, ...]: ...
+    @property
+    def outputs(self) -> tuple[ValueDecl, ...]: ...
+
+
+def check_config(document: Mapping[str, Any], spec: Declared) -> None:
     """Each ``input``/``output`` entry of ``document`` agrees with the file's declaration of the
     same name: its data type, its rank, each fixed dimension (-1 agrees with any)."""
     for kind, declared in (("input", spec.inputs), ("output", spec.outputs)):
@@ -178,13 +227,15 @@ def _config_tensor(decl: ValueDecl) -> dict[str, Any]:
     return {"name": decl.name, "data_type": TYPE_PREFIX + decl.datatype.value, "dims": dims}
 
 
-def model_config(name: str, spec: GraphSpec, version: str) -> dict[str, Any]:
+def model_config(
+    name: str, spec: Declared, version: str, form: GraphFormat = ONNX
+) -> dict[str, Any]:
     """The protobuf JSON of Triton's ModelConfig for the graph model (what the configuration
     routes answer)."""
     return {
         "name": name,
-        "platform": PLATFORM,
-        "backend": BACKEND,
+        "platform": form.platform,
+        "backend": form.backend,
         "max_batch_size": 0,
         "version_policy": {"specific": {"versions": [int(version)]}},
         "input": [_config_tensor(d) for d in spec.inputs],
@@ -195,11 +246,14 @@ def model_config(name: str, spec: GraphSpec, version: str) -> dict[str, Any]:
 
 __all__ = [
     "ACCEPTED_KEYS",
-    "BACKEND",
+    "BINDING",
+    "FORMATS",
     "IGNORED_KEYS",
-    "PLATFORM",
+    "ONNX",
     "TENSOR_KEYS",
+    "GraphFormat",
     "check_config",
+    "graph_format",
     "keys_taken",
     "model_config",
     "read_config",
