@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -327,3 +328,12 @@ def test_inputs_a_request_could_not_carry_are_refused() -> None:
         read_binding_graph(json.dumps(document).encode(), small)
     assert (caught.value.field, caught.value.rule) == ("inputs", "max_body_bytes")
     read_binding_graph(json.dumps(document).encode(), LIMITS)  # 2 MiB + 32 bytes: carried
+
+
+def test_the_documented_example_is_the_schemas_and_runs() -> None:
+    """docs/graph-models.md shows the protocol's example: the same document, which loads."""
+    docs = Path(__file__).resolve().parents[2] / "docs" / "graph-models.md"
+    section = docs.read_text().split("## Binding graphs", 1)[1]
+    shown = section.split("```json\n", 1)[1].split("```", 1)[0]
+    assert json.loads(shown) == example()
+    read(json.loads(shown))
