@@ -8,6 +8,10 @@ ports), loads the file as a graph model with Triton's load API, starts the Trito
 tensors), then measures, best of ``--repeat`` interleaved rounds:
 
   graph HTTP        the graph model, one v2 binary request (bench.harness.PlainClient)
+  keyed graph HTTP  z = NOT((x XOR key) >> 3), the key a scalar constant of the file: one
+                    input, the bytes of a BIT_NOT in and out
+  binding graph HTTP  the chain as a binding graph model (model.json): the "v1 batch (DML)"
+                    row's dispatches, loaded once, one v2 request of x, y and the count
   3 requests HTTP   onnx.BitwiseXor-18, onnx.BitShift-11 (direction RIGHT), onnx.BitwiseNot-18,
                     three v2 binary requests, each answer's bytes sent on as the next input
   v1 batch (ONNX)   one /v1 batch of the same three ONNX operators (built with the SDK's
@@ -74,6 +78,8 @@ U32 = npt.NDArray[np.uint32]
 NOT = "DML_OPERATOR_ELEMENT_WISE_BIT_NOT"
 XOR18, SHIFT11, NOT18 = "onnx.BitwiseXor-18", "onnx.BitShift-11", "onnx.BitwiseNot-18"
 CONFIG = json.dumps({"backend": "onnxruntime"})
+BINDING_CONFIG = json.dumps({"backend": "tensorbits"})
+BOUND = "chain_binding"  # the chain as a binding graph
 KEYED = "chain_keyed"  # the keyed chain's model: y a constant of the file
 KEY = 0x9E3779B9
 # Bytes compared at the end of every timed answer (the whole answer is compared in the warm-up).
@@ -110,6 +116,49 @@ def chain_onnx(key: int | None = None) -> bytes:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
     data: bytes = model.SerializeToString()
     return data
+
+
+def chain_binding(n: int) -> bytes:
+    """The chain as a binding graph (model.json): BIT_XOR, BIT_SHIFT_RIGHT (the count, a
+    one-element input, broadcast by a stride of 0) and BIT_NOT, all in place in x's buffer,
+    the output z that buffer: the "v1 batch (DML)" row's dispatches, served as a model."""
+    nbytes = 4 * n
+
+    def desc(strides: list[int] | None = None) -> dict[str, Any]:
+        return {"datatype": "UINT32", "sizes": [n], **({"strides": strides} if strides else {})}
+
+    def on(buffer: str, strides: list[int] | None = None) -> dict[str, Any]:
+        return {"buffer": buffer, "desc": desc(strides)}
+
+    dml = "DML_OPERATOR_ELEMENT_WISE_"
+    document = {
+        "inputs": [
+            {"name": "x", "datatype": "UINT32", "shape": [n], "buffer": "x"},
+            {"name": "y", "datatype": "UINT32", "shape": [n], "buffer": "y"},
+            {"name": "k", "datatype": "UINT32", "shape": [1], "buffer": "k"},
+        ],
+        "outputs": [{"name": "z", "datatype": "UINT32", "shape": [n], "buffer": "x"}],
+        "buffers": [
+            {"name": "x", "byte_size": nbytes},
+            {"name": "y", "byte_size": nbytes},
+            {"name": "k", "byte_size": 4},
+        ],
+        "dispatches": [
+            {
+                "operator": f"{dml}BIT_XOR",
+                "bindings": {"ATensor": on("x"), "BTensor": on("y"), "OutputTensor": on("x")},
+            },
+            {
+                "operator": f"{dml}BIT_SHIFT_RIGHT",
+                "bindings": {"ATensor": on("x"), "BTensor": on("k", [0]), "OutputTensor": on("x")},
+            },
+            {
+                "operator": f"{dml}BIT_NOT",
+                "bindings": {"InputTensor": on("x"), "OutputTensor": on("x")},
+            },
+        ],
+    }
+    return json.dumps(document).encode()
 
 
 def numpy_chain(x: U32, y: U32) -> U32:
@@ -163,10 +212,12 @@ def get_json(client: PlainClient, path: str) -> Any:
     return json.loads(body)
 
 
-def load_graph(client: PlainClient, name: str, data: bytes) -> None:
+def load_graph(client: PlainClient, name: str, data: bytes, binding: bool = False) -> None:
     """Triton's load API with the file, over HTTP: the body tritonclient.http's load_model means
-    to send (its 2.x releases fail in json.dumps on the file's base64)."""
-    body = {"parameters": {"config": CONFIG, "file:1/model.onnx": base64.b64encode(data).decode()}}
+    to send (its 2.x releases fail in json.dumps on the file's base64). ``binding``: the file is
+    a binding graph (model.json), else an ONNX file."""
+    config, file = (BINDING_CONFIG, "model.json") if binding else (CONFIG, "model.onnx")
+    body = {"parameters": {"config": config, f"file:1/{file}": base64.b64encode(data).decode()}}
     status, _, answer = client.request(
         "POST",
         f"/v2/repository/models/{name}/load",
@@ -391,14 +442,19 @@ def run(args: argparse.Namespace) -> None:
         stack.callback(stats.close)
         load_graph(client, CHAIN, data)
         load_graph(client, KEYED, chain_onnx(KEY))
+        load_graph(client, BOUND, chain_binding(n), binding=True)
         peer = stack.enter_context(maybe_triton(not args.no_triton))
         graph_body = v2_request({"x": x, "y": y})
         graph_path = f"/v2/models/{CHAIN}/infer"
         keyed_body, keyed_path = v2_request({"x": x}), f"/v2/models/{KEYED}/infer"
+        shift = np.array([CHAIN_SHIFT], np.uint32)
+        bound_body = v2_request({"x": x, "y": y, "k": shift})
+        bound_path = f"/v2/models/{BOUND}/infer"
         not_head, not_parts = v2_binary_request({"InputTensor": big}, "OutputTensor")
         calls: dict[str, tuple[Call, memoryview]] = {
             "graph HTTP": (lambda: post(client, graph_path, *graph_body), want),
             "keyed graph HTTP": (lambda: post(client, keyed_path, *keyed_body), keyed_want),
+            "binding graph HTTP": (lambda: post(client, bound_path, *bound_body), want),
             "3 requests HTTP": (three_requests(client, x, y), want),
             "v1 batch (ONNX)": (batch_call(client, port, x, y, dml=False), want),
             "v1 batch (DML)": (batch_call(client, port, x, y, dml=True), want),
@@ -480,7 +536,8 @@ def report(
     verdict = "met" if ratio < 1.0 else "missed"
     print(f"  server graph compute / ONNX Runtime compute: {ratio:.2f}x (target < 1.0x: {verdict})")
     print(f"  run_graph in process / ONNX Runtime: {best['run_graph'] / best['ONNX Runtime']:.2f}x")
-    for other in ("3 requests HTTP", "v1 batch (ONNX)", "v1 batch (DML)", "Triton chain HTTP"):
+    others = ("binding graph HTTP", "3 requests HTTP", "v1 batch (ONNX)", "v1 batch (DML)")
+    for other in (*others, "Triton chain HTTP"):
         if other in best:
             print(f"  {other} / graph HTTP: {best[other] / graph:.2f}x")
 
