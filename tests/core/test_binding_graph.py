@@ -4,6 +4,7 @@ refusal naming the field path and the rule."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from collections.abc import Mapping
@@ -337,3 +338,84 @@ def test_the_documented_example_is_the_schemas_and_runs() -> None:
     shown = section.split("```json\n", 1)[1].split("```", 1)[0]
     assert json.loads(shown) == example()
     read(json.loads(shown))
+
+
+class OnDevice(np.ndarray[Any, Any]):
+    """A NumPy array as a CuPy array is used: its ``device`` a context to run under."""
+
+    @property
+    def device(self) -> contextlib.nullcontext[None]:  # type: ignore[override]
+        return contextlib.nullcontext()
+
+
+class DeviceLike(NumpyBackend):
+    """NumPy with a device's memory model (as CuPy's): arrays are copies of the host's, and
+    only ``to_host`` brings a result back."""
+
+    host_memory = False
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+        return np.empty(shape, dtype).view(OnDevice)
+
+    def asarray(self, host: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        return host.copy()
+
+    def to_host(
+        self, array: np.ndarray[Any, Any], out: np.ndarray[Any, Any] | None = None
+    ) -> np.ndarray[Any, Any]:
+        if out is None:
+            return array.copy()
+        np.copyto(out, array)
+        return out
+
+
+@pytest.mark.parametrize("fill", [0, 0xAA])
+def test_on_a_device_the_buffers_are_placed_there_and_the_outputs_copied_back(fill: int) -> None:
+    """The device path (every buffer on the device, each output copied back, zeros made there):
+    the host's bytes; the caller's input untouched, the output written only through to_host."""
+    inputs = example_inputs()
+    graph = read(example())
+    plan = graph.plan({"codes": [4, 8], "query": [8]})
+    given = {k: v.copy() for k, v in inputs.items()}
+    out = {"distance": np.full((4, 8), fill, np.uint8)}
+    graph.run(plan, DeviceLike(1), given, out)
+    assert given["codes"].tobytes() == inputs["codes"].tobytes()  # in place on the device only
+    assert out["distance"].tobytes() == run(example(), inputs)["distance"].tobytes()
+    document: Document = {
+        "inputs": [{"name": "x", "datatype": "UINT16", "shape": [8], "buffer": "x"}],
+        "outputs": [
+            {"name": "y", "datatype": "UINT16", "shape": [16], "buffer": "y"},
+            {"name": "x_out", "datatype": "UINT16", "shape": [8], "buffer": "x"},
+        ],
+        "buffers": [
+            {"name": "x", "byte_size": 16},
+            {"name": "y", "byte_size": 32, "init": "zeros"},
+        ],
+        "dispatches": [
+            {
+                "operator": "DML_OPERATOR_ELEMENT_WISE_BIT_NOT",
+                "bindings": {
+                    "InputTensor": binding("x", "UINT16", [8]),
+                    "OutputTensor": binding("y", "UINT16", [8]),
+                },
+            },
+            {
+                "operator": "DML_OPERATOR_ELEMENT_WISE_BIT_NOT",
+                "bindings": {
+                    "InputTensor": binding("x", "UINT16", [8]),
+                    "OutputTensor": binding("x", "UINT16", [8]),
+                },
+            },
+        ],
+    }
+    x = np.arange(8, dtype=np.uint16)
+    device = read(document)
+    device_plan = device.plan({"x": [8]})
+    outputs = {"y": np.full(16, fill, np.uint16), "x_out": np.full(8, fill, np.uint16)}
+    device.run(device_plan, DeviceLike(1), {"x": x}, outputs)
+    assert outputs["y"].tolist() == (~x).tolist() + [0] * 8
+    assert outputs["x_out"].tolist() == (~x).tolist()
+    assert x.tolist() == list(range(8))
+    host = run(document, {"x": x}, fill)
+    assert host["y"].tobytes() == outputs["y"].tobytes()
+    assert host["x_out"].tobytes() == outputs["x_out"].tobytes()

@@ -7,17 +7,27 @@ missing (in GPU mode, failed: gpu_support)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import numpy as np
 import pytest
-from core.graph_models import broadcast_inputs, broadcast_model, chain_model, random_array
+from core.graph_models import (
+    BATCH_LIMITS,
+    binding_example,
+    broadcast_inputs,
+    broadcast_model,
+    chain_model,
+    random_array,
+)
 from gpu.gpu_support import cupy_backend_or_skip, module_backend
 from service.test_graph_kernels import CASES, GraphCase, numpy_outputs
 
 from tensorbits.backends import Backend
 from tensorbits.backends.base import run_fused
+from tensorbits.backends.numpy_backend import NumpyBackend
 from tensorbits.core.graphs import GraphPlan, plan_graph, read_onnx, run_graph
+from tensorbits.core.graphs.binding_graph import read_binding_graph
 from tensorbits_protocol.dtypes import numpy_dtype
 
 pytestmark = pytest.mark.gpu
@@ -86,3 +96,21 @@ def test_broadcasting_still_runs_node_by_node(cupy_backend: Backend) -> None:
     assert not run_fused(cupy_backend, plan, {})
     want = numpy_outputs(GraphCase("broadcast", plan, inputs))
     assert_same_bytes(run_on(cupy_backend, plan, inputs), want)
+
+
+def test_a_binding_graph_on_the_device_gives_the_hosts_bytes(cupy_backend: Backend) -> None:
+    """The binding example (XOR in place through a stride-0 view, then BIT_COUNT into a
+    zero-filled buffer) on the device: its buffers placed there, its output copied back, the
+    caller's read-only input left alone; the NumPy backend's bytes."""
+    graph = read_binding_graph(json.dumps(binding_example()).encode(), BATCH_LIMITS)
+    plan = graph.plan({"codes": [4, 8], "query": [8]})
+    rng = np.random.default_rng(5)
+    codes = rng.integers(0, 1 << 32, (4, 8), dtype=np.uint32)
+    codes.flags.writeable = False
+    inputs = {"codes": codes, "query": rng.integers(0, 1 << 32, (8,), dtype=np.uint32)}
+    got = {"distance": np.full((4, 8), 0xAA, np.uint8)}
+    graph.run(plan, cupy_backend, inputs, got)
+    want = {"distance": np.empty((4, 8), np.uint8)}
+    graph.run(plan, NumpyBackend(), inputs, want)
+    assert got["distance"].tobytes() == want["distance"].tobytes()
+    assert got["distance"].tolist() == np.bitwise_count(codes ^ inputs["query"]).tolist()
