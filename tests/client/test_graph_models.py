@@ -22,17 +22,19 @@ import httpx
 import numpy as np
 import pytest
 from client_support import FakeServer, json_error
-from core.graph_models import constant, model_bytes, tensor
+from core.graph_models import binding_example, constant, model_bytes, tensor
 from onnx import TensorProto, helper
 
 from tensorbits_client import (
     AsyncClient,
     BadRequestError,
     Client,
+    LocalValidationError,
     NotFoundError,
     OverloadedError,
 )
 from tensorbits_client.types import RepositoryIndexEntry
+from tensorbits_protocol.v1 import BindingGraph
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -439,3 +441,38 @@ def test_a_busy_server_is_asked_again_to_load_but_not_to_unload() -> None:
         with pytest.raises(OverloadedError):
             client.unload_model("g")
     assert len(server.requests) == 3
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_load_graph_of_the_binding_model(server_url: str, mode: str) -> None:
+    """A /v1 binding graph loaded from its document and from the protocol's model, inferred by
+    name; a document its schema refuses is a LocalValidationError naming the field, not sent."""
+    name = f"binding_{mode}"
+    rng = np.random.default_rng(3)
+    codes = rng.integers(0, 1 << 32, (4, 8), dtype=np.uint32)
+    query = rng.integers(0, 1 << 32, (8,), dtype=np.uint32)
+
+    async def scenario(client: AnyClient) -> None:
+        try:
+            await done(client.load_graph(name, binding_example()))
+            result = await done(client.infer(name, {"codes": codes, "query": query}))
+            assert result.output.dtype == np.uint8
+            assert result.output.tolist() == np.bitwise_count(codes ^ query).tolist()
+            config = await done(client.model_config(name))
+            assert (config.platform, config.backend) == ("tensorbits_graph", "tensorbits")
+            await done(client.load_graph(name, BindingGraph.model_validate(binding_example())))
+            assert name in await index_of(client, ready=True)
+            wrong = binding_example()
+            wrong["inputs"][0]["shape"] = "4x8"
+            with pytest.raises(LocalValidationError) as caught:
+                await done(client.load_graph(name, wrong))
+            assert (caught.value.field, caught.value.rule) == ("inputs[0].shape", "list_type")
+            past = binding_example()
+            past["dispatches"][0]["bindings"]["BTensor"]["offset"] = 16
+            with pytest.raises(BadRequestError) as refused:  # the server's rule: past its buffer
+                await done(client.load_graph(name, past))
+            assert refused.value.rule == "buffer_bounds"
+        finally:
+            await unload_quietly(client, name)
+
+    run(mode, server_url, scenario)

@@ -23,7 +23,7 @@ from typing import Any, Generic, Self, TypeVar
 from urllib.parse import quote
 
 import httpx
-from pydantic import BaseModel, TypeAdapter
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from tensorbits_client import _constants as constants
 from tensorbits_client._catalog import (
@@ -54,6 +54,7 @@ from tensorbits_client._exceptions import (
     AuthenticationError,
     BadRequestError,
     InternalServerError,
+    LocalValidationError,
     NotFoundError,
     OverloadedError,
     PayloadTooLargeError,
@@ -73,6 +74,8 @@ from tensorbits_client._types import (
     as_array,
     given,
 )
+from tensorbits_protocol.schema_errors import field_path, first_error
+from tensorbits_protocol.v1 import BindingGraph
 from tensorbits_protocol.v2 import (
     LoadRequest,
     ModelConfigResponse,
@@ -93,6 +96,10 @@ LOAD_CONFIG = "config"
 ONNX_MODEL_FILE = "file:1/model.onnx"
 #: The configuration ``load_onnx`` sends unless told otherwise: Triton's, for an ONNX file.
 ONNX_CONFIG: Mapping[str, Any] = {"backend": "onnxruntime"}
+
+#: The file and configuration ``load_graph`` sends: a graph in the /v1 binding model.
+BINDING_MODEL_FILE = "file:1/model.json"
+BINDING_CONFIG: Mapping[str, Any] = {"backend": "tensorbits"}
 
 #: What ``load_onnx`` takes as the file: its bytes, or its path.
 OnnxFile = bytes | str | os.PathLike[str]
@@ -225,6 +232,19 @@ def _decode_index(response: httpx.Response, body: Body) -> list[RepositoryIndexE
 
 def _decode_infer(response: httpx.Response, body: Body) -> InferResult:
     return decode_infer(body, response.headers.get(HEADER_LENGTH))
+
+
+def binding_graph_file(graph: BindingGraph | Mapping[str, Any]) -> bytes:
+    """A binding graph's ``model.json``: the model, or a document read by its schema first (a
+    ``LocalValidationError`` with the field path and rule the server's refusal would have)."""
+    if not isinstance(graph, BindingGraph):
+        try:
+            graph = BindingGraph.model_validate(graph)
+        except ValidationError as exc:
+            loc, message, rule = first_error(exc.errors(include_url=False), BindingGraph)
+            path = field_path(loc, "model.json")
+            raise LocalValidationError(f"{path}: {message}", field=path, rule=rule) from None
+    return graph.model_dump_json(exclude_none=True).encode()
 
 
 def _model_path(model: str) -> str:
@@ -499,6 +519,19 @@ class BaseClient(Families[R], Generic[HttpT, R]):
         an ONNX file unless ``config`` says otherwise."""
         return self._load_call(
             model, ONNX_CONFIG if config is None else config, {ONNX_MODEL_FILE: data}
+        )
+
+    def _load_graph_call(
+        self,
+        model: str,
+        graph: BindingGraph | Mapping[str, Any],
+        config: str | Mapping[str, Any] | None,
+    ) -> Call[None]:
+        """``_load_call`` for a graph in the /v1 binding model, checked against its schema here
+        (a ``LocalValidationError`` naming the field, as the server would answer 400)."""
+        data = binding_graph_file(graph)
+        return self._load_call(
+            model, BINDING_CONFIG if config is None else config, {BINDING_MODEL_FILE: data}
         )
 
     def _unload_call(self, model: str) -> Call[None]:

@@ -38,6 +38,7 @@ from tensorbits_client._types import (
     Parameters,
     TimeoutTypes,
 )
+from tensorbits_protocol.v1 import BindingGraph
 from tensorbits_protocol.v2 import (
     ModelConfigResponse,
     ModelStatisticsResponse,
@@ -222,6 +223,19 @@ class Client(BaseClient[httpx.Client, Array]):
         ``load_model`` with the file as ``file:1/model.onnx`` and ``config`` defaulting to
         ``{"backend": "onnxruntime"}``."""
         self._request(self._load_onnx_call(model, read_onnx_file(file), config))
+
+    def load_graph(
+        self,
+        model: str,
+        graph: BindingGraph | Mapping[str, Any],
+        *,
+        config: str | Mapping[str, Any] | None = None,
+    ) -> None:
+        """Load a graph in the /v1 binding model (``BindingGraph``, or its JSON document) as
+        the graph model ``model``: its buffers and dispatches, with named model inputs and
+        outputs, checked against the schema before sending; ``load_model`` with the file as
+        ``file:1/model.json`` and ``config`` defaulting to ``{"backend": "tensorbits"}``."""
+        self._request(self._load_graph_call(model, graph, config))
 
     def unload_model(self, model: str) -> None:
         """Unload ``model``: a graph model is removed (its inferences then raise
@@ -435,6 +449,19 @@ class AsyncClient(BaseClient[httpx.AsyncClient, Coroutine[Any, Any, Array]]):
         else:
             data = read_onnx_file(file)
         await self._request(self._load_onnx_call(model, data, config))
+
+    async def load_graph(
+        self,
+        model: str,
+        graph: BindingGraph | Mapping[str, Any],
+        *,
+        config: str | Mapping[str, Any] | None = None,
+    ) -> None:
+        """Load a graph in the /v1 binding model (``BindingGraph``, or its JSON document) as
+        the graph model ``model``: its buffers and dispatches, with named model inputs and
+        outputs, checked against the schema before sending; ``load_model`` with the file as
+        ``file:1/model.json`` and ``config`` defaulting to ``{"backend": "tensorbits"}``."""
+        await self._request(self._load_graph_call(model, graph, config))
 
     async def unload_model(self, model: str) -> None:
         """Unload ``model``: a graph model is removed (its inferences then raise
