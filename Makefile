@@ -56,15 +56,17 @@ lint: install
 GPU_TYPED := tests/gpu bench/gpu_ops.py bench/cuda_shared_memory.py scripts/gpu_preflight.py \
 	scripts/gpu_wheels.py
 
-# With them, the whole of tests/. The folders the tests put on sys.path themselves go on MYPYPATH
-# too: tests/fuzz (its targets import fuzz_support) and scripts/ (images, image_test, gpu_wheels).
+# With them, the whole of tests/ and bench/ (bench.harness is found from the repository root; some
+# benchmarks import support.* from tests/ too). The folders the tests put on sys.path themselves go
+# on MYPYPATH too: tests/fuzz (its targets import fuzz_support) and scripts/ (images, image_test,
+# gpu_wheels).
 # tests/client is checked in a call of its own, with its folder on MYPYPATH (its tests import
 # client_support): in one call with the rest, its conftest.py and tests/conftest.py would both be
 # the module conftest.
 typecheck: install
 	$(BIN)/mypy
 	MYPYPATH=tests:tests/fuzz:scripts $(BIN)/mypy --explicit-package-bases \
-		--exclude '^tests/client/' tests $(filter-out tests/%,$(GPU_TYPED))
+		--exclude '^tests/client/' tests bench $(filter-out tests/% bench/%,$(GPU_TYPED))
 	MYPYPATH=tests/client:tests $(BIN)/mypy --explicit-package-bases tests/client
 
 unit: install

@@ -75,6 +75,29 @@ def _triton(port: int) -> Callable[[str, dict[str, np.ndarray[Any, Any]]], Any] 
     return call
 
 
+def _big_calls(
+    method: Callable[..., object],
+    model: str,
+    arrays: dict[str, np.ndarray[Any, Any]],
+    path: str,
+    body: Framed,
+    url: str,
+    joined: bytes,
+    plain: PlainClient,
+    naive: httpx.Client,
+    triton: Callable[[str, dict[str, np.ndarray[Any, Any]]], Any] | None,
+) -> dict[str, Callable[[], object]]:
+    """One case's timed calls, each a closure over this call's arguments (not the caller's loop)."""
+    fns: dict[str, Callable[[], object]] = {
+        "sdk": lambda: method(*arrays.values()),
+        "plain": lambda: plain.request("POST", path, list(body.parts), body.headers),
+        "httpx": lambda: naive.post(url, content=joined, headers=body.headers).content,
+    }
+    if triton is not None:
+        fns["triton"] = lambda: triton(model, arrays)
+    return fns
+
+
 def big_rows(port: int, repeat: int) -> list[tuple[str, dict[str, float]]]:
     sdk = Client(f"http://127.0.0.1:{port}")
     plain = PlainClient(port)
@@ -102,17 +125,7 @@ def big_rows(port: int, repeat: int) -> list[tuple[str, dict[str, float]]]:
         method = sdk.dml.bit_xor if model == XOR else sdk.dml.bit_not
         expected = np.bitwise_xor(*arrays.values()) if model == XOR else ~arrays["InputTensor"]
         assert np.array_equal(method(*arrays.values()), expected), "SDK result is wrong"
-        fns: dict[str, Callable[[], object]] = {
-            "sdk": lambda method=method, arrays=arrays: method(*arrays.values()),
-            "plain": lambda path=path, body=body: plain.request(
-                "POST", path, list(body.parts), body.headers
-            ),
-            "httpx": lambda url=url, joined=joined, body=body: (
-                naive.post(url, content=joined, headers=body.headers).content
-            ),
-        }
-        if triton is not None:
-            fns["triton"] = lambda model=model, arrays=arrays: triton(model, arrays)
+        fns = _big_calls(method, model, arrays, path, body, url, joined, plain, naive, triton)
         note(f"timing {label} ...")
         rows.append((label, interleaved_best(fns, repeat)))
         del joined

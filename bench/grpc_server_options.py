@@ -48,7 +48,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -179,9 +179,9 @@ async def _serve_aio(port: int, stream: bool) -> None:
     async def infer_unary(data: bytes, context: object) -> bytes:
         return await answer(data)
 
-    async def infer_stream(requests: object, context: object) -> bytes:
+    async def infer_stream(requests: AsyncIterator[bytes], context: object) -> bytes:
         async with asyncio.timeout(READ_TIMEOUT_S):
-            data = await anext(requests)  # type: ignore[call-overload]
+            data = await anext(requests)
         return await answer(data)
 
     async def live(data: bytes, context: object) -> bytes:
@@ -193,12 +193,12 @@ async def _serve_aio(port: int, stream: bool) -> None:
     async def discard_unary(data: bytes, context: object) -> bytes:
         return b""
 
-    async def discard_stream(requests: object, context: object) -> bytes:
+    async def discard_stream(requests: AsyncIterator[bytes], context: object) -> bytes:
         async with asyncio.timeout(READ_TIMEOUT_S):
-            await anext(requests)  # type: ignore[call-overload]
+            await anext(requests)
         return b""
 
-    infer = (
+    infer: grpc.RpcMethodHandler[bytes, bytes] = (
         grpc.stream_unary_rpc_method_handler(infer_stream)
         if stream
         else grpc.unary_unary_rpc_method_handler(infer_unary)
@@ -308,7 +308,9 @@ def _connect(target: str, want: str, big_pid: int) -> tuple[grpc.Channel, int]:
     (the one serving the big call), "other" (not that one) or "any"."""
     for _ in range(64):
         channel = grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
-        who = channel.unary_unary(WHOAMI, request_serializer=None, response_deserializer=None)
+        who: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(
+            WHOAMI, request_serializer=None, response_deserializer=None
+        )
         pid = int(json.loads(who(b"", timeout=30, wait_for_ready=True))["pid"])
         if want == "any" or (pid == big_pid) == (want == "same"):
             return channel, pid
@@ -320,7 +322,9 @@ def probe(target: str, want: str, big_pid: int) -> None:
     """ServerLive every 5 ms until stdin closes; prints the probed pid, then (at the end) one JSON
     list of [start, latency] (CLOCK_MONOTONIC seconds, comparable between processes)."""
     channel, pid = _connect(target, want, big_pid)
-    live = channel.unary_unary(LIVE, request_serializer=None, response_deserializer=None)
+    live: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(
+        LIVE, request_serializer=None, response_deserializer=None
+    )
     samples: list[tuple[float, float]] = []
     done = threading.Event()
 

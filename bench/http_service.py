@@ -54,7 +54,7 @@ def v2_binary_request(
         "outputs": [{"name": output, "parameters": {"binary_data": True}}],
     }  # fmt: skip
     head = json.dumps(header).encode()
-    return head, [head, *(memoryview(a).cast("B") for a in inputs.values())]
+    return head, [head, *(a.data.cast("B") for a in inputs.values())]
 
 
 def _service_call(
@@ -129,7 +129,9 @@ def row_xors(dispatches: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any
     return a, b
 
 
-def row_xor_batch(client: Client, a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> Batch:
+def row_xor_batch(
+    client: Client, a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]
+) -> Batch[dict[str, np.ndarray[Any, Any]]]:
     """One /v1 batch of a 16-element XOR per row of ``a`` and ``b``: the small tensors packed into
     three buffers ("a", "b" and the output "c"), each dispatch bound at its row's offset."""
     row = 16 * a.itemsize

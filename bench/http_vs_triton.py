@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import re
@@ -225,7 +226,7 @@ def _triton() -> Iterator[WrkTarget]:
 def contestants(workers: list[int], triton: bool, before: Path | None) -> dict[str, Contestant]:
     found: dict[str, Contestant] = {}
     for n in workers:
-        found[f"tensorbits, {n} worker{'s' if n > 1 else ''}"] = lambda n=n: _tensorbits(n)  # type: ignore[misc]
+        found[f"tensorbits, {n} worker{'s' if n > 1 else ''}"] = functools.partial(_tensorbits, n)
     if before is not None:
         found["before, 1 worker"] = lambda: _tensorbits(1, before)
     found["FastAPI GET /ping"] = _ping

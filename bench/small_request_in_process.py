@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import uvloop
 from pydantic import SecretStr
+from starlette.types import Receive, Scope, Send
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -37,7 +38,6 @@ from tensorbits.header_cache import HeaderCache
 from tensorbits_client import Client
 
 MiB = 1 << 20
-Scope = dict[str, Any]
 
 
 def _scope(method: str, path: str, headers: list[tuple[bytes, bytes]]) -> Scope:
@@ -101,7 +101,7 @@ async def v2_small(rounds: int) -> dict[str, float]:
     return times
 
 
-async def _answer(scope: Scope, receive: Any, send: Any) -> None:
+async def _answer(scope: Scope, receive: Receive, send: Send) -> None:
     await send({"type": "http.response.start", "status": 200, "headers": []})
     await send({"type": "http.response.body", "body": b""})
 
