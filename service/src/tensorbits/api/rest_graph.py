@@ -2,10 +2,12 @@
 any number of outputs (the operators' codec, ``rest_infer.py``, answers their one output).
 
 ``plan`` decodes the body (``InferRequest.from_rest``: the JSON, the framing, the counts) and
-checks it against the graph model (``core.graphs.request.plan_request``). ``encode`` runs it:
-when every output asked for goes back as binary data, the response's buffer is laid out first
-and the graph writes each output straight into its place in it; otherwise the outputs are
-computed first and the JSON ones written into the header as data."""
+checks it against the graph model (``core.graphs.request.plan_request``), its tensors in shared
+memory located in ``regions``. ``encode`` runs it: when no output asked for goes back as JSON
+data, the response's buffer is laid out first and the graph writes each binary output straight
+into its place in it; otherwise the outputs are computed first and the JSON ones written into
+the header as data. An output written into shared memory is in the header alone, its name, type
+and shape, as an operator's is (``Tensor.document``)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from tensorbits.api.rest_infer import check_named
 from tensorbits.backends.base import Backend
 from tensorbits.core.graphs.models import GraphModel
 from tensorbits.core.graphs.request import GraphRequest, plan_request, run_request
+from tensorbits.shared_memory import SharedMemoryRegions
 from tensorbits_protocol import codec
 from tensorbits_protocol.dtypes import wire_dtype
 from tensorbits_protocol.infer import InferRequest, InferResponse, RequestLimits, Tensor
@@ -27,20 +30,21 @@ def plan(
     body: bytearray,
     header_length: int | None,
     version: str | None,
+    regions: SharedMemoryRegions | None = None,
 ) -> GraphRequest:
     head, tail = codec.split_body(memoryview(body), header_length)
     request = InferRequest.from_rest(
         bytes(head), tail, model=model.name, header_given=header_length is not None, limits=limits
     )
     check_named(request, model.name, model.version, version)
-    return plan_request(model, request, limits)
+    return plan_request(model, request, limits, regions)
 
 
 def _response(request: GraphRequest, data: dict[str, list[object]]) -> InferResponse:
     outputs = tuple(
         Tensor(
             a.planned.name, a.planned.datatype, a.planned.shape,
-            data=None if a.binary else data[a.planned.name],
+            data=None if a.binary else data[a.planned.name], shared_memory=a.shared,
         )
         for a in request.answered
     )  # fmt: skip
@@ -49,28 +53,32 @@ def _response(request: GraphRequest, data: dict[str, list[object]]) -> InferResp
 
 def encode(request: GraphRequest, backend: Backend) -> codec.Framed:
     """Run the graph and encode the response (see the module's docstring)."""
-    if all(a.binary for a in request.answered):
+    in_body = [a for a in request.answered if a.shared is None]
+    if all(a.binary for a in in_body):
         layout = _response(request, {}).to_rest()
+        if not layout.sizes:  # every output in shared memory: the header alone
+            run_request(request, backend)
+            return codec.Framed.json(layout.header)
         body, tails = layout.allocate()
         into = {
             a.planned.name: np.frombuffer(tail, wire_dtype(a.planned.datatype)).reshape(
                 a.planned.shape
             )
-            for a, tail in zip(request.answered, tails, strict=True)
+            for a, tail in zip(in_body, tails, strict=True)
         }
         run_request(request, backend, into)
         return codec.Framed((body,), layout.header_length)
     arrays = run_request(request, backend)
     data = {
         a.planned.name: encode_data(a.planned.name, arrays[a.planned.name])
-        for a in request.answered
+        for a in in_body
         if not a.binary
     }
     layout = _response(request, data).to_rest()
     if not layout.sizes:
         return codec.Framed.json(layout.header)
     body, tails = layout.allocate()
-    binary = [a for a in request.answered if a.binary]
+    binary = [a for a in in_body if a.binary]
     for answered, tail in zip(binary, tails, strict=True):
         array = arrays[answered.planned.name]
         np.frombuffer(tail, np.uint8)[:] = np.ascontiguousarray(array).reshape(-1).view(np.uint8)

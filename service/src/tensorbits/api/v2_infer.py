@@ -80,7 +80,9 @@ class InferEndpoint:
             resolve_served(plane.graphs, graph.name, version)
             await _through_the_plane(
                 runtime, scope, receive, send, graph.name,
-                partial(rest_graph.plan, graph, plane.limits, version=version),
+                partial(
+                    rest_graph.plan, graph, plane.limits, version=version, regions=plane.regions
+                ),
                 # what its plan holds beside the body (GraphPlan.needed_bytes)
                 lambda request, body_bytes: body_bytes + request.needed_bytes,
                 "body, outputs, work",

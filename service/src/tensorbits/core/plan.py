@@ -28,6 +28,7 @@ from tensorbits_protocol.infer import (
     HostArray,
     InferRequest,
     InferResponse,
+    RequestedOutput,
     RequestLimits,
     SharedMemoryRef,
     Tensor,
@@ -132,16 +133,22 @@ def streams(plan: Plan, backend: Backend) -> bool:
 # --- planning -----------------------------------------------------------------------------------
 
 
-def _binary_output(op: OperatorSpec, request: InferRequest) -> bool:
-    """Whether the output goes back as binary data: the request-wide default
-    ``binary_data_output``, overridden by the output's own ``binary_data``."""
-    default = request.binary_output
+def requested_outputs(
+    model: str, names: Sequence[str], request: InferRequest
+) -> tuple[RequestedOutput, ...]:
+    """The outputs ``request`` asks of ``model`` (whose outputs are ``names``), in its order;
+    every one, with the request's defaults, when it names none. Whatever the model (an
+    operator's one output, a graph's several), an output is refused in these words: one the
+    model does not have (``unknown_output``), one asked for twice (``duplicate_output``), one
+    with a parameter of a feature not supported (``unsupported_parameter``)."""
+    if request.outputs is None:
+        return tuple(RequestedOutput(name) for name in names)
     seen: set[str] = set()
-    for output in request.outputs or ():
-        if output.name != op.output:
+    for output in request.outputs:
+        if output.name not in names:
             raise InvalidRequest(
-                f"output '{output.name[:100]}': {op.name} has no output of that name "
-                f"(outputs: {op.output})",
+                f"output '{output.name[:100]}': {model} has no output of that name "
+                f"(outputs: {', '.join(names)})",
                 field=output.name[:100],
                 rule="unknown_output",
             )
@@ -159,9 +166,19 @@ def _binary_output(op: OperatorSpec, request: InferRequest) -> bool:
                     field=output.name,
                     rule="unsupported_parameter",
                 )
-        if output.binary is not None:
-            default = output.binary
-    return default
+    return request.outputs
+
+
+def answered_binary(request: InferRequest, output: RequestedOutput) -> bool:
+    """Whether ``output`` goes back as binary data: the request-wide default
+    ``binary_data_output``, overridden by the output's own ``binary_data``."""
+    return request.binary_output if output.binary is None else output.binary
+
+
+def _binary_output(op: OperatorSpec, request: InferRequest) -> bool:
+    """Whether the operator's one output goes back as binary data (``answered_binary``)."""
+    outputs = requested_outputs(op.name, (op.output,), request)
+    return answered_binary(request, outputs[0]) if outputs else request.binary_output
 
 
 def check_output(
@@ -226,9 +243,9 @@ def plan(
         if tensor.shared_memory is None:
             arrays[tensor.name] = tensor.array()
             continue
-        ref = switched_on(regions, tensor.name, "input")
-        place = ref.locate(tensor.shared_memory, tensor.nbytes, tensor.name, "input")
-        _check_device_alignment(place, itemsize(tensor.datatype), tensor.name, "input")
+        place = locate_shared(
+            regions, tensor.shared_memory, tensor.nbytes, tensor.datatype, tensor.name, "input"
+        )
         places[tensor.name] = place
         arrays[tensor.name] = _NOT_READ
         shared.append(
@@ -239,11 +256,10 @@ def plan(
         )  # fmt: skip
     output_on_device = False
     if shared_output is not None:
-        out = switched_on(regions, op.output, "output").locate(
-            shared_output, output_nbytes, op.output, "output"
+        out = locate_shared(
+            regions, shared_output, output_nbytes, call.output_datatype, op.output, "output"
         )
-        _check_device_alignment(out, itemsize(call.output_datatype), op.output, "output")
-        _check_aliasing(op, out, places)
+        check_aliasing(op.name, op.output, out, places, op.in_place)
         output_on_device = out.on_device
     return Plan(
         op=op,
@@ -256,6 +272,23 @@ def plan(
         shared_output=shared_output,
         output_on_device=output_on_device,
     )
+
+
+def locate_shared(
+    regions: SharedMemoryRegions | None,
+    ref: SharedMemoryRef,
+    nbytes: int,
+    datatype: DataType,
+    tensor: str,
+    direction: str,
+) -> Location:
+    """Where the ``nbytes`` bytes of a tensor in shared memory lie (``direction``: ``"input"``,
+    exactly that many bytes, or ``"output"``, room for them), whatever model takes or gives it:
+    the extensions switched on, ``ref`` inside its registered region
+    (``SharedMemoryRegions.locate``), and, in a CUDA region, on a multiple of its element size."""
+    place = switched_on(regions, tensor, direction).locate(ref, nbytes, tensor, direction)
+    _check_device_alignment(place, itemsize(datatype), tensor, direction)
+    return place
 
 
 def _check_device_alignment(place: Location, item_bytes: int, tensor: str, direction: str) -> None:
@@ -271,19 +304,26 @@ def _check_device_alignment(place: Location, item_bytes: int, tensor: str, direc
         )
 
 
-def _check_aliasing(op: OperatorSpec, output: Location, inputs: dict[str, Location]) -> None:
-    """An output region may overlap an input's only as the operator's in-place rule allows:
-    the very same bytes, of an input the output may replace (``op.in_place``)."""
-    for name, place in inputs.items():
-        if not place.overlaps(output):
+def check_aliasing(
+    model: str,
+    output: str,
+    place: Location,
+    inputs: Mapping[str, Location],
+    in_place: Sequence[str] = (),
+) -> None:
+    """An output's region (``place``) may overlap an input's (``inputs``: by name) only as the
+    model's in-place rule allows: the very same bytes, of an input the output may replace
+    (``in_place``: an operator's ``op.in_place``; none for a graph)."""
+    for name, where in inputs.items():
+        if not where.overlaps(place):
             continue
-        if place == output and name in op.in_place:
+        if where == place and name in in_place:
             continue
-        allowed = ", ".join(op.in_place) or "none"
+        allowed = ", ".join(in_place) or "none"
         raise InvalidRequest(
-            f"output '{op.output}': its shared-memory bytes overlap input '{name}''s; "
-            f"{op.name} may write its output over exactly the bytes of an input among: {allowed}",
-            field=op.output,
+            f"output '{output}': its shared-memory bytes overlap input '{name}''s; "
+            f"{model} may write its output over exactly the bytes of an input among: {allowed}",
+            field=output,
             rule="output_aliasing",
         )
 
@@ -352,7 +392,11 @@ __all__ = [
     "Plan",
     "PlanTemplate",
     "SharedInput",
+    "answered_binary",
+    "check_aliasing",
     "check_output",
+    "locate_shared",
     "plan",
+    "requested_outputs",
     "streams",
 ]

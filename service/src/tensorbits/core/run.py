@@ -12,7 +12,7 @@ anything else reads its shared inputs whole (``shared_loaded``) and runs the ker
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
@@ -20,38 +20,52 @@ import numpy as np
 
 from tensorbits.backends.base import Backend
 from tensorbits.core.engine import flat_call, run_into
-from tensorbits.core.plan import STREAM_PIECE_BYTES, Plan, streams
+from tensorbits.core.plan import STREAM_PIECE_BYTES, Plan, SharedInput, streams
+from tensorbits.kernels import DeviceArray
 from tensorbits.shared_memory import SharedMemoryRegions
 from tensorbits_protocol.dtypes import wire_dtype
 
 
 @contextmanager
 def shared_loaded(plan: Plan, regions: SharedMemoryRegions | None) -> Iterator[Plan]:
-    """``plan`` with its shared-memory inputs in place, for the block: one in a system region
-    read (a copy, never a mapping: see shared_memory.py; into a buffer the regions recycle once
-    the block ends, so nothing may keep the inputs past it), one in a CUDA region as a device
-    array over the client's memory (the region held until the block ends); the plan itself when
-    it has none."""
+    """``plan`` with its shared-memory inputs in place, for the block (``shared_read``); the
+    plan itself when it has none."""
     if not plan.shared_inputs:
         yield plan
         return
     assert regions is not None  # plan() refused shared memory without regions
     inputs = list(plan.inputs)
+    with shared_read(plan.shared_inputs, regions) as arrays:
+        for shared, array in zip(plan.shared_inputs, arrays, strict=True):
+            inputs[shared.position] = array
+        yield plan._replace(inputs=inputs)
+
+
+@contextmanager
+def shared_read(
+    inputs: Sequence[SharedInput], regions: SharedMemoryRegions
+) -> Iterator[list[DeviceArray]]:
+    """The arrays of ``inputs`` in shared memory (in their order), whatever model reads them,
+    for the block: one in a system region read (a copy, never a mapping: see shared_memory.py;
+    into a buffer the regions recycle once the block ends, so nothing may keep it past it), one
+    in a CUDA region as a device array over the client's memory (the region held until the
+    block ends)."""
+    arrays: list[DeviceArray] = []
     buffers: list[bytearray] = []
     try:
         with ExitStack() as held:
-            for shared in plan.shared_inputs:
+            for shared in inputs:
                 if shared.on_device:
                     raw = held.enter_context(
                         regions.device_bytes(shared.ref, shared.nbytes, shared.name, "input")
                     )
-                    inputs[shared.position] = raw.view(shared.dtype).reshape(shared.shape)
+                    arrays.append(raw.view(shared.dtype).reshape(shared.shape))
                     continue
                 data = regions.read(shared.ref, shared.nbytes, shared.name)
                 buffers.append(data)
                 array = np.frombuffer(data, shared.dtype, math.prod(shared.shape))
-                inputs[shared.position] = array.reshape(shared.shape)
-            yield plan._replace(inputs=inputs)
+                arrays.append(array.reshape(shared.shape))
+            yield arrays
     finally:
         regions.recycle(buffers)
 
@@ -191,4 +205,4 @@ def run_streamed(
         regions.recycle([*buffers.values(), *([out_buffer] if out_buffer is not None else [])])
 
 
-__all__ = ["run_streamed", "run_to_host", "run_to_region", "shared_loaded"]
+__all__ = ["run_streamed", "run_to_host", "run_to_region", "shared_loaded", "shared_read"]

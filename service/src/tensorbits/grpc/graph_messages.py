@@ -1,7 +1,9 @@
 """The gRPC form of a graph model's inference: ``ModelInferRequest`` in (raw or typed contents,
 read by ``decode.infer_request`` as for an operator), ``ModelInferResponse`` out with every output
 asked for, each as an entry of ``raw_output_contents`` in the outputs' order, as Triton answers
-(the operators' encoder, ``messages.py``, writes their one output in place)."""
+(the operators' encoder, ``messages.py``, writes their one output in place). An output written
+into shared memory has its entry, empty, and no parameters, as an operator's has; the tensors in
+shared memory are located in the data plane's regions."""
 
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ def plan(
     plane: DataPlane, model: GraphModel, message: pb.ModelInferRequest, raw: list[memoryview]
 ) -> GraphRequest:
     """``message`` checked and planned for the graph model."""
-    return plan_request(model, infer_request(message, raw, plane.limits), plane.limits)
+    request = infer_request(message, raw, plane.limits)
+    return plan_request(model, request, plane.limits, plane.regions)
 
 
 def encode(request: GraphRequest, backend: Backend, *, streamed: bool = False) -> bytes:
@@ -35,7 +38,10 @@ def encode(request: GraphRequest, backend: Backend, *, streamed: bool = False) -
             )
             for a in request.answered
         ],
-        raw_output_contents=[arrays[a.planned.name].tobytes() for a in request.answered],
+        raw_output_contents=[
+            b"" if a.shared is not None else arrays[a.planned.name].tobytes()
+            for a in request.answered
+        ],
     )
     data = response.SerializeToString()
     if not streamed:

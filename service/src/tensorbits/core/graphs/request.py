@@ -2,13 +2,22 @@
 the model and planned (``plan_request``), then run into host arrays the front end provides
 (``run_request``). Inputs are matched to the graph's by name; the outputs asked for (every one
 when the request names none) come back in the order asked, each as binary data or JSON data by
-the request's and the output's ``binary_data`` parameters. Shared memory is not taken for a
-graph model's tensors."""
+the request's and the output's ``binary_data`` parameters, or written into the shared-memory
+region the output names.
+
+Shared memory (Triton's system and CUDA extensions, shared_memory.py) is taken as an operator
+takes it, through the same helpers and in the same words (core/plan.py, core/run.py): each
+tensor located and bounded in its region when planned (``plan.locate_shared``), an output's
+region overlapping no input's (``plan.check_aliasing``: a graph writes no output over an input);
+the inputs read when the request runs (``run.shared_read``), the outputs written into their
+regions once the graph has run. The program runs on host arrays: an input in a CUDA region is
+copied to the host, an output for one is copied to it."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -17,34 +26,57 @@ from tensorbits.backends.base import Backend
 from tensorbits.core.graphs.models import GraphModel
 from tensorbits.core.graphs.program import ModelPlan, PlannedTensor
 from tensorbits.core.graphs.refusals import invalid
-from tensorbits.core.plan import check_output
-from tensorbits_protocol.dtypes import wire_dtype
-from tensorbits_protocol.infer import UNSUPPORTED_OUTPUT_PARAMETERS, InferRequest, RequestLimits
+from tensorbits.core.plan import (
+    SharedInput,
+    answered_binary,
+    check_aliasing,
+    check_output,
+    locate_shared,
+    requested_outputs,
+)
+from tensorbits.core.run import shared_read
+from tensorbits.shared_memory import Location, SharedMemoryRegions
+from tensorbits_protocol.dtypes import itemsize, wire_dtype
+from tensorbits_protocol.errors import InvalidRequest
+from tensorbits_protocol.infer import InferRequest, RequestLimits, SharedMemoryRef
 
 HostArray = np.ndarray[Any, Any]
 JSON_BYTES_PER_ELEMENT = 8
 
 
 class AnsweredOutput(NamedTuple):
-    """An output the response carries: the plan's, and whether as binary data."""
+    """An output the response carries: the plan's, whether as binary data (always, for one in
+    shared memory), and the region it is written into (``on_device``: a CUDA region)."""
 
     planned: PlannedTensor
     binary: bool
+    shared: SharedMemoryRef | None = None
+    on_device: bool = False
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.planned.shape) * itemsize(self.planned.datatype)
 
 
 class GraphRequest(NamedTuple):
-    """A checked inference of a graph model, ready to run."""
+    """A checked inference of a graph model, ready to run: its inputs in the request
+    (``inputs``) and in shared memory (``shared_inputs``, read from ``regions`` when it runs)."""
 
     model: GraphModel
     plan: ModelPlan
     inputs: Mapping[str, HostArray]
     answered: tuple[AnsweredOutput, ...]
     request_id: str | None
+    shared_inputs: tuple[SharedInput, ...] = ()
+    regions: SharedMemoryRegions | None = None
 
     @property
     def needed_bytes(self) -> int:
         """Memory the run holds beyond the request's own bytes: the graph's inputs, outputs and
-        work (``ModelPlan.needed_bytes``), and JSON text for outputs sent as JSON."""
+        work (``ModelPlan.needed_bytes``), and JSON text for outputs sent as JSON. The plan's
+        inputs are all of them, those read from shared memory among them (a system region's
+        bytes are read into host memory, a CUDA region's copied to it), and its outputs all of
+        them, those written into a region among them (each computed in host memory first)."""
         return self.plan.needed_bytes + sum(
             math.prod(a.planned.shape) * JSON_BYTES_PER_ELEMENT
             for a in self.answered
@@ -57,62 +89,86 @@ class GraphRequest(NamedTuple):
 
 
 def _answered(
-    plan: ModelPlan, request: InferRequest, limits: RequestLimits
+    model: GraphModel, plan: ModelPlan, request: InferRequest, limits: RequestLimits
 ) -> tuple[AnsweredOutput, ...]:
     by_name = {o.name: o for o in plan.outputs}
-    default = request.binary_output
-    if request.outputs is None:
-        chosen = [(o, default) for o in plan.outputs]
-    else:
-        chosen = []
-        seen: set[str] = set()
-        for output in request.outputs:
-            name = output.name[:100]
-            if output.name not in by_name:
-                raise invalid(
-                    name, "unknown_output",
-                    f"the model has no output of that name (outputs: {', '.join(by_name)})",
-                )  # fmt: skip
-            if output.name in seen:
-                raise invalid(name, "duplicate_output", "the output is requested more than once")
-            seen.add(output.name)
-            if output.shared_memory is not None:
-                raise invalid(
-                    name, "shared_memory", "a graph model's outputs do not go to shared memory"
-                )
-            for key, what in UNSUPPORTED_OUTPUT_PARAMETERS.items():
-                if key in output.parameters:
-                    raise invalid(
-                        name, "unsupported_parameter", f"parameters.{key}: {what} is not supported"
-                    )
-            binary = default if output.binary is None else output.binary
-            chosen.append((by_name[output.name], binary))
-    for planned, binary in chosen:
+    answered = []
+    for output in requested_outputs(model.name, list(by_name), request):
+        planned, shared = by_name[output.name], output.shared_memory
+        binary = answered_binary(request, output) or shared is not None
         check_output(planned.name, planned.datatype, planned.shape, binary, limits)
-    return tuple(AnsweredOutput(p, b) for p, b in chosen)
+        answered.append(AnsweredOutput(planned, binary, shared))
+    return tuple(answered)
 
 
-def plan_request(model: GraphModel, request: InferRequest, limits: RequestLimits) -> GraphRequest:
+def _located(
+    model: GraphModel,
+    answered: AnsweredOutput,
+    inputs: Mapping[str, Location],
+    outputs: dict[str, Location],
+    regions: SharedMemoryRegions | None,
+) -> AnsweredOutput:
+    """``answered`` with its region located and checked, when it goes to one: overlapping no
+    input's bytes, nor those of an output located before it (``outputs``, which it joins): two
+    outputs written over each other would leave whichever came last."""
+    planned = answered.planned
+    if answered.shared is None:
+        return answered
+    place = locate_shared(
+        regions, answered.shared, answered.nbytes, planned.datatype, planned.name, "output"
+    )
+    check_aliasing(model.name, planned.name, place, inputs)
+    for other, where in outputs.items():
+        if where.overlaps(place):
+            raise InvalidRequest(
+                f"output '{planned.name}': its shared-memory bytes overlap output '{other}''s; "
+                f"each output of {model.name} needs bytes of its own",
+                field=planned.name,
+                rule="output_overlap",
+            )
+    outputs[planned.name] = place
+    return answered._replace(on_device=place.on_device)
+
+
+def plan_request(
+    model: GraphModel,
+    request: InferRequest,
+    limits: RequestLimits,
+    regions: SharedMemoryRegions | None = None,
+) -> GraphRequest:
     """``request`` checked against ``model`` and planned (a refusal names the tensor, or the
-    node whose rule the shapes break, and the rule)."""
+    node whose rule the shapes break, and the rule). Tensors in shared memory need ``regions``
+    (the server's, when the extensions are on): they are located and checked here."""
     declared = {decl.name: decl for decl in model.inputs}
     for tensor in request.inputs:
-        name = tensor.name[:100]
-        if tensor.shared_memory is not None:
-            raise invalid(
-                name, "shared_memory", "a graph model's inputs do not come from shared memory"
-            )
         decl = declared.get(tensor.name)
         if decl is not None and tensor.datatype != decl.datatype:
             raise invalid(
-                name,
+                tensor.name[:100],
                 "datatype",
                 f"{tensor.datatype.value}; the model takes {decl.datatype.value}",
             )
     plan = model.program.plan({t.name: t.shape for t in request.inputs})
-    answered = _answered(plan, request, limits)
-    arrays = {tensor.name: tensor.array() for tensor in request.inputs}
-    return GraphRequest(model, plan, arrays, answered, request.id)
+    answered = _answered(model, plan, request, limits)
+    arrays: dict[str, HostArray] = {}
+    shared: list[SharedInput] = []
+    places: dict[str, Location] = {}
+    for index, tensor in enumerate(request.inputs):
+        ref = tensor.shared_memory
+        if ref is None:
+            arrays[tensor.name] = tensor.array()
+            continue
+        place = locate_shared(regions, ref, tensor.nbytes, tensor.datatype, tensor.name, "input")
+        places[tensor.name] = place
+        shared.append(
+            SharedInput(
+                index, tensor.name, ref, wire_dtype(tensor.datatype), tensor.shape,
+                place.on_device,
+            )
+        )  # fmt: skip
+    outputs: dict[str, Location] = {}
+    answered = tuple(_located(model, a, places, outputs, regions) for a in answered)
+    return GraphRequest(model, plan, arrays, answered, request.id, tuple(shared), regions)
 
 
 def output_arrays(request: GraphRequest) -> dict[str, HostArray]:
@@ -120,17 +176,51 @@ def output_arrays(request: GraphRequest) -> dict[str, HostArray]:
     return {o.name: np.empty(o.shape, wire_dtype(o.datatype)) for o in request.plan.outputs}
 
 
+@contextmanager
+def _all_inputs(request: GraphRequest, backend: Backend) -> Iterator[Mapping[str, HostArray]]:
+    """Every input of ``request`` as a host array, for the block: those in shared memory read
+    (``run.shared_read``; one in a CUDA region copied to the host)."""
+    if not request.shared_inputs:
+        yield request.inputs
+        return
+    assert request.regions is not None  # plan_request refused shared memory without regions
+    inputs = dict(request.inputs)
+    with shared_read(request.shared_inputs, request.regions) as arrays:
+        for shared, array in zip(request.shared_inputs, arrays, strict=True):
+            inputs[shared.name] = backend.to_host(array) if shared.on_device else array
+        yield inputs
+
+
+def _write_shared(request: GraphRequest, backend: Backend, arrays: Mapping[str, HostArray]) -> None:
+    """Each output asked for in shared memory written into its region."""
+    for answered in request.answered:
+        if answered.shared is None:
+            continue
+        assert request.regions is not None  # plan_request refused shared memory without regions
+        name = answered.planned.name
+        data = np.ascontiguousarray(arrays[name]).reshape(-1).view(np.uint8)
+        if not answered.on_device:
+            request.regions.write(answered.shared, data.data, name)
+            continue
+        with request.regions.device_bytes(answered.shared, data.nbytes, name, "output") as raw:
+            raw[...] = backend.asarray(data)
+            backend.synchronize()  # the copy done before the region is let go
+
+
 def run_request(
     request: GraphRequest, backend: Backend, outputs: Mapping[str, HostArray] | None = None
 ) -> dict[str, HostArray]:
     """Run the plan: every output of the graph into ``outputs`` where given (host arrays of the
-    output's type and shape: the front end's response buffers), the others into fresh arrays.
-    Returns every output's array by name."""
+    output's type and shape: the front end's response buffers), the others into fresh arrays,
+    its inputs in shared memory read first and its outputs for shared memory written into their
+    regions after. Returns every output's array by name."""
     arrays = output_arrays(request) if outputs is None else dict(outputs)
     for output in request.plan.outputs:
         if output.name not in arrays:
             arrays[output.name] = np.empty(output.shape, wire_dtype(output.datatype))
-    request.model.program.run(request.plan, backend, request.inputs, arrays)
+    with _all_inputs(request, backend) as inputs:
+        request.model.program.run(request.plan, backend, inputs, arrays)
+    _write_shared(request, backend, arrays)
     return arrays
 
 
