@@ -136,26 +136,34 @@ def test_a_request_gets_the_fixed_shapes_or_a_refusal_naming_the_input(
     assert (caught.value.field, caught.value.rule) == (field, rule)
 
 
-def test_bytes_no_dispatch_writes_go_back_as_zeros_whatever_the_output_held() -> None:
-    """BIT_NOT over the first half of a zero-filled output buffer: the second half is zeros,
-    not the bytes the caller's array held (the response's memory)."""
-    document: Document = {
+def bit_not(source: str, target: str) -> Document:
+    """A BIT_NOT dispatch over 8 UINT16 from the start of one buffer to the start of another."""
+    return {
+        "operator": "DML_OPERATOR_ELEMENT_WISE_BIT_NOT",
+        "bindings": {
+            "InputTensor": binding(source, "UINT16", [8]),
+            "OutputTensor": binding(target, "UINT16", [8]),
+        },
+    }
+
+
+def half_written() -> Document:
+    """x (8 UINT16) NOT'ed into the first half of y, a zero-filled output of 16."""
+    return {
         "inputs": [{"name": "x", "datatype": "UINT16", "shape": [8], "buffer": "x"}],
         "outputs": [{"name": "y", "datatype": "UINT16", "shape": [16], "buffer": "y"}],
         "buffers": [
             {"name": "x", "byte_size": 16},
             {"name": "y", "byte_size": 32, "init": "zeros"},
         ],
-        "dispatches": [
-            {
-                "operator": "DML_OPERATOR_ELEMENT_WISE_BIT_NOT",
-                "bindings": {
-                    "InputTensor": binding("x", "UINT16", [8]),
-                    "OutputTensor": binding("y", "UINT16", [8]),
-                },
-            }
-        ],
+        "dispatches": [bit_not("x", "y")],
     }
+
+
+def test_bytes_no_dispatch_writes_go_back_as_zeros_whatever_the_output_held() -> None:
+    """BIT_NOT over the first half of a zero-filled output buffer: the second half is zeros,
+    not the bytes the caller's array held (the response's memory)."""
+    document = half_written()
     x = np.arange(8, dtype=np.uint16)
     got = run(document, {"x": x}, fill=0xAAAA)["y"]
     assert got[:8].tolist() == (~x).tolist()
@@ -381,33 +389,9 @@ def test_on_a_device_the_buffers_are_placed_there_and_the_outputs_copied_back(fi
     graph.run(plan, DeviceLike(1), given, out)
     assert given["codes"].tobytes() == inputs["codes"].tobytes()  # in place on the device only
     assert out["distance"].tobytes() == run(example(), inputs)["distance"].tobytes()
-    document: Document = {
-        "inputs": [{"name": "x", "datatype": "UINT16", "shape": [8], "buffer": "x"}],
-        "outputs": [
-            {"name": "y", "datatype": "UINT16", "shape": [16], "buffer": "y"},
-            {"name": "x_out", "datatype": "UINT16", "shape": [8], "buffer": "x"},
-        ],
-        "buffers": [
-            {"name": "x", "byte_size": 16},
-            {"name": "y", "byte_size": 32, "init": "zeros"},
-        ],
-        "dispatches": [
-            {
-                "operator": "DML_OPERATOR_ELEMENT_WISE_BIT_NOT",
-                "bindings": {
-                    "InputTensor": binding("x", "UINT16", [8]),
-                    "OutputTensor": binding("y", "UINT16", [8]),
-                },
-            },
-            {
-                "operator": "DML_OPERATOR_ELEMENT_WISE_BIT_NOT",
-                "bindings": {
-                    "InputTensor": binding("x", "UINT16", [8]),
-                    "OutputTensor": binding("x", "UINT16", [8]),
-                },
-            },
-        ],
-    }
+    document = half_written()  # and x NOT'ed in place, answered as a second output
+    document["outputs"].append({"name": "x_out", "datatype": "UINT16", "shape": [8], "buffer": "x"})
+    document["dispatches"].append(bit_not("x", "x"))
     x = np.arange(8, dtype=np.uint16)
     device = read(document)
     device_plan = device.plan({"x": [8]})

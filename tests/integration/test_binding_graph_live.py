@@ -7,10 +7,7 @@ at start (``config.pbtxt`` and ``1/model.json``)."""
 
 from __future__ import annotations
 
-import base64
 import json
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +17,7 @@ import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 from core.graph_models import binding_example
 from support.grpc_live import GrpcServer, serve_grpc
+from support.repository_load import http_load, load_parameters
 from tritonclient.utils import InferenceServerException
 
 from tensorbits_client import Client
@@ -66,22 +64,6 @@ def grpc(server: GrpcServer) -> Iterator[triton_grpc.InferenceServerClient]:
     client.close()
 
 
-def http_load(
-    server: GrpcServer, name: str, parameters: dict[str, str]
-) -> tuple[int, dict[str, Any]]:
-    request = urllib.request.Request(
-        f"{server.http.base_url}/v2/repository/models/{name}/load",
-        data=json.dumps({"parameters": parameters}).encode(),
-        method="POST",
-        headers={"Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, {}
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"{}")
-
-
 def load(
     protocol: str,
     server: GrpcServer,
@@ -94,8 +76,7 @@ def load(
     """Triton's load with the file, as each stock client sends it (a refusal raised as the
     clients raise it, with the status)."""
     if protocol == "http":
-        parameters = {"config": config, file: base64.b64encode(data).decode()}
-        status, error = http_load(server, name, parameters)
+        status, error = http_load(server.http.base_url, name, load_parameters(config, {file: data}))
         if status != 200:
             raise InferenceServerException(error.get("error", ""), status=str(status))
         return
@@ -259,9 +240,7 @@ def test_a_refused_load_names_the_field_and_rule_and_loads_nothing(
     status = caught.value.status()
     assert status in ("400", "StatusCode.INVALID_ARGUMENT"), status
     if protocol == "http":
-        code, body = http_load(
-            server, name, {"config": config, file: base64.b64encode(data).decode()}
-        )
+        code, body = http_load(server.http.base_url, name, load_parameters(config, {file: data}))
         assert code == 400
         assert body["rule"] == rule
     assert name not in {e["name"] for e in http.get_model_repository_index()}

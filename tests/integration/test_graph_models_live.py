@@ -6,10 +6,7 @@ loaded; the repository folder read at start, one broken model in it."""
 
 from __future__ import annotations
 
-import base64
 import json
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +18,8 @@ import tritonclient.http as triton_http
 from core.graph_models import constant, model_bytes, tensor
 from onnx import TensorProto, helper
 from support.grpc_live import GrpcServer, serve_grpc
+from support.repository_load import http_load as send_load
+from support.repository_load import load_parameters
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
@@ -108,21 +107,8 @@ def grpc(server: GrpcServer) -> Iterator[triton_grpc.InferenceServerClient]:
 def http_load(
     server: GrpcServer, name: str, config: str, data: bytes
 ) -> tuple[int, dict[str, Any]]:
-    """The body ``tritonclient.http.load_model(name, config=..., files=...)`` builds (its
-    2.x releases base64 the file into bytes that ``json.dumps`` then refuses: the same body,
-    its base64 as text)."""
-    body = {"parameters": {"config": config, MODEL_FILE: base64.b64encode(data).decode()}}
-    request = urllib.request.Request(
-        f"{server.http.base_url}/v2/repository/models/{name}/load",
-        data=json.dumps(body).encode(),
-        method="POST",
-        headers={"Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, {}
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"{}")
+    """The load ``tritonclient.http.load_model(name, config=..., files=...)`` means to send."""
+    return send_load(server.http.base_url, name, load_parameters(config, {MODEL_FILE: data}))
 
 
 def load(

@@ -74,7 +74,7 @@ from tensorbits_client._types import (
     as_array,
     given,
 )
-from tensorbits_protocol.schema_errors import field_path, first_error
+from tensorbits_protocol.schema_errors import at_field
 from tensorbits_protocol.v1 import BindingGraph
 from tensorbits_protocol.v2 import (
     LoadRequest,
@@ -241,9 +241,8 @@ def binding_graph_file(graph: BindingGraph | Mapping[str, Any]) -> bytes:
         try:
             graph = BindingGraph.model_validate(graph)
         except ValidationError as exc:
-            loc, message, rule = first_error(exc.errors(include_url=False), BindingGraph)
-            path = field_path(loc, "model.json")
-            raise LocalValidationError(f"{path}: {message}", field=path, rule=rule) from None
+            error = at_field(exc.errors(include_url=False), BindingGraph, "model.json")
+            raise LocalValidationError.from_protocol(error) from None
     return graph.model_dump_json(exclude_none=True).encode()
 
 

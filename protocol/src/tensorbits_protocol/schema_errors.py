@@ -133,6 +133,17 @@ def first_error(
     return loc, f"{first['msg']}{_received(first, loc, model)}", str(first["type"])
 
 
+def at_field(
+    errors: Sequence[ErrorDetails], model: type[BaseModel], default: str
+) -> InvalidRequest:
+    """The 400 for a document ``model`` refused, anchored at its field path: ``<path>:
+    <message>`` (``default`` for the document itself), as the /v1 batch header and the files
+    read by its schema say it."""
+    loc, message, rule = first_error(errors, model)
+    path = field_path(loc, default)
+    return InvalidRequest(f"{path}: {message}", field=path, rule=rule)
+
+
 def refusal(
     errors: Sequence[ErrorDetails],
     what: str,

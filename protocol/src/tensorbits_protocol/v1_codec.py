@@ -33,7 +33,7 @@ from tensorbits_protocol.dtypes import DataType
 from tensorbits_protocol.errors import InvalidRequest
 from tensorbits_protocol.jsondata import JsonLimits, parse_json
 from tensorbits_protocol.plain import PlainDict, dict_reader
-from tensorbits_protocol.schema_errors import field_path, first_error
+from tensorbits_protocol.schema_errors import at_field
 from tensorbits_protocol.v1 import (
     BatchRequest,
     BatchResponse,
@@ -238,9 +238,7 @@ def decode_request(header: bytes, limits: JsonLimits) -> PlainDict:
     try:
         request = BatchRequest.model_validate(document)
     except ValidationError as exc:
-        loc, message, rule = first_error(exc.errors(include_url=False), BatchRequest)
-        path = field_path(loc, "header")
-        raise InvalidRequest(f"{path}: {message}", field=path, rule=rule) from None
+        raise at_field(exc.errors(include_url=False), BatchRequest, "header") from None
     return request.model_dump()
 
 

@@ -42,10 +42,10 @@ from tensorbits.core.graphs.refusals import invalid, shown
 from tensorbits.core.graphs.spec import ValueDecl
 from tensorbits.kernels import DeviceArray
 from tensorbits_protocol.dtypes import DataType, itemsize, parse_datatype
-from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
+from tensorbits_protocol.errors import PayloadTooLarge
 from tensorbits_protocol.jsondata import JsonLimits, MemberLimit, parse_json
 from tensorbits_protocol.operators import OPERATORS
-from tensorbits_protocol.schema_errors import field_path, first_error
+from tensorbits_protocol.schema_errors import at_field
 from tensorbits_protocol.v1 import BindingGraph as BindingGraphFile
 from tensorbits_protocol.v1 import GraphTensor
 from tensorbits_protocol.validation import Shape, TensorSpec
@@ -187,9 +187,7 @@ def read_binding_graph(data: bytes, limits: BatchLimits) -> BindingGraph:
     try:
         graph = BindingGraphFile.model_validate(document)
     except ValidationError as exc:
-        loc, message, rule = first_error(exc.errors(include_url=False), BindingGraphFile)
-        path = field_path(loc, FILE_FIELD)
-        raise InvalidRequest(f"{path}: {message}", field=path, rule=rule) from None
+        raise at_field(exc.errors(include_url=False), BindingGraphFile, FILE_FIELD) from None
     return _program(graph, limits)
 
 

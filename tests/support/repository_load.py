@@ -1,0 +1,35 @@
+"""Triton's load over HTTP as ``tritonclient.http.load_model(name, config=..., files=...)``
+means to send it: its 2.x releases base64 each file into bytes that ``json.dumps`` then refuses,
+so the live tests send the same body, the base64 as text, themselves."""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from typing import Any
+
+
+def load_parameters(config: str, files: Mapping[str, bytes]) -> dict[str, str]:
+    """The load's parameters: the configuration's text, and each file in base64 by its name."""
+    return {"config": config, **{n: base64.b64encode(d).decode() for n, d in files.items()}}
+
+
+def http_load(
+    base_url: str, name: str, parameters: Mapping[str, str]
+) -> tuple[int, dict[str, Any]]:
+    """``POST /v2/repository/models/{name}/load`` with ``parameters``: the status, and the error
+    document of a refusal ({} when loaded)."""
+    request = urllib.request.Request(
+        f"{base_url}/v2/repository/models/{name}/load",
+        data=json.dumps({"parameters": dict(parameters)}).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, {}
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
