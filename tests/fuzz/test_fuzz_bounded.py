@@ -28,6 +28,7 @@ TARGETS = (
     "grpc",
     "grpc_wire",
     "graph_reader",
+    "binding_graph",
 )
 SECONDS = int(os.environ.get("TENSORBITS_FUZZ_SECONDS", "15"))
 RANDOM_INPUTS = 300
