@@ -41,7 +41,7 @@ async def assembled(
     """The runtime of ``settings``, with the gRPC endpoint and the metrics listener beside it
     while the block runs. ``drain``: the server's, begun when it is told to stop (None: the
     runtime's own, never begun)."""
-    runtime = Runtime.start(settings, drain)
+    runtime = Runtime.start(settings, drain, metrics.workers_folder)
     metrics.bind_runtime(runtime)
     backend = runtime.selection.backend
     message, fields = banner(

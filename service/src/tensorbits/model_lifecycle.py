@@ -5,7 +5,12 @@ A load with files is Triton's way to bring a model from a client: here, a graph 
 file and its configuration, ``core/graphs/models.py``), read on a worker thread (a large file
 takes a while). A load without files loads a built-in model unloaded before (or leaves a graph
 model loaded as it is). An unload removes a graph model (load it again with its file to bring
-it back) or marks a built-in one unloaded."""
+it back) or marks a built-in one unloaded.
+
+With several workers, each load and unload is applied by the worker that took it, then written
+to the model store the workers share (``model_store.py``), whence every other worker applies it:
+an unload holds on every worker once it is written, and a load is answered once every worker
+serves the model."""
 
 from __future__ import annotations
 
@@ -74,7 +79,11 @@ async def load_model(
                 field=f"parameters.{CONFIG}",
                 rule="missing_config",
             )
-        await run_in_threadpool(plane.load_graph, name, config, files)
+        model = await run_in_threadpool(plane.load_graph, name, config, files)
+        if runtime.store is not None:
+            generation = await run_in_threadpool(runtime.store.loaded, name, config, files, model)
+            if generation is not None:
+                await runtime.store.served_everywhere(generation)
         return
     if plane.graphs.get(name) is not None:
         if config is not None:
@@ -94,14 +103,20 @@ async def load_model(
             rule="unsupported_parameter",
         )
     ModelStates.load(plane.models, op.name)
+    if runtime.store is not None:
+        generation = runtime.store.reloaded(op.name)
+        if generation is not None:
+            await runtime.store.served_everywhere(generation)
 
 
 def unload_model(runtime: Runtime, name: str) -> None:
     """``POST /v2/repository/models/{name}/unload`` and RepositoryModelUnload."""
     plane = runtime.plane
-    if plane.unload_graph(name):
-        return
-    plane.models.unload(get_operator(name).name)
+    if not plane.unload_graph(name):
+        name = get_operator(name).name
+        plane.models.unload(name)
+    if runtime.store is not None:
+        runtime.store.unloaded(name)
 
 
 __all__ = [

@@ -275,6 +275,14 @@ class Metrics:
             ),
         )  # fmt: skip
 
+    @property
+    def workers_folder(self) -> Path | None:
+        """The folder this worker shares with the server's others (``share_with_workers``),
+        where the model store is kept too (``model_store.py``); None in a server of one
+        process."""
+        share = self.tally.share
+        return None if share is None else share.folder
+
     def bind_runtime(self, runtime: Runtime) -> None:
         """Gauges read live from the runtime at scrape time."""
         backend = runtime.selection.backend

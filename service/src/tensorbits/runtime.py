@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from tensorbits.backends import Selection, select_backend
 from tensorbits.config import Settings
@@ -13,8 +14,10 @@ from tensorbits.core.batch import BatchLimits
 from tensorbits.core.dataplane import DataPlane
 from tensorbits.core.graphs.models import GraphModels
 from tensorbits.core.limits import request_limits
+from tensorbits.core.models import ModelStates
 from tensorbits.header_cache import HeaderCache, PlanT
 from tensorbits.model_repository import load_repository
+from tensorbits.model_store import MODELS, FollowingGraphModels, FollowingModelStates, ModelStore
 from tensorbits.shared_memory import SharedMemoryRegions
 from tensorbits_protocol.operators import REGISTRY
 
@@ -59,13 +62,16 @@ class Drain:
 @dataclass
 class Runtime:
     """One server, assembled from its settings: the backend it selected, the data plane every
-    front end runs its requests through, and the server's own state (started, draining)."""
+    front end runs its requests through, and the server's own state (started, draining). With
+    several workers, ``store`` holds the repository extension's loads and unloads for all of
+    them (``model_store.py``); None in a server of one process."""
 
     settings: Settings
     selection: Selection
     plane: DataPlane
     started: bool = True
     drain: Drain = field(default_factory=Drain)  # the server's: begun when it is told to stop
+    store: ModelStore | None = None
 
     @property
     def ready(self) -> bool:
@@ -84,7 +90,14 @@ class Runtime:
         return None
 
     @classmethod
-    def start(cls, settings: Settings, drain: Drain | None = None) -> Runtime:
+    def start(
+        cls, settings: Settings, drain: Drain | None = None, workers_folder: Path | None = None
+    ) -> Runtime:
+        """The runtime of ``settings``. ``workers_folder``: the folder this worker shares with
+        the server's others (``workers.py``), where the model store is kept, watched on the
+        running event loop (the lifespan's); None: a server of one process."""
+        shared = workers_folder is not None
+        graphs = FollowingGraphModels if shared else GraphModels
         selection = select_backend(
             settings.backend, device_id=settings.device_id, cpu_threads=settings.cpu_threads
         )
@@ -114,18 +127,25 @@ class Runtime:
                 if settings.shared_memory
                 else None
             ),
-            graphs=GraphModels(
+            graphs=graphs(
                 settings.graph_limits,
                 settings.max_loaded_models,
                 is_builtin=REGISTRY.__contains__,
             ),
+            models=FollowingModelStates() if shared else ModelStates(),
         )
         if settings.model_repository is not None:
             load_repository(plane, settings.model_repository)
-        return cls(settings=settings, selection=selection, plane=plane, drain=drain or Drain())
+        # The repository folder first, then what the other workers loaded and unloaded since.
+        store = ModelStore.join(workers_folder / MODELS, plane) if workers_folder else None
+        return cls(
+            settings=settings, selection=selection, plane=plane, drain=drain or Drain(), store=store
+        )
 
     def close(self) -> None:
         self.started = False
+        if self.store is not None:
+            self.store.close()
         if self.plane.regions is not None:
             self.plane.regions.close()
         self.selection.backend.close()

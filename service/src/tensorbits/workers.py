@@ -17,6 +17,11 @@ and the readiness-first drain on SIGTERM (``serving.draining_server``). What the
   elsewhere.
 - **The metrics.** Every worker publishes its figures in a folder the supervisor made
   (``observability.WorkerShare``); ``/metrics``, from whichever worker, adds them all up.
+- **The models.** The repository extension's loads and unloads, each written by the worker that
+  took it to a model store in that folder (``model_store.py``, its ``models/``) and applied by
+  every other worker: an unload at its next lookup of the model, a load before it is answered.
+  A worker started in the place of one that died applies the store before it serves.
+  (Shared-memory registrations stay a process's own: those extensions need one worker.)
 
 The supervisor starts the workers (spawned: new interpreters, as uvicorn's workers are), passes
 SIGTERM and SIGINT on to each (each drains, then exits), starts a new worker in the place of one
@@ -27,7 +32,7 @@ No worker outlives its supervisor. However the supervisor dies (SIGKILL from the
 included), each worker gets SIGTERM (Linux: the parent-death signal, ``follow_supervisor``) and
 drains as it would on the supervisor's SIGTERM: not ready, the requests in flight finished, then
 it exits and its listening socket with it; the port is free once the last worker is gone. The
-last process out of the metrics folder removes it (``WorkersFolder``): the supervisor on a normal
+last process out of the workers' folder removes it (``WorkersFolder``): the supervisor on a normal
 stop, the last worker to exit when the supervisor died first. Only workers killed outright too
 (SIGKILL to every process) leave the folder behind, in the temporary directory.
 """
@@ -85,7 +90,7 @@ def port_socket(host: str, port: int) -> socket.socket:
 
 
 class WorkersFolder:
-    """The folder the workers publish their metrics in, and who removes it.
+    """The folder the workers share (their metrics, the model store), and who removes it.
 
     The supervisor and every worker hold a shared ``flock`` on it while they use it. Whoever
     leaves takes it exclusively if it can, which only the last holder can, and then removes it.
@@ -164,7 +169,7 @@ class StopSignals:
     """SIGTERM and SIGINT in a worker from its first line: remembered while its server does not
     exist yet, the server's drain once it does (``hand_to``). Without this, a signal during the
     start-up (the supervisor dying while its workers start) would kill the worker on the spot,
-    before it could leave the metrics folder. And once uvicorn has served, it restores the
+    before it could leave the workers' folder. And once uvicorn has served, it restores the
     handler it found and raises the signal it caught again: this handler shrugs it off, where
     the default one would end the worker before its last ``publish`` and ``leave``."""
 
