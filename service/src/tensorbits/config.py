@@ -155,14 +155,16 @@ class Settings(BaseSettings):
         description="bytes of all registered regions together (400 past it)",
     )
 
-    # Graph models (ONNX files of the family's operators; docs/graph-models.md).
+    # Graph models (ONNX files of the family's operators, and graphs in the /v1 binding model;
+    # docs/graph-models.md).
     model_repository: Path | None = Field(
         None,
         description="folder of graph models loaded at start, in Triton's layout: "
-        "<name>/config.json and <name>/1/model.onnx (none: no folder)",
+        "<name>/config.pbtxt (or config.json) and <name>/1/model.onnx (or model.json) (none: no "
+        "folder)",
     )
     max_model_bytes: int = Field(
-        64 * MiB, ge=1024, description="bytes of one graph model's ONNX file (413 past it)"
+        64 * MiB, ge=1024, description="bytes of one graph model's file (413 past it)"
     )
     max_graph_nodes: int = Field(
         1024, ge=1, le=1 << 20, description="nodes of one graph model (413 past it)"
