@@ -177,6 +177,8 @@ def answered_binary(request: InferRequest, output: RequestedOutput) -> bool:
 
 def _binary_output(op: OperatorSpec, request: InferRequest) -> bool:
     """Whether the operator's one output goes back as binary data (``answered_binary``)."""
+    if request.outputs is None:  # most requests: nothing to check, no output to make
+        return request.binary_output
     outputs = requested_outputs(op.name, (op.output,), request)
     return answered_binary(request, outputs[0]) if outputs else request.binary_output
 
