@@ -476,3 +476,50 @@ def test_load_graph_of_the_binding_model(server_url: str, mode: str) -> None:
             await unload_quietly(client, name)
 
     run(mode, server_url, scenario)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_batch_built_with_the_sdk_loaded_as_a_graph(server_url: str, mode: str) -> None:
+    """``Batch.graph()``: the batch's buffers and dispatches as a binding graph (its input
+    buffers the model's inputs, its returned buffers the outputs), loaded once and inferred
+    with other values; the same answers as the batch run with those values."""
+    name = f"built_{mode}"
+    rng = np.random.default_rng(9)
+    shape = (3, 5)  # UINT8: 15 bytes, buffers of 16 (DirectML's 4-byte sizes)
+
+    def build(client: AnyClient, a: Arr, b: Arr) -> Any:
+        batch = client.batch()
+        x, y = batch.input("x", a), batch.input("y", b)
+        masked = batch.bit_and(x, y, out="masked")
+        batch.bit_not(masked, out="flipped")
+        batch.output("flipped", "UINT8", shape)
+        batch.output("masked", "UINT8", shape)
+        return batch
+
+    async def scenario(client: AnyClient) -> None:
+        a = rng.integers(0, 256, shape, dtype=np.uint8)
+        b = rng.integers(0, 256, shape, dtype=np.uint8)
+        graph = build(client, np.zeros(shape, np.uint8), np.zeros(shape, np.uint8)).graph()
+        assert [(t.name, t.shape) for t in graph.inputs] == [("x", [3, 5]), ("y", [3, 5])]
+        assert [t.name for t in graph.outputs] == ["flipped", "masked"]
+        try:
+            await done(client.load_graph(name, graph))
+            result = await done(client.infer(name, {"x": a, "y": b}))
+            assert result.outputs["masked"].tolist() == (a & b).tolist()
+            assert result.outputs["flipped"].tolist() == (~(a & b)).tolist()
+            ran = await done(build(client, a, b).run())
+            for output in ("masked", "flipped"):
+                assert result.outputs[output].tobytes() == ran[output].tobytes()
+        finally:
+            await unload_quietly(client, name)
+
+    run(mode, server_url, scenario)
+
+
+def test_a_strided_output_cannot_be_a_graphs() -> None:
+    batch = Client("http://127.0.0.1:9").batch()
+    x = batch.input("x", np.zeros((2, 2), np.uint32))
+    batch.bit_not(x, in_place=True)
+    batch.output(x.tensor("UINT32", (2, 2), strides=(1, 2)))
+    with pytest.raises(ValueError, match="whole buffer, packed"):
+        batch.graph()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -72,8 +73,8 @@ def as_batch(document: Document, inputs: Arrays) -> dict[str, np.ndarray[Any, An
         }
     ).encode()
     by_buffer = {t["buffer"]: inputs[t["name"]] for t in document["inputs"]}
-    data = [
-        np.ascontiguousarray(by_buffer[b["name"]]).tobytes()
+    data = [  # each buffer's bytes: the input's, padded with zeros to the buffer's size
+        np.ascontiguousarray(by_buffer[b["name"]]).tobytes().ljust(b["byte_size"], b"\0")
         for b in document["buffers"]
         if b.get("init") is None
     ]
@@ -82,7 +83,9 @@ def as_batch(document: Document, inputs: Arrays) -> dict[str, np.ndarray[Any, An
     sinks = [bytearray(plan.buffers[i].byte_size) for i in plan.outputs]
     run_batch(plan, body, BACKEND, [memoryview(s) for s in sinks])
     return {
-        o["name"]: np.frombuffer(sink, o["datatype"].lower()).reshape(o["shape"])
+        o["name"]: np.frombuffer(sink, o["datatype"].lower(), math.prod(o["shape"])).reshape(
+            o["shape"]
+        )
         for o, sink in zip(document["outputs"], sinks, strict=True)
     }
 
@@ -403,3 +406,33 @@ def test_on_a_device_the_buffers_are_placed_there_and_the_outputs_copied_back(fi
     host = run(document, {"x": x}, fill)
     assert host["y"].tobytes() == outputs["y"].tobytes()
     assert host["x_out"].tobytes() == outputs["x_out"].tobytes()
+
+
+def test_buffers_padded_to_four_bytes_as_directml_sizes_them() -> None:
+    """Three UINT8 in a buffer of 4 (DirectML's size), NOT'ed as 4 elements into an output
+    buffer of 4: the input's padding is zeros, the output's fourth byte is not answered."""
+    document: Document = {
+        "inputs": [{"name": "x", "datatype": "UINT8", "shape": [3], "buffer": "x"}],
+        "outputs": [{"name": "y", "datatype": "UINT8", "shape": [3], "buffer": "y"}],
+        "buffers": [{"name": "x", "byte_size": 4}, {"name": "y", "byte_size": 4, "init": "zeros"}],
+        "dispatches": [
+            {
+                "operator": "DML_OPERATOR_ELEMENT_WISE_BIT_NOT",
+                "bindings": {
+                    "InputTensor": binding("x", "UINT8", [4]),
+                    "OutputTensor": binding("y", "UINT8", [4]),
+                },
+            }
+        ],
+    }
+    x = np.array([1, 2, 3], np.uint8)
+    for backend in (BACKEND, DeviceLike(1)):
+        graph = read(document)
+        plan = graph.plan({"x": [3]})
+        out = {"y": np.zeros(3, np.uint8)}
+        graph.run(plan, backend, {"x": x}, out)
+        assert out["y"].tolist() == [254, 253, 252]
+    assert as_batch(document, {"x": x})["y"].tolist() == [254, 253, 252]
+    document["buffers"][0]["byte_size"] = 8  # past the padding: refused
+    error = refusal(document)
+    assert (error.field, error.rule) == ("inputs[0].buffer", "buffer_size")

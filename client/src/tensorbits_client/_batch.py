@@ -11,6 +11,7 @@ allocate the output for the common case in one line.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from tensorbits_client._types import NOT_GIVEN, Array, NotGiven, ParameterValue,
 from tensorbits_protocol.dml import TensorDesc
 from tensorbits_protocol.dtypes import DataType, from_numpy, itemsize, numpy_dtype, parse_datatype
 from tensorbits_protocol.operators import OperatorSpec
-from tensorbits_protocol.v1 import BufferBinding, BufferDeclaration, Dispatch
+from tensorbits_protocol.v1 import BindingGraph, BufferBinding, BufferDeclaration, Dispatch
 from tensorbits_protocol.v1_codec import buffer_binding, encode_dispatch, encode_header
 
 R = TypeVar("R")
@@ -97,6 +98,10 @@ def _parsed_datatype(name: str) -> DataType:
     if parsed is None:
         raise ValueError(f"unknown data type {name!r}")
     return parsed
+
+
+def _graph_tensor(name: str, datatype: DataType, shape: Sequence[int]) -> dict[str, Any]:
+    return {"name": name, "datatype": datatype.value, "shape": list(shape), "buffer": name}
 
 
 def _round4(nbytes: int) -> int:
@@ -409,16 +414,52 @@ class Batch(MethodOwner[Binding], Generic[R]):
             return _OutputView(numpy_dtype(buffer.datatype), buffer.shape)
         return _OutputView(np.dtype(np.uint8), (buffer.nbytes,))
 
-    def plan(self) -> PreparedBatch:
-        """The request body and the output views (what ``run`` sends)."""
+    def _views(self) -> dict[str, _OutputView]:
         views = dict(self._outputs)
         if not views and self._last_output is not None:
             last = self._last_output
             views[last.buffer] = self._view(self._buffers[last.buffer], last, None, None)
         if not views:
             raise ValueError("nothing to return: name a buffer with batch.output(...)")
+        return views
+
+    def plan(self) -> PreparedBatch:
+        """The request body and the output views (what ``run`` sends)."""
+        views = self._views()
         header = encode_header(self.request_id, self._declarations, self._dispatches, list(views))
         return PreparedBatch(Framed.framed(header, self._data), views)
+
+    def graph(self) -> BindingGraph:
+        """This batch as a graph model in the binding model (``client.load_graph``): its buffers
+        and dispatches, each buffer given by ``input`` a model input of that name (the array's
+        type and shape; its values are not kept), each buffer returned a model output of that
+        name (its whole bytes, packed: not a strided or offset view)."""
+        views = self._views()
+        header = json.loads(encode_header(None, self._declarations, self._dispatches, []))
+        inputs = []
+        for declaration in self._declarations:
+            if declaration.init is not None:
+                continue
+            buffer = self._buffers[declaration.name]
+            assert buffer.datatype is not None  # input() types it
+            assert buffer.shape is not None
+            inputs.append(_graph_tensor(buffer.name, buffer.datatype, buffer.shape))
+        outputs = []
+        for name, view in views.items():
+            if view.offset or view.byte_strides is not None:
+                raise ValueError(
+                    f"output {name!r}: a graph model's output is a whole buffer, packed; this "
+                    "one is a view at an offset or with strides"
+                )
+            outputs.append(_graph_tensor(name, from_numpy(view.dtype), view.shape))
+        return BindingGraph.model_validate(
+            {
+                "inputs": inputs,
+                "outputs": outputs,
+                "buffers": header["buffers"],
+                "dispatches": header["dispatches"],
+            }
+        )
 
     def run(self, *, timeout: TimeoutTypes | NotGiven = NOT_GIVEN) -> R:
         """Send the batch; the outputs come back as arrays keyed by buffer name. Without any

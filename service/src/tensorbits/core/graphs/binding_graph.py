@@ -4,7 +4,8 @@ outputs, each a whole buffer read as one packed tensor.
 
 Read once, at load: the file under the batch header's JSON bounds (``file_limits``) and its
 schema; then the inputs and outputs against their buffers (each buffer's ``byte_size`` is its
-tensor's bytes; a buffer without ``init`` is an input's, every other one zero-filled), and the
+tensor's bytes, or them rounded up to a multiple of 4 as DirectML sizes buffers, an input's
+padding zeros; a buffer without ``init`` is an input's, every other one zero-filled), and the
 dispatches by the batch planner itself (``batch.plan_batch``: every binding inside its buffer,
 every operator's tables at the dispatch's feature level, strides, aliasing and in-place rules),
 so a refusal names the same field paths and rules a /v1 batch's would. The model's shapes are
@@ -57,6 +58,11 @@ FILE_FIELD = "model.json"
 _VALUES_PER_TENSOR = 8 + max(row.max_rank for op in OPERATORS for row in op.support)
 MAX_RANK = max(row.max_rank for op in OPERATORS for row in op.support)
 _UINT8 = np.dtype(np.uint8)
+
+
+def padded_size(nbytes: int) -> int:
+    """``nbytes`` rounded up to a multiple of 4: the size DirectML gives a buffer."""
+    return -(-nbytes // 4) * 4
 
 
 def file_limits(limits: BatchLimits) -> JsonLimits:
@@ -144,11 +150,15 @@ def run_binding(
     for index, buffer in enumerate(batch.buffers):
         out = output_of.get(index)
         target = _flat_bytes(out) if out is not None and backend.host_memory else None
-        if target is not None and not target.flags.writeable:
-            target = None
+        if target is not None and (not target.flags.writeable or target.size != buffer.byte_size):
+            target = None  # read-only, or a buffer padded past its tensor (DirectML's 4 bytes)
         name = plan.input_buffers.get(index)
         if name is not None:
             source = np.ascontiguousarray(inputs[name]).reshape(-1).view(_UINT8)
+            if source.size != buffer.byte_size:  # padded to DirectML's 4 bytes: zeros after
+                padded = np.zeros(buffer.byte_size, _UINT8)
+                padded[: source.size] = source
+                source = padded
             if target is not None:
                 np.copyto(target, source)
                 buffers.append(target)
@@ -172,10 +182,11 @@ def run_binding(
             continue
         out = outputs[output.name]
         flat = _flat_bytes(out)
-        if flat is not None and flat.flags.writeable:
-            backend.to_host(buffers[output.buffer], flat)
-        else:
-            host = backend.to_host(buffers[output.buffer])
+        whole = buffers[output.buffer]
+        if flat is not None and flat.flags.writeable and flat.size == whole.shape[0]:
+            backend.to_host(whole, flat)
+        else:  # strided or read-only, or a buffer padded past its tensor
+            host = backend.to_host(whole)[: out.nbytes]
             out[...] = host.view(out.dtype).reshape(out.shape)
 
 
@@ -245,13 +256,14 @@ def _bind(
                 f"buffer {shown(entry.buffer)} is {kind}s[{buffers[entry.buffer]}]'s already",
             )
         buffers[entry.buffer] = index
-        if sizes[entry.buffer] != nbytes:
+        if sizes[entry.buffer] not in (nbytes, padded_size(nbytes)):
             raise invalid(
                 f"{field}.buffer",
                 "buffer_size",
                 f"buffer {shown(entry.buffer)} has {sizes[entry.buffer]} bytes; "
                 f"{entry.datatype} {list(entry.shape)} is {nbytes} (a model's {kind} is a whole "
-                "buffer)",
+                "buffer: its bytes, or them rounded up to a multiple of 4 as DirectML sizes "
+                "buffers)",
             )
         declared.append(decl)
         bytes_.append(nbytes)
@@ -260,7 +272,7 @@ def _bind(
 
 def _program(graph: BindingGraphFile, limits: BatchLimits) -> BindingGraph:
     sizes = {b.name: b.byte_size for b in graph.buffers}
-    inputs, input_bytes = _bind("input", graph.inputs, sizes, limits)
+    inputs, _ = _bind("input", graph.inputs, sizes, limits)
     outputs, output_bytes = _bind("output", graph.outputs, sizes, limits)
     input_of = {entry.buffer: entry.name for entry in graph.inputs}
     for index, buffer in enumerate(graph.buffers):
@@ -279,7 +291,7 @@ def _program(graph: BindingGraphFile, limits: BatchLimits) -> BindingGraph:
                 f"buffer {shown(buffer.name)} holds input {shown(input_of[buffer.name])}: it "
                 "cannot be zero-filled too",
             )
-    total = sum(input_bytes)
+    total = sum(sizes[entry.buffer] for entry in graph.inputs)  # the input buffers' bytes
     if total > limits.max_temporary_bytes:
         raise PayloadTooLarge(
             f"inputs: {total} bytes, more than a request may carry ({limits.max_temporary_bytes},"
