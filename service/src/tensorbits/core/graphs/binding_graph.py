@@ -52,7 +52,6 @@ from tensorbits_protocol.v1 import GraphTensor
 from tensorbits_protocol.validation import Shape, TensorSpec
 
 HostArray = np.ndarray[Any, Any]
-KIND = "binding"
 FILE_FIELD = "model.json"
 # JSON values an input or output entry holds: its members and its shape's dimensions.
 _VALUES_PER_TENSOR = 8 + max(row.max_rank for op in OPERATORS for row in op.support)
@@ -105,7 +104,6 @@ class BindingGraph:
     """A binding graph model's program (``program.GraphProgram``)."""
 
     __slots__ = ("_plan", "inputs", "outputs")
-    kind = KIND
 
     def __init__(
         self, inputs: tuple[ValueDecl, ...], outputs: tuple[ValueDecl, ...], plan: BindingPlan
@@ -351,4 +349,4 @@ def _zero_filled(batch: BatchPlan) -> tuple[bool, ...]:
     return tuple(needs)
 
 
-__all__ = ["KIND", "BindingGraph", "BindingPlan", "file_limits", "read_binding_graph"]
+__all__ = ["BindingGraph", "BindingPlan", "file_limits", "read_binding_graph"]

@@ -49,8 +49,6 @@ class ModelPlan(Protocol):
 class GraphProgram(Protocol):
     """A graph model's executable part (see the module's docstring)."""
 
-    kind: str  # what the model was made from, as its configuration names it
-
     @property
     def inputs(self) -> tuple[ValueDecl, ...]: ...
     @property
@@ -78,7 +76,6 @@ class OnnxGraph:
     (``PlanCache``), run fused where it can be (``run_graph``)."""
 
     __slots__ = ("plans", "spec")
-    kind = "onnx"
 
     def __init__(self, spec: GraphSpec) -> None:
         self.spec = spec
