@@ -135,3 +135,24 @@ def binding_example() -> dict[str, Any]:
     first = examples[0]
     assert isinstance(first, dict)
     return copy.deepcopy(dict(first))
+
+
+# A model the configuration tests load: z = x AND k, x and z of a symbolic row count by 4 UINT8,
+# k a constant row; and Triton's configuration of it as config.pbtxt.
+MASKED_PBTXT = """\
+name: "masked"
+backend: "onnxruntime"
+max_batch_size: 0
+input [ { name: "x" data_type: TYPE_UINT8 dims: [ -1, 4 ] } ]
+output [ { name: "z" data_type: TYPE_UINT8 dims: [ -1, 4 ] } ]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+
+
+def masked_model() -> bytes:
+    return model_bytes(
+        [helper.make_node("BitwiseAnd", ["x", "k"], ["z"])],
+        [tensor("x", TensorProto.UINT8, ["n", 4])],
+        [tensor("z", TensorProto.UINT8, ["n", 4])],
+        [constant("k", np.array([1, 3, 7, 15], np.uint8))],
+    )

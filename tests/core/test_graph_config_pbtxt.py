@@ -11,14 +11,16 @@ import warnings
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 import pytest
-from core.graph_models import BATCH_LIMITS, constant, model_bytes, tensor
+from core.graph_models import (
+    BATCH_LIMITS,
+    MASKED_PBTXT,
+    masked_model,
+)
 from google.protobuf import text_format
 from google.protobuf.descriptor import Descriptor
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from onnx import TensorProto, helper
 from support.planes import data_plane
 
 from tensorbits.core.graphs.limits import GraphLimits
@@ -35,14 +37,6 @@ from tensorbits.grpc import inference_pb2
 from tensorbits.model_repository import load_repository
 from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge, TensorbitsError
 
-MASKED = """\
-name: "masked"
-backend: "onnxruntime"
-max_batch_size: 0
-input [ { name: "x" data_type: TYPE_UINT8 dims: [ -1, 4 ] } ]
-output [ { name: "z" data_type: TYPE_UINT8 dims: [ -1, 4 ] } ]
-instance_group [ { kind: KIND_CPU count: 1 } ]
-"""
 MASKED_JSON = {
     "name": "masked",
     "backend": "onnxruntime",
@@ -50,15 +44,6 @@ MASKED_JSON = {
     "output": [{"name": "z", "data_type": "TYPE_UINT8", "dims": [-1, 4]}],
     "instance_group": [{"kind": "KIND_CPU", "count": 1}],
 }
-
-
-def masked_model() -> bytes:
-    return model_bytes(
-        [helper.make_node("BitwiseAnd", ["x", "k"], ["z"])],
-        [tensor("x", TensorProto.UINT8, ["n", 4])],
-        [tensor("z", TensorProto.UINT8, ["n", 4])],
-        [constant("k", np.array([1, 3, 7, 15], np.uint8))],
-    )
 
 
 def refused(text: str | bytes, rule: str, field: str = "config.pbtxt") -> TensorbitsError:
@@ -72,17 +57,19 @@ def refused(text: str | bytes, rule: str, field: str = "config.pbtxt") -> Tensor
 
 
 def test_triton_s_example_is_the_json_document_with_dims_as_numbers() -> None:
-    document = read_pbtxt(MASKED)
+    document = read_pbtxt(MASKED_PBTXT)
     assert document == MASKED_JSON  # max_batch_size 0 is protobuf's default: left out
     assert all(type(d) is int for e in document["input"] + document["output"] for d in e["dims"])
-    assert json.loads(pbtxt_as_json(MASKED)) == MASKED_JSON
+    assert json.loads(pbtxt_as_json(MASKED_PBTXT)) == MASKED_JSON
 
 
 def test_both_forms_are_one_document_under_one_set_of_checks() -> None:
-    from_pbtxt = read_config(pbtxt_as_json(MASKED), "masked")
+    from_pbtxt = read_config(pbtxt_as_json(MASKED_PBTXT), "masked")
     assert from_pbtxt == read_config(json.dumps(MASKED_JSON), "masked")
     assert "instance_group" not in from_pbtxt  # taken, not acted on
-    model = build("masked", pbtxt_as_json(MASKED), masked_model(), GraphLimits(), BATCH_LIMITS)
+    model = build(
+        "masked", pbtxt_as_json(MASKED_PBTXT), masked_model(), GraphLimits(), BATCH_LIMITS
+    )
     assert model.config["input"] == [{"name": "x", "data_type": "TYPE_UINT8", "dims": [-1, 4]}]
 
 
@@ -104,8 +91,8 @@ def test_both_forms_are_one_document_under_one_set_of_checks() -> None:
 def test_a_pbtxt_that_disagrees_with_the_file_is_refused_as_json_is(
     before: str, after: str, field: str, rule: str
 ) -> None:
-    text = MASKED.replace(before, after)
-    assert text != MASKED
+    text = MASKED_PBTXT.replace(before, after)
+    assert text != MASKED_PBTXT
     with pytest.raises(InvalidRequest) as caught:
         build("masked", pbtxt_as_json(text), masked_model(), GraphLimits(), BATCH_LIMITS)
     assert (caught.value.field, caught.value.rule) == (field, rule)
@@ -201,7 +188,7 @@ def parser_unused(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.usefixtures("parser_unused")
 def test_a_text_past_the_bound_is_refused_before_it_is_parsed() -> None:
-    text = MASKED + "#" * (MAX_CONFIG_BYTES - len(MASKED) + 1)
+    text = MASKED_PBTXT + "#" * (MAX_CONFIG_BYTES - len(MASKED_PBTXT) + 1)
     with pytest.raises(PayloadTooLarge) as caught:
         read_pbtxt(text)
     assert (caught.value.field, caught.value.rule) == ("config.pbtxt", "max_config_bytes")
@@ -209,7 +196,7 @@ def test_a_text_past_the_bound_is_refused_before_it_is_parsed() -> None:
 
 
 def test_a_text_at_the_bound_is_parsed() -> None:
-    text = MASKED + "#" * (MAX_CONFIG_BYTES - len(MASKED))
+    text = MASKED_PBTXT + "#" * (MAX_CONFIG_BYTES - len(MASKED_PBTXT))
     assert len(text.encode()) == MAX_CONFIG_BYTES
     assert read_pbtxt(text) == MASKED_JSON
 
@@ -237,8 +224,8 @@ TOKENS = st.sampled_from(
         st.binary(max_size=200),
         st.lists(TOKENS, max_size=30).map("".join),
         st.builds(
-            lambda cut, noise: MASKED[:cut] + noise + MASKED[cut:],
-            st.integers(0, len(MASKED)),
+            lambda cut, noise: MASKED_PBTXT[:cut] + noise + MASKED_PBTXT[cut:],
+            st.integers(0, len(MASKED_PBTXT)),
             st.lists(TOKENS, max_size=6).map("".join),
         ),
     )
@@ -297,8 +284,10 @@ def _folder(root: Path, name: str, files: dict[str, str | bytes]) -> None:
 
 
 def test_the_folder_reads_config_pbtxt_and_refuses_a_folder_with_both(tmp_path: Path) -> None:
-    _folder(tmp_path, "masked", {"config.pbtxt": MASKED})
-    _folder(tmp_path, "both", {"config.pbtxt": MASKED, "config.json": json.dumps(MASKED_JSON)})
+    _folder(tmp_path, "masked", {"config.pbtxt": MASKED_PBTXT})
+    _folder(
+        tmp_path, "both", {"config.pbtxt": MASKED_PBTXT, "config.json": json.dumps(MASKED_JSON)}
+    )
     _folder(tmp_path, "broken", {"config.pbtxt": 'backend: "onnxruntime"\nbatching {}\n'})
     _folder(tmp_path, "none", {})
     _folder(tmp_path, "large", {"config.pbtxt": "#" * (MAX_CONFIG_BYTES + 1)})

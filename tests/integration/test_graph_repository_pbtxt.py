@@ -12,36 +12,18 @@ from typing import Any
 import numpy as np
 import pytest
 import tritonclient.http as triton_http
-from core.graph_models import constant, model_bytes, tensor
-from onnx import TensorProto, helper
+from core.graph_models import MASKED_PBTXT, masked_model
 from support.live import LiveServer, serve
 
 pytestmark = pytest.mark.integration
 ort = pytest.importorskip("onnxruntime")
 
-MASKED = """\
-name: "masked"
-backend: "onnxruntime"
-max_batch_size: 0
-input [ { name: "x" data_type: TYPE_UINT8 dims: [ -1, 4 ] } ]
-output [ { name: "z" data_type: TYPE_UINT8 dims: [ -1, 4 ] } ]
-instance_group [ { kind: KIND_CPU count: 1 } ]
-"""
 # Triton's batching settings: not taken for a graph model, refused naming the field and line.
 BROKEN = """\
 name: "broken_pbtxt"
 platform: "onnxruntime_onnx"
 dynamic_batching { max_queue_delay_microseconds: 100 }
 """
-
-
-def masked_model() -> bytes:
-    return model_bytes(
-        [helper.make_node("BitwiseAnd", ["x", "k"], ["z"])],
-        [tensor("x", TensorProto.UINT8, ["n", 4])],
-        [tensor("z", TensorProto.UINT8, ["n", 4])],
-        [constant("k", np.array([1, 3, 7, 15], np.uint8))],
-    )
 
 
 def _model_folder(root: Path, name: str, files: dict[str, str]) -> None:
@@ -54,9 +36,9 @@ def _model_folder(root: Path, name: str, files: dict[str, str]) -> None:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     root = tmp_path_factory.mktemp("pbtxt_repository")
-    _model_folder(root, "masked", {"config.pbtxt": MASKED})
+    _model_folder(root, "masked", {"config.pbtxt": MASKED_PBTXT})
     _model_folder(root, "broken_pbtxt", {"config.pbtxt": BROKEN})
-    both = {"config.pbtxt": MASKED.replace("masked", "both"), "config.json": "{}"}
+    both = {"config.pbtxt": MASKED_PBTXT.replace("masked", "both"), "config.json": "{}"}
     _model_folder(root, "both", both)
     with serve({"TENSORBITS_MODEL_REPOSITORY": str(root)}) as live:
         yield live
