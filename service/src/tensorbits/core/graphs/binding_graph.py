@@ -53,9 +53,9 @@ from tensorbits_protocol.validation import Shape, TensorSpec
 
 HostArray = np.ndarray[Any, Any]
 FILE_FIELD = "model.json"
+MAX_RANK = max(row.max_rank for op in OPERATORS for row in op.support)  # any operator takes
 # JSON values an input or output entry holds: its members and its shape's dimensions.
-_VALUES_PER_TENSOR = 8 + max(row.max_rank for op in OPERATORS for row in op.support)
-MAX_RANK = max(row.max_rank for op in OPERATORS for row in op.support)
+_VALUES_PER_TENSOR = 8 + MAX_RANK
 _UINT8 = np.dtype(np.uint8)
 
 
