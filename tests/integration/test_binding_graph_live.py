@@ -28,6 +28,7 @@ PROTOCOLS = ("http", "grpc")
 CONFIG = json.dumps({"backend": "tensorbits"})
 MODEL_FILE = "file:1/model.json"
 RNG = np.random.default_rng(11)
+MAX_DISPATCHES = 8
 PBTXT = 'platform: "tensorbits_graph"\ninstance_group [ { kind: KIND_CPU } ]\n'
 
 
@@ -46,7 +47,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GrpcServer]:
     (wrong / "1").mkdir(parents=True)
     (wrong / "config.json").write_text(CONFIG)
     (wrong / "1" / "model.onnx").write_bytes(model_json())
-    with serve_grpc({"TENSORBITS_MODEL_REPOSITORY": str(root)}) as live:
+    env = {
+        "TENSORBITS_MODEL_REPOSITORY": str(root),
+        "TENSORBITS_MAX_DISPATCHES": str(MAX_DISPATCHES),
+    }
+    with serve_grpc(env) as live:
         yield live
 
 
@@ -244,3 +249,34 @@ def test_a_refused_load_names_the_field_and_rule_and_loads_nothing(
         assert code == 400
         assert body["rule"] == rule
     assert name not in {e["name"] for e in http.get_model_repository_index()}
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_flooded_or_deep_file_is_refused_by_its_bounds_and_the_server_serves_on(
+    protocol: str, server: GrpcServer, http: Any, grpc: Any
+) -> None:
+    """Past the batch header's bounds (more dispatches than TENSORBITS_MAX_DISPATCHES, JSON
+    nested past its depth): refused naming the bound, nothing loaded, the server serving."""
+    flooded = binding_example()
+    flooded["dispatches"] = flooded["dispatches"] * (MAX_DISPATCHES // 2 + 1)
+    deep = b'{"inputs": ' + b"[" * 4096 + b"]" * 4096 + b"}"
+    for data, status, code, words, rule in (
+        (
+            model_json(flooded), "413", "StatusCode.RESOURCE_EXHAUSTED",
+            f"model.json: 10 dispatches listed, more than the limit of {MAX_DISPATCHES}",
+            "max_dispatches",
+        ),
+        (deep, "400", "StatusCode.INVALID_ARGUMENT", "model.json", "max_json_depth"),
+    ):  # fmt: skip
+        with pytest.raises(InferenceServerException) as caught:
+            load(protocol, server, grpc, "flooded", data)
+        assert caught.value.status() in (status, code), caught.value.status()
+        assert words in caught.value.message()
+        if protocol == "http":
+            parameters = load_parameters(CONFIG, {MODEL_FILE: data})
+            assert http_load(server.http.base_url, "flooded", parameters)[1]["rule"] == rule
+        assert "flooded" not in {e["name"] for e in http.get_model_repository_index()}
+        assert http.is_server_live()
+        given = feeds()
+        got = infer(protocol, http, grpc, "folder_hamming", given)
+        assert got.tolist() == np.bitwise_count(given["codes"] ^ given["query"]).tolist()
