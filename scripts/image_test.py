@@ -24,7 +24,7 @@ the setting, and the kernel cache (CUPY_CACHE_DIR) is writable by the image's us
 
 Then, where podman is installed, the CPU image once more as an orchestrator runs it (podman,
 runc, the same containers/storage as buildah's, so nothing is exported): the Deployment's
-container (docker/k8s/deployment.yaml) as far as one machine can play it. A read-only root
+container (docker/k8s/base/deployment.yaml) as far as one machine can play it. A read-only root
 filesystem with tmpfs on exactly its writable paths, the image's USER, no capabilities, no
 privilege escalation, the Deployment's env (the ports moved) and its API-key Secret mounted
 read-only. Kubernetes' order: the startup probe until it passes, then the liveness and readiness
@@ -74,7 +74,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 REPO = images.REPO
 READY_TIMEOUT_S = float(os.environ.get("TENSORBITS_IMAGE_READY_TIMEOUT", "90"))
 STOP_TIMEOUT_S = 20.0
-DEPLOYMENT = REPO / "docker" / "k8s" / "deployment.yaml"
+DEPLOYMENT = REPO / "docker" / "k8s" / "base" / "deployment.yaml"
 # Never in an image: the dev group's tools, and tritonclient (the tests' client, not the server's).
 DEV_TOOLS = ("pytest", "mypy", "ruff", "hypothesis", "tritonclient", "schemathesis", "hadolint")
 # Folders whose own entry `buildah run` itself touches on every run (it makes and removes its

@@ -7,11 +7,13 @@ themselves, so the checks follow the files instead of repeating them.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
 import shlex
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -19,6 +21,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml  # type: ignore[import-untyped]  # PyYAML ships no type hints
 
 REPO = Path(__file__).resolve().parents[2]
@@ -191,6 +194,14 @@ def dockerfile(kind: str) -> Dockerfile:
     return parse_dockerfile(DOCKERFILES[kind])
 
 
+def exposed_ports(kind: str) -> set[int]:
+    """The ports the ``kind`` image's final stage EXPOSEs."""
+    ports: set[int] = set()
+    for instruction in dockerfile(kind).final.all("EXPOSE"):
+        ports.update(int(word.split("/")[0]) for word in instruction.rest.split())
+    return ports
+
+
 def copy_sources_and_dest(instruction: Instruction) -> tuple[list[str], str]:
     """COPY's sources and destination (shell-like form; the JSON form is not used here)."""
     if instruction.rest.startswith("["):
@@ -301,18 +312,63 @@ def load_yaml_documents(path: Path) -> list[dict[str, Any]]:
     return documents
 
 
-def k8s_manifest_paths() -> list[Path]:
-    return sorted(K8S.rglob("*.yaml"))
+# Every folder under docker/k8s/ is a kustomization (docker/README.md): the base, which applies
+# on any cluster; the variants built on it (they replace it); the add-ons applied beside one of
+# those; and KServe's alternative.
+K8S_BASE = "base"
+K8S_VARIANTS = ("cpu", "gpu-operator")
+K8S_ADD_ONS = ("prometheus-operator", "networkpolicy")
+K8S_KSERVE = "kserve"
+KUSTOMIZATIONS = (K8S_BASE, *K8S_VARIANTS, *K8S_ADD_ONS, K8S_KSERVE)
+# The set the checks look each kind up in (k8s_resource): the base with every add-on, and KServe.
+K8S_CHECKED = (K8S_BASE, *K8S_ADD_ONS, K8S_KSERVE)
 
 
-def k8s_resources() -> list[tuple[Path, dict[str, Any]]]:
-    return [(path, doc) for path in k8s_manifest_paths() for doc in load_yaml_documents(path)]
+@cache
+def _kustomize_output(name: str) -> str:
+    kubectl = find_tool("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed: docker/k8s/ is rendered by `kubectl kustomize`")
+    result = subprocess.run(
+        [kubectl, "kustomize", str(K8S / name)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise AssertionError(f"kubectl kustomize docker/k8s/{name}: {result.stderr.strip()}")
+    return result.stdout
 
 
-def k8s_resource(kind: str) -> dict[str, Any]:
-    found = [doc for _, doc in k8s_resources() if doc.get("kind") == kind]
+@cache
+def _kustomized(name: str) -> tuple[dict[str, Any], ...]:
+    documents = tuple(doc for doc in yaml.safe_load_all(_kustomize_output(name)) if doc)
+    if not all(isinstance(doc, dict) for doc in documents):
+        raise ValueError(f"docker/k8s/{name}: a rendered document is not a mapping")
+    return documents
+
+
+def kustomize(name: str) -> list[dict[str, Any]]:
+    """The documents ``kubectl apply -k docker/k8s/<name>`` applies, as ``kubectl kustomize``
+    renders them (a copy: the tests may change theirs). Skips the test where kubectl is absent."""
+    return copy.deepcopy(list(_kustomized(name)))
+
+
+def k8s_resources() -> list[tuple[str, dict[str, Any]]]:
+    """(kustomization, document) for every document of ``K8S_CHECKED``, rendered."""
+    return [(name, doc) for name in K8S_CHECKED for doc in kustomize(name)]
+
+
+def k8s_resource(kind: str, kustomization: str | None = None) -> dict[str, Any]:
+    """The one rendered resource of ``kind`` in ``K8S_CHECKED`` or in ``kustomization``."""
+    documents = (
+        [doc for _, doc in k8s_resources()] if kustomization is None else kustomize(kustomization)
+    )
+    found = [doc for doc in documents if doc.get("kind") == kind]
     if len(found) != 1:
-        raise LookupError(f"expected one {kind} under docker/k8s/, found {len(found)}")
+        where = "docker/k8s/" + (kustomization or "{" + ",".join(K8S_CHECKED) + "}")
+        raise LookupError(f"expected one {kind} rendered from {where}, found {len(found)}")
     return found[0]
 
 
@@ -322,13 +378,15 @@ def env_list(container: dict[str, Any]) -> dict[str, str]:
 
 
 def k8s_named(kind: str, name: str) -> dict[str, Any]:
-    """The one resource of ``kind`` named ``name`` under docker/k8s/ (for kinds there are
-    several of, such as Service)."""
+    """The one rendered resource of ``kind`` named ``name`` in ``K8S_CHECKED`` (for kinds there
+    are several of, such as Service)."""
     found = [
         doc
         for _, doc in k8s_resources()
         if doc.get("kind") == kind and doc.get("metadata", {}).get("name") == name
     ]
     if len(found) != 1:
-        raise LookupError(f"expected one {kind} {name!r} under docker/k8s/, found {len(found)}")
+        raise LookupError(
+            f"expected one {kind} {name!r} rendered from docker/k8s/, found {len(found)}"
+        )
     return found[0]

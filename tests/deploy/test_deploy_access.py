@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import yaml  # type: ignore[import-untyped]  # PyYAML ships no type hints
-from deploy.deployfiles import COMPOSE_FILE, K8S, env_list, k8s_resource, load_yaml_documents
+from deploy.deployfiles import COMPOSE_FILE, env_list, k8s_resource, kustomize
 from support.inprocess import TestClient
 
 from tensorbits.app import create_app
@@ -38,8 +38,8 @@ def _isvc_pod() -> tuple[dict[str, Any], dict[str, Any]]:
 PODS = {"deployment": _deployment_pod, "inferenceservice": _isvc_pod}
 
 
-def _network_policy(path: Path) -> dict[str, Any]:
-    (policy,) = [d for d in load_yaml_documents(path) if d["kind"] == "NetworkPolicy"]
+def _network_policy(kustomization: str) -> dict[str, Any]:
+    (policy,) = [d for d in kustomize(kustomization) if d["kind"] == "NetworkPolicy"]
     return policy
 
 
@@ -141,7 +141,7 @@ def _admitted(policy: dict[str, Any]) -> list[dict[str, str]]:
 def test_the_network_policy_admits_labelled_namespaces_on_the_served_ports() -> None:
     """Clients: the HTTP and gRPC ports and nothing else. The monitoring namespace: the metrics
     port alone. Together, every port the container has."""
-    policy = _network_policy(K8S / "networkpolicy.yaml")
+    policy = _network_policy("networkpolicy")
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= _pod_labels().items()
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     assert _admitted(policy) == [CLIENT_LABEL, MONITORING]
@@ -156,7 +156,7 @@ def test_the_network_policy_admits_labelled_namespaces_on_the_served_ports() -> 
 
 
 def test_the_kserve_network_policy_admits_the_gateway_knative_and_labelled_namespaces() -> None:
-    policy = _network_policy(K8S / "kserve" / "networkpolicy.yaml")
+    policy = _network_policy("kserve")
     isvc = k8s_resource("InferenceService")
     # KServe labels the predictor's pods with the InferenceService's name.
     assert policy["spec"]["podSelector"]["matchLabels"] == {

@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml  # type: ignore[import-untyped]  # PyYAML ships no type hints
-from deploy.deployfiles import COMPOSE_FILE, COMPOSE_SCHEMA, DOCKER, dockerfile, find_tool
+from deploy.deployfiles import (
+    COMPOSE_FILE,
+    COMPOSE_SCHEMA,
+    DOCKER,
+    dockerfile,
+    exposed_ports,
+    find_tool,
+)
 
 jsonschema = pytest.importorskip("jsonschema", reason="jsonschema not installed (dev dependency)")
 if TYPE_CHECKING:
@@ -191,27 +198,48 @@ def test_services_are_healthchecked_hardened_and_env_driven(service: str) -> Non
     assert VARIABLE.fullmatch(env["TENSORBITS_LOG_LEVEL"])
     # The GPU service scales: the balancer publishes its ports (test_the_gpu_service_scales_...).
     published = _compose()["services"]["tensorbits-lb"] if service == "tensorbits-gpu" else spec
-    http, grpc = published["ports"]
+    http, grpc = published["ports"][:2]
     assert http.endswith(":" + env["TENSORBITS_PORT"])
     assert grpc.endswith(":8001"), "gRPC at TENSORBITS_GRPC_PORT's default"
     assert "TENSORBITS_GRPC_PORT" not in env
-    for port in (http, grpc):
+    for port in published["ports"]:
         assert VARIABLE.search(port), "published port chosen by the environment"
     assert {"path": "./tensorbits.env", "required": False} in spec["env_file"]
 
 
-def test_default_host_ports_do_not_collide() -> None:
-    """Both services up at once (`--profile cpu up`) publish four distinct host ports by
-    default: the GPU service's HTTP and gRPC (8000, 8001, through the balancer), the CPU
-    service's (8002, 8003)."""
-    published = []
-    for spec in _compose()["services"].values():
+def _published() -> dict[str, dict[int, int]]:
+    """Each service's published ports by default: {container port: host port}."""
+    published: dict[str, dict[int, int]] = {}
+    for name, spec in _compose()["services"].items():
         for port in spec.get("ports", []):
             # "${ADDRESS:-127.0.0.1}:${HOST_PORT:-8000}:8000": the second variable's default.
             address, host_port = VARIABLE.finditer(port)
             assert address.group("name") == "TENSORBITS_PUBLISH_ADDRESS"
-            published.append(host_port.group("default"))
-    assert sorted(published) == ["8000", "8001", "8002", "8003"]
+            container = int(port.rpartition(":")[2])
+            published.setdefault(name, {})[container] = int(host_port.group("default"))
+    return published
+
+
+def test_default_host_ports_do_not_collide() -> None:
+    """Both services up at once (`--profile cpu up`) publish distinct host ports by default:
+    the GPU service's HTTP and gRPC (8000, 8001, through the balancer), the CPU service's HTTP,
+    gRPC and metrics (8010, 8011, 8012)."""
+    hosts = sorted(host for ports in _published().values() for host in ports.values())
+    assert hosts == [8000, 8001, 8010, 8011, 8012]
+
+
+def test_host_ports_mean_what_the_images_ports_mean() -> None:
+    """Each service publishes the image's own ports (8000 HTTP, 8001 gRPC, 8002 metrics), all
+    moved by one offset per service (the balancer's none), so a host port names its role
+    wherever it appears: 8002 is never HTTP."""
+    exposed = exposed_ports("cpu")
+    assert exposed == exposed_ports("gpu") == {8000, 8001, 8002}
+    offsets = {}
+    for name, ports in _published().items():
+        assert set(ports) <= exposed, name
+        (offsets[name],) = {host - container for container, host in ports.items()}
+    assert offsets == {"tensorbits-lb": 0, "tensorbits-cpu": 10}
+    assert set(_published()["tensorbits-cpu"]) == exposed, "HTTP, gRPC and metrics"
 
 
 # ---- scaling behind the balancer ------------------------------------------------------------------
@@ -234,7 +262,8 @@ def test_the_gpu_service_scales_behind_the_balancer() -> None:
     gpu, balancer = services["tensorbits-gpu"], services["tensorbits-lb"]
     assert "ports" not in gpu, "a fixed host port allows one replica"
     assert "tensorbits-gpu" in balancer["depends_on"]
-    assert balancer["image"].startswith("haproxy:2."), "a pinned major version"
+    # Pinned as the Dockerfiles pin their bases: a version tag and the digest.
+    assert re.fullmatch(r"haproxy:2\.\d+\.\d+@sha256:[0-9a-f]{64}", balancer["image"])
     assert balancer["read_only"] is True
     assert balancer["cap_drop"] == ["ALL"]
     (mount,) = balancer["volumes"]

@@ -1,5 +1,7 @@
-"""docker/k8s/: every manifest valid against the Kubernetes schemas, offline, and saying what
-the deployment needs (one GPU per pod, health probes, non-root, read-only root, scaling).
+"""docker/k8s/: every document its kustomizations render (`kubectl kustomize`, what `kubectl
+apply -k` applies) valid against the Kubernetes schemas, offline, and saying what the deployment
+needs (one GPU per pod, health probes, non-root, read-only root, scaling). What each
+kustomization adds or leaves out is test_deploy_kustomize.py's.
 
 kubernetes-validate ships the Kubernetes OpenAPI schemas per version (strict variants reject
 unknown fields), so this needs no cluster and no network. KServe's InferenceService is a CRD,
@@ -13,18 +15,21 @@ from __future__ import annotations
 
 import json
 from functools import cache
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from deploy.deployfiles import (
-    K8S,
+    K8S_BASE,
+    K8S_CHECKED,
+    K8S_VARIANTS,
+    KUSTOMIZATIONS,
     dockerfile,
     env_list,
-    k8s_manifest_paths,
+    exposed_ports,
     k8s_named,
     k8s_resource,
     k8s_resources,
+    kustomize,
 )
 
 jsonschema = pytest.importorskip("jsonschema", reason="jsonschema not installed (dev dependency)")
@@ -69,22 +74,15 @@ def _versions() -> list[str]:
     return chosen
 
 
-def _label(path: Path) -> str:
-    return path.relative_to(K8S).as_posix()
-
-
 # Custom resources, not in the Kubernetes schemas: checked field by field below.
 CRD_GROUPS = ("serving.kserve.io/", "monitoring.coreos.com/")
-
-
-def _plain_resources() -> list[tuple[Path, dict[str, Any]]]:
-    return [(p, d) for p, d in k8s_resources() if not d["apiVersion"].startswith(CRD_GROUPS)]
 
 
 # ---- schema validation ----------------------------------------------------------------------------
 
 
 def test_manifests_are_present() -> None:
+    assert set(K8S_CHECKED) <= set(KUSTOMIZATIONS)
     kinds = sorted(d["kind"] for _, d in k8s_resources())
     assert kinds == [
         "Deployment",
@@ -97,21 +95,22 @@ def test_manifests_are_present() -> None:
         "Service",  # headless, for gRPC's client-side round robin
         "ServiceMonitor",  # the Prometheus Operator's
     ]
-    assert all(p.suffix == ".yaml" for p in k8s_manifest_paths())
 
 
 @pytest.mark.parametrize("version", _versions())
-@pytest.mark.parametrize(
-    ("path", "resource"),
-    _plain_resources(),
-    ids=[f"{_label(p)}:{d['kind']}" for p, d in _plain_resources()],
-)
-def test_manifest_validates_strictly(path: Path, resource: dict[str, Any], version: str) -> None:
-    try:
-        kubernetes_validate.validate(resource, version, strict=True)
-    except kubernetes_validate.ValidationError as exc:
-        where = ".".join(str(p) for p in exc.path)
-        pytest.fail(f"{_label(path)} against Kubernetes {version}: {where}: {exc.message}")
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_manifest_validates_strictly(kustomization: str, version: str) -> None:
+    """Every built-in kind each kustomization renders (the variants' patched Deployments too)."""
+    plain = [d for d in kustomize(kustomization) if not d["apiVersion"].startswith(CRD_GROUPS)]
+    for resource in plain:
+        try:
+            kubernetes_validate.validate(resource, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            where = ".".join(str(p) for p in exc.path)
+            pytest.fail(
+                f"docker/k8s/{kustomization} {resource['kind']} against Kubernetes {version}: "
+                f"{where}: {exc.message}"
+            )
 
 
 def test_strict_validation_catches_mistakes() -> None:
@@ -186,13 +185,18 @@ def test_inference_service_predictor_is_a_valid_pod_spec_with_kserve_fields() ->
 # ---- the plain Deployment ---------------------------------------------------------------------------
 
 
-def _pod_spec() -> dict[str, Any]:
-    spec: dict[str, Any] = k8s_resource("Deployment")["spec"]["template"]["spec"]
+# The kustomizations that render a Deployment: the base and the variants that replace it.
+DEPLOYMENTS = (K8S_BASE, *K8S_VARIANTS)
+
+
+def _pod_spec(kustomization: str = K8S_BASE) -> dict[str, Any]:
+    deployment = k8s_resource("Deployment", kustomization)
+    spec: dict[str, Any] = deployment["spec"]["template"]["spec"]
     return spec
 
 
-def _container() -> dict[str, Any]:
-    (container,) = _pod_spec()["containers"]
+def _container(kustomization: str = K8S_BASE) -> dict[str, Any]:
+    (container,) = _pod_spec(kustomization)["containers"]
     assert isinstance(container, dict)
     return container
 
@@ -370,11 +374,12 @@ def _prestop_seconds(container: dict[str, Any]) -> float:
     return float(command[1])
 
 
-def test_the_stop_fits_the_grace_period() -> None:
+@pytest.mark.parametrize("kustomization", DEPLOYMENTS)
+def test_the_stop_fits_the_grace_period(kustomization: str) -> None:
     """The kubelet's SIGKILL comes terminationGracePeriodSeconds after the stop began, the
     preStop hook included: the hook's sleep, the server's drain delay and its graceful timeout
     must all fit, with a margin, or requests still in flight are cut."""
-    pod, container = _pod_spec(), _container()
+    pod, container = _pod_spec(kustomization), _container(kustomization)
     prestop = _prestop_seconds(container)
     delay = _setting(container, "drain_delay")
     drain = _setting(container, "timeout_graceful_shutdown")
@@ -417,13 +422,6 @@ def test_the_grpc_health_service_serves_the_probed_name() -> None:
         runtime.close()
 
 
-def _exposed(kind: str) -> set[int]:
-    ports: set[int] = set()
-    for instruction in dockerfile(kind).final.all("EXPOSE"):
-        ports.update(int(word.split("/")[0]) for word in instruction.rest.split())
-    return ports
-
-
 def test_ports_agree_across_the_image_and_the_manifests() -> None:
     """HTTP 8000, gRPC 8001, metrics 8002: the images' EXPOSE and ENV, the Deployment's
     container ports and env, the Service, the NetworkPolicy's named ports, the ServiceMonitor,
@@ -432,7 +430,7 @@ def test_ports_agree_across_the_image_and_the_manifests() -> None:
     numbers = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert numbers == {"http": 8000, "grpc": 8001, "metrics": 8002}
     for kind in ("cpu", "gpu"):
-        assert _exposed(kind) == set(numbers.values()), kind
+        assert exposed_ports(kind) == set(numbers.values()), kind
         image_env = dockerfile(kind).final.env()
         assert int(image_env["TENSORBITS_PORT"]) == numbers["http"], kind
         assert int(image_env["TENSORBITS_METRICS_PORT"]) == numbers["metrics"], kind
@@ -491,11 +489,12 @@ def test_the_headless_service_publishes_every_ready_pod_for_grpc() -> None:
 
 
 def test_the_inference_service_lands_on_gpu_nodes_as_the_deployment_does() -> None:
+    """As the base: the device plugin's GPU and its taint's toleration, nothing that only the
+    GPU Operator provides (test_deploy_kustomize.py: the gpu-operator overlay adds those)."""
     predictor = k8s_resource("InferenceService")["spec"]["predictor"]
     pod = _pod_spec()
     for key in ("tolerations", "nodeSelector", "runtimeClassName"):
-        assert predictor[key] == pod[key], key
-    assert pod["runtimeClassName"] == "nvidia"
+        assert predictor.get(key) == pod.get(key), key
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
         "tolerations"
     ]

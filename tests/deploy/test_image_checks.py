@@ -32,7 +32,7 @@ def test_writable_paths_are_the_deployments_emptydirs() -> None:
     container["securityContext"]["readOnlyRootFilesystem"] = False
     with pytest.raises(image_test.Failed, match="not read-only"):
         image_test.declared_writable_paths(writable)
-    assert (K8S / "deployment.yaml") == image_test.DEPLOYMENT
+    assert (K8S / "base" / "deployment.yaml") == image_test.DEPLOYMENT
 
 
 @pytest.mark.parametrize(

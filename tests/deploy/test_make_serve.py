@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 from deploy.deployfiles import REPO
-from support.live import free_port
+from support.live import free_port, serve
 
 from tensorbits.cli import _bind_problem
 
@@ -79,8 +79,8 @@ def _listening() -> Iterator[int]:
         yield taken.getsockname()[1]
 
 
-def _server_environment(group: int) -> dict[str, str]:
-    """The environment of the ``tensorbits serve`` process in process group ``group``."""
+def _server_process(group: int) -> Path:
+    """The /proc folder of the ``tensorbits serve`` process in process group ``group``."""
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError):
             fields = stat.read_text().rsplit(")", 1)[1].split()
@@ -90,9 +90,14 @@ def _server_environment(group: int) -> dict[str, str]:
                 and b"serve" in cmdline
                 and any(part.endswith(b"tensorbits") for part in cmdline)
             ):
-                raw = (stat.parent / "environ").read_bytes().split(b"\0")
-                return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+                return stat.parent
     raise AssertionError(f"no tensorbits serve process in group {group}")
+
+
+def _server_environment(group: int) -> dict[str, str]:
+    """The environment of the ``tensorbits serve`` process in process group ``group``."""
+    raw = (_server_process(group) / "environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
 
 
 def _get(url: str) -> tuple[int, str]:
@@ -257,3 +262,44 @@ def test_an_address_not_on_this_machine_is_one_line_naming_the_host_setting() ->
     assert problem.startswith("tensorbits: cannot listen on 192.0.2.1:"), problem
     assert "TENSORBITS_HOST" in problem
     assert "\n" not in problem
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_clean_sigterm_exits_0(workers: int) -> None:
+    """SIGTERM is how every orchestrator stops the server: once it has drained and finished, the
+    exit status says success, with one process as with several."""
+    with serve({"TENSORBITS_WORKERS": str(workers), "TENSORBITS_GRPC_PORT": "0"}) as server:
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=30) == 0
+
+
+@pytest.mark.usefixtures("make_present")
+def test_make_serve_stopped_by_sigterm_reports_no_error() -> None:
+    """The server stopped cleanly: make exits 0 and prints no "Error" line of its own."""
+    port = free_port()
+    proc = subprocess.Popen(
+        _make_serve(),
+        cwd=REPO,
+        env=_environment(TENSORBITS_PORT=str(port)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            assert proc.poll() is None, f"make serve exited with {proc.returncode}"
+            with contextlib.suppress(OSError):
+                if _get(f"http://127.0.0.1:{port}/v2/health/live")[0] == 200:
+                    break
+            assert time.monotonic() < deadline, f"nothing answered on {port} in {START_TIMEOUT_S} s"
+            time.sleep(0.05)
+        os.kill(int(_server_process(proc.pid).name), signal.SIGTERM)  # the server alone
+        output, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    text = output.decode(errors="replace")
+    assert proc.returncode == 0, text
+    assert "Error" not in text, text

@@ -19,6 +19,7 @@ from tensorbits import __version__
 
 # The server process is assembled in serving.py (workers.py builds the same one); the command
 # calls it through these names, which the tests use too (a stub ``draining_server`` included).
+from tensorbits.serving import StopSignals
 from tensorbits.serving import draining_server as draining_server
 from tensorbits.serving import uvicorn_kwargs as _uvicorn_kwargs
 
@@ -238,9 +239,13 @@ def _serve(args: argparse.Namespace) -> int:
         from tensorbits.workers import Supervisor
 
         return Supervisor(settings).run()
-    drain = Drain()
-    config = uvicorn.Config(**_uvicorn_kwargs(settings, drain))
-    draining_server(config, drain, settings.drain_delay).run()
+    # A clean stop exits 0, not by the signal uvicorn raises again once it has stopped.
+    with StopSignals() as stop:
+        drain = Drain()
+        config = uvicorn.Config(**_uvicorn_kwargs(settings, drain))
+        server = draining_server(config, drain, settings.drain_delay)
+        if stop.hand_to(server):  # else told to stop while starting: nothing to serve
+            server.run()
     return 0
 
 

@@ -1,5 +1,6 @@
 """One server process assembled: uvicorn's arguments for the app (``uvicorn_kwargs``) and the
-server that drains before it stops (``draining_server``).
+server that drains before it stops (``draining_server``), and the signals that stop it
+(``StopSignals``).
 
 ``tensorbits serve`` runs one such process (cli.py); ``--workers N`` runs N (workers.py). Both
 take them from here, so the command and the workers' supervisor need not import each other.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import socket
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -53,6 +55,42 @@ def uvicorn_kwargs(
         "timeout_graceful_shutdown": settings.timeout_graceful_shutdown,
         **tls.uvicorn_options(settings),  # HTTPS when a certificate and key are configured
     }
+
+
+class StopSignals:
+    """SIGTERM and SIGINT in a server process, held from before its server exists: remembered
+    while there is no server yet, the server's drain once there is (``hand_to``). In a worker
+    (workers.py) a signal during the start-up (the supervisor dying while its workers start) would
+    otherwise kill it on the spot, before it could leave the workers' folder. And once uvicorn has
+    served, it restores the handler it found and raises the signal it caught again: with the
+    default handler there, a process that drained and finished cleanly would die of that signal
+    (exit 143 for SIGTERM, a KeyboardInterrupt for SIGINT), and a worker before its last
+    ``publish`` and ``leave``. This handler shrugs it off (the server has stopped already), so a
+    clean stop exits 0. Held from construction; as a context manager, the handlers found are
+    put back on leaving (a worker, whose process ends with its server, need not)."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self.server: uvicorn.Server | None = None
+        self.previous = {sig: signal.signal(sig, self) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def __enter__(self) -> StopSignals:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+    def __call__(self, sig: int, frame: FrameType | None) -> None:
+        if self.server is None:
+            self.received.append(sig)
+        else:
+            self.server.handle_exit(sig, frame)
+
+    def hand_to(self, server: uvicorn.Server) -> bool:
+        """From now on, a signal is ``server``'s; False if one came before (do not serve)."""
+        self.server = server
+        return not self.received
 
 
 def draining_server(config: uvicorn.Config, drain: Drain, delay_s: float = 0.0) -> uvicorn.Server:

@@ -55,13 +55,9 @@ import time
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
 
 from tensorbits.config import Settings
-from tensorbits.serving import draining_server, uvicorn_kwargs
-
-if TYPE_CHECKING:
-    import uvicorn
+from tensorbits.serving import StopSignals, draining_server, uvicorn_kwargs
 
 logger = logging.getLogger("tensorbits.workers")
 
@@ -163,32 +159,6 @@ def follow_supervisor(supervisor: int) -> None:
             os.kill(os.getpid(), signal.SIGTERM)
 
         threading.Thread(target=watch, name="tensorbits-supervisor-watch", daemon=True).start()
-
-
-class StopSignals:
-    """SIGTERM and SIGINT in a worker from its first line: remembered while its server does not
-    exist yet, the server's drain once it does (``hand_to``). Without this, a signal during the
-    start-up (the supervisor dying while its workers start) would kill the worker on the spot,
-    before it could leave the workers' folder. And once uvicorn has served, it restores the
-    handler it found and raises the signal it caught again: this handler shrugs it off, where
-    the default one would end the worker before its last ``publish`` and ``leave``."""
-
-    def __init__(self) -> None:
-        self.received: list[int] = []
-        self.server: uvicorn.Server | None = None
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self)
-
-    def __call__(self, sig: int, frame: FrameType | None) -> None:
-        if self.server is None:
-            self.received.append(sig)
-        else:
-            self.server.handle_exit(sig, frame)
-
-    def hand_to(self, server: uvicorn.Server) -> bool:
-        """From now on, a signal is ``server``'s; False if one came before (do not serve)."""
-        self.server = server
-        return not self.received
 
 
 def run_worker(index: int, port: int, folder: str, supervisor: int) -> None:
