@@ -68,6 +68,9 @@ def encode(request: GraphRequest, backend: Backend) -> codec.Framed:
         }
         run_request(request, backend, into)
         return codec.Framed((body,), layout.header_length)
+    # JSON text's length decides where the binary outputs go, so the graph runs into arrays of
+    # its own first: each binary output is copied once into the body (requests mixing JSON and
+    # binary outputs are small: JSON outputs are bounded by TENSORBITS_MAX_JSON_ELEMENTS).
     arrays = run_request(request, backend)
     data = {
         a.planned.name: encode_data(a.planned.name, arrays[a.planned.name])

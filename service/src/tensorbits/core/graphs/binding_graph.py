@@ -19,7 +19,7 @@ bytes), zero-filled only where the dispatches might not write every byte before 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from math import prod
 from types import MappingProxyType
@@ -112,7 +112,11 @@ class BindingGraph:
         self.outputs = outputs
         self._plan = plan
 
-    def plan(self, shapes: Mapping[str, Sequence[int]]) -> BindingPlan:
+    def plan(
+        self, shapes: Mapping[str, Sequence[int]], outputs: Collection[str] | None = None
+    ) -> BindingPlan:
+        """The one plan, whatever ``outputs``: the dispatches write every buffer, each output's
+        among them (its elements bounded when the file was read, ``_tensor``)."""
         resolve_inputs(self.inputs, shapes)  # the shapes are fixed: the names and sizes checked
         return self._plan
 

@@ -2,7 +2,8 @@
 
 Every value of the graph gets a slot: a graph input, a constant, or a value a step writes. A
 step writing a graph output writes straight into the caller's array for it; the other values
-are intermediates. Steps no output needs are left out. When every step is flat element-wise
+are intermediates. A plan computes only the outputs a request asks for: steps none of them
+needs are left out. When every step is flat element-wise
 over one element count (no broadcasting but of single elements: ``fusable``), the plan is ``fused``: ``run.run_graph`` runs the whole
 chain piece by piece, each intermediate in a small scratch buffer (``scratch``: which one, by
 their lifetimes); otherwise it runs node by node over whole arrays, each intermediate freed
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from math import prod
@@ -40,6 +41,8 @@ Shape = tuple[int, ...]
 # 21.6, 256 KiB 18.7, 512 KiB 19.5, 1 MiB 22.6 (NumPy's three whole-array calls: about 15).
 PIECE_BYTES = 256 << 10
 PLANS_CACHED = 16
+# A cached plan's key: the input shapes by name, and the outputs computed (None: every one).
+PlanKey = tuple[tuple[tuple[str, Shape], ...], frozenset[str] | None]
 
 
 class SlotKind(StrEnum):
@@ -167,11 +170,22 @@ def resolve_inputs(
 
 
 def plan_graph(
-    spec: GraphSpec, shapes: Mapping[str, Sequence[int]], piece_bytes: int = PIECE_BYTES
+    spec: GraphSpec,
+    shapes: Mapping[str, Sequence[int]],
+    piece_bytes: int = PIECE_BYTES,
+    outputs: Collection[str] | None = None,
 ) -> GraphPlan:
     """The plan of ``spec`` for inputs of ``shapes`` (by input name), or the refusal of a shape
-    the model does not take (field: the input, or the node whose rule it breaks)."""
+    the model does not take (field: the input, or the node whose rule it breaks). ``outputs``:
+    the graph outputs to compute (names of ``spec.outputs``; every one when None): the plan
+    gives those alone and holds only the nodes they depend on, so an output nobody asked for
+    costs neither time nor memory, nor is its shape checked."""
     input_specs = resolve_inputs(spec.inputs, shapes)
+    wanted = [
+        (index, decl, source)
+        for index, (decl, source) in enumerate(zip(spec.outputs, spec.output_sources, strict=True))
+        if outputs is None or decl.name in outputs
+    ]
     slots: list[ValueSlot] = []
     slot_of: dict[str, int] = {}
     specs: dict[str, TensorSpec] = dict(input_specs)
@@ -187,7 +201,7 @@ def plan_graph(
     for name, array in spec.constants.items():
         specs[name] = TensorSpec(from_numpy(array.dtype), tuple(array.shape))
         constants[add(name, SlotKind.CONSTANT, specs[name])] = array
-    needed = set(spec.output_sources)
+    needed = {source for _, _, source in wanted}
     kept = []
     for node in reversed(spec.nodes):
         if node.output in needed:
@@ -200,7 +214,7 @@ def plan_graph(
         specs[node.output] = TensorSpec(call.output_datatype, call.output_shape)
         add(node.output, SlotKind.VALUE, specs[node.output])
         calls.append((node, call))
-    outputs, in_place = _outputs(spec, slots, slot_of)
+    planned, in_place = _outputs(wanted, slots, slot_of)
     last_read: dict[int, int] = {}
     for i, (node, _) in enumerate(calls):
         for value in node.inputs:
@@ -232,7 +246,7 @@ def plan_graph(
         slots=tuple(slots),
         constants=MappingProxyType(constants),
         steps=steps,
-        outputs=outputs,
+        outputs=planned,
         in_place=MappingProxyType(in_place),
         fused=fused,
         elements=counts.pop() if fused else 0,
@@ -244,11 +258,15 @@ def plan_graph(
 
 
 def _outputs(
-    spec: GraphSpec, slots: Sequence[ValueSlot], slot_of: Mapping[str, int]
+    wanted: Sequence[tuple[int, ValueDecl, str]],
+    slots: Sequence[ValueSlot],
+    slot_of: Mapping[str, int],
 ) -> tuple[tuple[PlannedOutput, ...], dict[int, str]]:
+    """The outputs computed (``wanted``: each one's index among the graph's outputs, its
+    declaration and the value it holds), each checked against its declared dimensions."""
     in_place: dict[int, str] = {}
     outputs = []
-    for index, (decl, source) in enumerate(zip(spec.outputs, spec.output_sources, strict=True)):
+    for index, decl, source in wanted:
         slot = slot_of[source]
         shape = slots[slot].shape
         if decl.dims is not None:
@@ -301,17 +319,26 @@ class PlanCache:
     def __init__(self, spec: GraphSpec, max_plans: int = PLANS_CACHED) -> None:
         self.spec = spec
         self.max_plans = max_plans
-        self._plans: OrderedDict[tuple[tuple[str, Shape], ...], GraphPlan] = OrderedDict()
+        self._plans: OrderedDict[PlanKey, GraphPlan] = OrderedDict()
         self._lock = threading.Lock()
 
-    def plan(self, shapes: Mapping[str, Sequence[int]]) -> GraphPlan:
-        key = tuple(sorted((name, tuple(int(s) for s in shape)) for name, shape in shapes.items()))
+    def plan(
+        self, shapes: Mapping[str, Sequence[int]], outputs: Collection[str] | None = None
+    ) -> GraphPlan:
+        """The plan of ``plan_graph`` for these input shapes and outputs (every one when
+        None), made once per distinct pair."""
+        key = (
+            tuple(sorted((name, tuple(int(s) for s in shape)) for name, shape in shapes.items())),
+            None if outputs is None else frozenset(outputs),
+        )
         with self._lock:
             plan = self._plans.get(key)
             if plan is not None:
                 self._plans.move_to_end(key)
                 return plan
-        plan = plan_graph(self.spec, shapes)  # outside the lock: a refusal is not remembered
+        plan = plan_graph(
+            self.spec, shapes, outputs=outputs
+        )  # outside the lock: a refusal is not remembered
         with self._lock:
             self._plans[key] = plan
             if len(self._plans) > self.max_plans:

@@ -8,7 +8,7 @@ dispatches as DirectML binds them)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -54,9 +54,14 @@ class GraphProgram(Protocol):
     @property
     def outputs(self) -> tuple[ValueDecl, ...]: ...
 
-    def plan(self, shapes: Mapping[str, Sequence[int]]) -> ModelPlan:
-        """The plan for inputs of ``shapes`` (by name), or the refusal naming the input, or the
-        node or dispatch whose rule they break."""
+    def plan(
+        self, shapes: Mapping[str, Sequence[int]], outputs: Collection[str] | None = None
+    ) -> ModelPlan:
+        """The plan for inputs of ``shapes`` (by name) computing ``outputs`` (names of the
+        model's; every one when None), or the refusal naming the input, or the node or
+        dispatch whose rule they break. A plan's ``outputs`` are those it computes: the ones
+        asked for, or more where the program cannot leave one out (a binding graph's
+        dispatches write every buffer)."""
         ...
 
     def run(
@@ -89,8 +94,10 @@ class OnnxGraph:
     def outputs(self) -> tuple[ValueDecl, ...]:
         return self.spec.outputs
 
-    def plan(self, shapes: Mapping[str, Sequence[int]]) -> GraphPlan:
-        return self.plans.plan(shapes)
+    def plan(
+        self, shapes: Mapping[str, Sequence[int]], outputs: Collection[str] | None = None
+    ) -> GraphPlan:
+        return self.plans.plan(shapes, outputs)
 
     def run(
         self,

@@ -16,7 +16,7 @@ copied to the host, an output for one is copied to it."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
@@ -38,7 +38,12 @@ from tensorbits.core.run import shared_read
 from tensorbits.shared_memory import Location, SharedMemoryRegions
 from tensorbits_protocol.dtypes import itemsize, wire_dtype
 from tensorbits_protocol.errors import InvalidRequest
-from tensorbits_protocol.infer import InferRequest, RequestLimits, SharedMemoryRef
+from tensorbits_protocol.infer import (
+    InferRequest,
+    RequestedOutput,
+    RequestLimits,
+    SharedMemoryRef,
+)
 
 HostArray = np.ndarray[Any, Any]
 JSON_BYTES_PER_ELEMENT = 8
@@ -89,15 +94,24 @@ class GraphRequest(NamedTuple):
 
 
 def _answered(
-    model: GraphModel, plan: ModelPlan, request: InferRequest, limits: RequestLimits
+    plan: ModelPlan,
+    requested: Sequence[RequestedOutput],
+    request: InferRequest,
+    limits: RequestLimits,
 ) -> tuple[AnsweredOutput, ...]:
+    """The outputs the response carries, in the order asked. Every output the plan computes is
+    held to the element bound first, in the operators' words (``check_output``), before
+    anything is allocated: those asked for, and any the program computes beside them (a
+    binding graph's, bounded when its file was read as well)."""
     by_name = {o.name: o for o in plan.outputs}
     answered = []
-    for output in requested_outputs(model.name, list(by_name), request):
-        planned, shared = by_name[output.name], output.shared_memory
+    for output in requested:
+        planned, shared = by_name.pop(output.name), output.shared_memory
         binary = answered_binary(request, output) or shared is not None
         check_output(planned.name, planned.datatype, planned.shape, binary, limits)
         answered.append(AnsweredOutput(planned, binary, shared))
+    for planned in by_name.values():  # computed though not asked for
+        check_output(planned.name, planned.datatype, planned.shape, True, limits)
     return tuple(answered)
 
 
@@ -148,8 +162,12 @@ def plan_request(
                 "datatype",
                 f"{tensor.datatype.value}; the model takes {decl.datatype.value}",
             )
-    plan = model.program.plan({t.name: t.shape for t in request.inputs})
-    answered = _answered(model, plan, request, limits)
+    requested = requested_outputs(model.name, [o.name for o in model.outputs], request)
+    # Only the outputs asked for are planned, so only they (and what they read) are computed.
+    plan = model.program.plan(
+        {t.name: t.shape for t in request.inputs}, [o.name for o in requested]
+    )
+    answered = _answered(plan, requested, request, limits)
     arrays: dict[str, HostArray] = {}
     shared: list[SharedInput] = []
     places: dict[str, Location] = {}
@@ -172,7 +190,7 @@ def plan_request(
 
 
 def output_arrays(request: GraphRequest) -> dict[str, HostArray]:
-    """A fresh host array for every output of the plan."""
+    """A fresh host array for every output of the plan (those it computes)."""
     return {o.name: np.empty(o.shape, wire_dtype(o.datatype)) for o in request.plan.outputs}
 
 
