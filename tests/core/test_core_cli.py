@@ -17,7 +17,7 @@ from tensorbits import __version__, cli
 from tensorbits.app import create_app
 from tensorbits.cli import main
 from tensorbits.config import Settings
-from tensorbits.guarded_protocol import GuardedHttpProtocol
+from tensorbits.guarded_protocol import GuardedHttpProtocol, linger_bounds
 from tensorbits.runtime import Drain
 from tensorbits.serving import uvicorn_kwargs
 from tensorbits_protocol.catalog import listing
@@ -181,7 +181,11 @@ def test_the_protocol_gets_the_head_limits_from_the_settings() -> None:
     # A picklable protocol: what a spawned worker could be handed with uvicorn's config.
     make = pickle.loads(pickle.dumps(kwargs["http"]))
     assert make.func is GuardedHttpProtocol
-    assert make.keywords == {"max_head_bytes": 4096, "header_timeout": 2.5}
+    assert make.keywords == {
+        "max_head_bytes": 4096,
+        "header_timeout": 2.5,
+        "linger": linger_bounds(settings),
+    }
 
 
 @pytest.mark.parametrize("json_flag", [[], ["--json"]], ids=["text", "json"])

@@ -20,15 +20,20 @@ These things happen below the ASGI app, where nothing above this layer can see t
   is closed (uvicorn writes the 400 at once and closes, losing the earlier response).
 - **A connection closed after a response lingers.** Closing a socket with bytes unread makes
   Linux send RST, and a client still sending (a body refused before it was read: a 413 for its
-  declared length, a 401) gets a reset instead of the answer. So the server shuts its sending
-  side (the client reads the response, then EOF), reads and discards what still comes, up to
-  ``LINGER_MAX_BYTES`` or for ``LINGER_SECONDS``, whichever ends first (nginx's lingering
-  close), then closes. A response sent before its request's body was read whole keeps the
-  connection only when what is left is declared and at most ``LINGER_MAX_BYTES`` (skipped, as
-  uvicorn skips it); otherwise it says ``Connection: close`` and lingers. Either way a refused
-  request costs at most that much reading, however much its client sends.
+  declared length, a 503 from admission, a 401) gets a reset instead of the answer; clients
+  that send a whole body before reading (``http.client``, ``requests``, ``tritonclient.http``)
+  then never see it. So the server shuts its sending side (the client reads the response, then
+  EOF), reads and discards what still comes (counted, never kept), then closes once the client
+  has sent the rest of its declared body or closed, or once a bound ends it: nginx's lingering
+  close (``linger_bounds``).
+- **A body answered before it was read is skipped, under the same bounds.** A response sent
+  before its request's body was read whole keeps the connection when the declared length is
+  within ``TENSORBITS_MAX_BODY_BYTES`` (the rest is parsed past and dropped, as uvicorn drops
+  it); otherwise it says ``Connection: close`` and lingers. A client that goes idle mid-body or
+  trickles is closed at the idle or the total bound either way, as it would be were its body
+  read: a refused request costs at most a legal request's reading, however much is sent.
 
-Both bounds are the protocol's constructor arguments: ``serve`` hands uvicorn
+The bounds are the protocol's constructor arguments: ``serve`` hands uvicorn
 ``guarded_protocol(settings)``, a picklable ``functools.partial`` it calls as it calls a protocol
 class (worker processes get it with the rest of uvicorn's config), so the settings reach each
 connection from the server that read them.
@@ -49,12 +54,12 @@ import json
 import logging
 import urllib.parse
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import httptools
 from uvicorn._types import ASGI3Application, ASGISendEvent
 from uvicorn.config import Config
-from uvicorn.protocols.http.flow_control import service_unavailable
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, service_unavailable
 from uvicorn.protocols.http.httptools_impl import (
     HEADER_RE,
     HEADER_VALUE_RE,
@@ -115,11 +120,34 @@ BODY_RECEIVED = "tensorbits.body_received"
 # a larger body is written apart from its head, as uvicorn writes both (no copy of it).
 JOINED_BODY_MAX_BYTES = 64 << 10
 
-# A connection the server closes after a response is read from, and what comes discarded, for
-# at most this long and this many bytes: long enough for a client to send what it was sending
-# when the response came (its socket buffers, a few MiB on loopback) and read the response.
-LINGER_SECONDS = 2.0
-LINGER_MAX_BYTES = 4 << 20
+# nginx's lingering close: lingering_time (all the discarding of one response) and
+# lingering_timeout (the client idle between two reads). A client sending a large body over a
+# slow link needs the first; the second ends a client that stopped sending without closing.
+LINGER_TOTAL_S = 30.0
+LINGER_IDLE_S = 5.0
+
+
+class LingerBounds(NamedTuple):
+    """What the server discards after answering a request whose body it did not read."""
+
+    idle_s: float  # the client sends nothing for this long: closed
+    total_s: float  # from the response on: closed
+    max_bytes: int  # discarded after a response that closes: then cut off (RST)
+    skip_bytes: int  # a declared body up to this long is skipped, the connection kept
+
+
+def linger_bounds(settings: Settings) -> LingerBounds:
+    """The bounds of ``settings``: nginx's times, or the server's own where shorter (the body
+    read deadline: a body is never read for longer; the keep-alive timeout: a connection is
+    never idle for longer); in bytes, a legal request's body and head (a refused request costs
+    no more reading than a served one)."""
+    total = min(LINGER_TOTAL_S, settings.timeout_body_read)
+    return LingerBounds(
+        idle_s=min(LINGER_IDLE_S, settings.timeout_keep_alive, total),
+        total_s=total,
+        max_bytes=settings.max_body_bytes + settings.max_head_bytes,
+        skip_bytes=settings.max_body_bytes,
+    )
 
 
 class OneWriteCycle(RequestResponseCycle):
@@ -135,6 +163,8 @@ class OneWriteCycle(RequestResponseCycle):
     connection is closed: the client sees no half response)."""
 
     _head: bytes | None = None  # the response's status line and headers, not written yet
+    # The longest declared body skipped to keep the connection (LingerBounds.skip_bytes).
+    skip_bytes = 0
     # How the connection is closed after a response that does not keep it (the protocol's
     # lingering close; None: at once).
     close_connection: Callable[[], None] | None = None
@@ -212,12 +242,11 @@ class OneWriteCycle(RequestResponseCycle):
         return b"".join(content)
 
     def _rest_is_skippable(self) -> bool:
-        """Whether the request's body, not read whole, is small enough to read past and keep
-        the connection: a declared length (chunked: unknown) of at most ``LINGER_MAX_BYTES``."""
-        for name, value in self.scope["headers"]:
-            if name == b"content-length":
-                return value.isdigit() and int(value) <= LINGER_MAX_BYTES
-        return False
+        """Whether the request's body, not read whole, is one a legal request could send, to be
+        read past and the connection kept: a declared length (chunked: unknown) within the body
+        limit."""
+        length = declared_length(self.scope)
+        return length is not None and length <= self.skip_bytes
 
     def _send_body(self, body: bytes, more_body: bool) -> None:
         head, self._head = self._head, None
@@ -252,6 +281,14 @@ class OneWriteCycle(RequestResponseCycle):
             self.on_response()
 
 
+def declared_length(scope: Any) -> int | None:
+    """The request's Content-Length (None: none, or not a number)."""
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            return int(value) if value.isdigit() else None
+    return None
+
+
 class _Refused(Exception):
     """Raised inside a parser callback to stop parsing; the error is in ``_refusal``."""
 
@@ -274,8 +311,13 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     _refusal: TensorbitsError | None = None  # set once the connection is refused; read no more
     _refusal_owed: bytes | None = None  # the refusal's response, written after those owed first
     _running: RequestResponseCycle | None = None  # the request whose app runs or ran last
+    _body_bytes = 0  # body bytes of the newest request parsed so far
     _linger_left: int | None = None  # bytes still to discard once closing; None: not closing
-    _linger_timer: asyncio.TimerHandle | None = None
+    # Discarding a body answered already (closing, or skipping it): the loop times it must end
+    # by and it was last read at, and one timer for both (re-armed when it fires early).
+    _discard_until = 0.0
+    _discard_read = 0.0
+    _discard_timer: asyncio.TimerHandle | None = None
 
     def __init__(
         self,
@@ -286,10 +328,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         *,
         max_head_bytes: int,
         header_timeout: float,
+        linger: LingerBounds,
     ) -> None:
         super().__init__(config, server_state, app_state, _loop)
         self._limit = max_head_bytes  # bytes of one request's target and headers
         self._header_timeout = header_timeout  # seconds one request head may take to arrive
+        self._linger = linger
 
     # --- the connection -------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -301,15 +345,15 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
-        if self._linger_timer is not None:
-            self._linger_timer.cancel()
-            self._linger_timer = None
+        self._discard_ends()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._discard_timer is not None:
+            self._discard_read = self.loop.time()
         if self._linger_left is not None:
             self._linger_left -= len(data)  # discarded: a closing connection reads no request
-            if self._linger_left < 0:
+            if self._linger_left <= 0:  # the declared body is in, or the bound is reached
                 self.transport.close()
             return
         if self._refusal is not None:
@@ -351,7 +395,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._messages += 1
-        self._head_parsed = self._head_fed = self._url_bytes = 0
+        self._head_parsed = self._head_fed = self._url_bytes = self._body_bytes = 0
         self._in_body = False
         self._head_begins()  # a new request has begun: its head must now arrive in time
 
@@ -420,6 +464,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             on_response=self.on_response_complete,
         )
         self.cycle.close_connection = self._close_lingering
+        self.cycle.skip_bytes = self._linger.skip_bytes
         if existing_cycle is None or existing_cycle.response_complete:
             self._start_asgi_task(self.cycle, app)
         else:
@@ -435,8 +480,26 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             if path is None:
                 self.url = b"/?" + parsed.query if parsed.query else b"/"
 
+    def on_body(self, body: bytes) -> None:
+        # uvicorn's, inline (it runs for every chunk of every body), counting the bytes: a
+        # lingering close discards the declared rest and no more.
+        self._body_bytes += len(body)
+        cycle = self.cycle
+        if (self.parser.should_upgrade() and self._should_upgrade()) or cycle.response_complete:
+            return
+        cycle.body += body
+        if len(cycle.body) > HIGH_WATER_LIMIT:
+            self.flow.pause_reading()
+        cycle.message_event.set()
+
     def on_message_complete(self) -> None:
         self._in_body = False
+        if self._discard_timer is not None:
+            # The body answered already is all skipped. The reads of it cancelled uvicorn's
+            # keep-alive timer: the next request's head is timed from now instead, as on a new
+            # connection (its first byte, if it comes, times it anew).
+            self._discard_ends()
+            self._head_begins()
         # Read by the app before it waits for the body (``api/admitted.py``): a body already
         # here needs no deadline, and arming one costs a small request about a tenth of its
         # time (docs/benchmarks.md, "Small requests against a real Triton"). (``self.scope`` is
@@ -451,6 +514,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self.server_state.total_requests += 1
             return
         super().on_response_complete()
+        if self._in_body and self._running is self.cycle and not self.transport.is_closing():
+            self._discard_begins()  # answered before its body was read whole: skipped, timed
         if self._refusal_owed is not None and not self._responses_owed():
             self._write_refusal()
 
@@ -464,21 +529,59 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def _close_lingering(self) -> None:
         """Close after the response just written, without losing it to a reset: shut the
         sending side (the client reads the response, then EOF), read and discard what the
-        client still sends until it closes too, ``LINGER_MAX_BYTES`` have come, or
-        ``LINGER_SECONDS`` have passed, then close. A transport without a socket under it has
-        no receive buffer for a close to reset over; it is closed at once."""
+        client still sends until it closes too, has sent the rest of the body it declared, or
+        the bounds end it (``LingerBounds``: idle, total time, bytes), then close. A transport
+        without a socket under it has no receive buffer for a close to reset over; it is
+        closed at once."""
         transport = self.transport
         if transport.is_closing() or self._linger_left is not None:
             return
         if transport.get_extra_info("socket") is None:
             transport.close()
             return
-        self._linger_left = LINGER_MAX_BYTES
+        left = self._linger.max_bytes
+        length = declared_length(self.cycle.scope) if self._in_body and self.cycle else None
+        if length is not None:  # a body's declared rest: the client closes after it, or not
+            left = min(left, length - self._body_bytes)
+            if left <= 0:
+                transport.close()
+                return
+        self._linger_left = left
         self._head_started = None  # what comes now is discarded, not a request head
         if transport.can_write_eof():  # not over TLS: the client relies on Content-Length there
             transport.write_eof()  # sent once what is written has gone out
         self.flow.resume_reading()  # paused for a queued request or a body the app had not read
-        self._linger_timer = self.loop.call_later(LINGER_SECONDS, transport.close)
+        self._discard_begins()
+
+    def _discard_begins(self) -> None:
+        """Time what is discarded from now on: closed once the client has sent nothing for
+        ``idle_s``, or ``total_s`` from now. One timer, armed for the earlier of the two and
+        checked when it fires (a read moves the idle bound on without touching it)."""
+        now = self.loop.time()
+        self._discard_until = now + self._linger.total_s
+        self._discard_read = now
+        if self._discard_timer is not None:
+            self._discard_timer.cancel()
+        self._discard_timer = self.loop.call_at(now + self._linger.idle_s, self._discard_check)
+
+    def _discard_check(self) -> None:
+        # The loop may run a timer a clock tick early: its time counts as reached.
+        now = self.loop.time() + 0.001
+        due = min(self._discard_until, self._discard_read + self._linger.idle_s)
+        if now < due:
+            self._discard_timer = self.loop.call_at(due, self._discard_check)
+            return
+        self._discard_timer = None
+        logger.info(
+            "closing a connection whose body, answered before it was read, did not end in time",
+            extra={"rule": "idle" if due < self._discard_until else "total"},
+        )
+        self.transport.close()
+
+    def _discard_ends(self) -> None:
+        if self._discard_timer is not None:
+            self._discard_timer.cancel()
+            self._discard_timer = None
 
     # --- refusals -------------------------------------------------------------------------------
     def _stop(self, error: TensorbitsError) -> None:
@@ -576,4 +679,5 @@ def guarded_protocol(settings: Settings) -> functools.partial[GuardedHttpProtoco
         GuardedHttpProtocol,
         max_head_bytes=settings.max_head_bytes,
         header_timeout=settings.timeout_header_read,
+        linger=linger_bounds(settings),
     )
