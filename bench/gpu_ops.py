@@ -45,8 +45,8 @@ claims nothing about speed.
 
 Run: ``python bench/gpu_ops.py [--sizes 16,64,256] [--ops SUBSTR,...] [--dtypes T,...]
 [--repeat N] [--retries N] [--clock events|wall] [--quick] [--xp cupy|numpy]``. ``--quick``:
-64 MiB, UINT8 and UINT32 rows only (40 rows), 3 rounds. The table is Markdown, for
-docs/benchmarks.md; on a GPU machine scripts/gpu_session.sh runs it (docs/gpu.md).
+64 MiB, UINT8 and UINT32 rows only (40 rows), 3 rounds. The table is Markdown; on a GPU
+machine scripts/gpu_session.sh runs it, and the figures are in docs/gpu.md.
 """
 
 from __future__ import annotations

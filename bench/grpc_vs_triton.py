@@ -339,7 +339,7 @@ def print_large(best: dict[str, tuple[float, float]], repeat: int) -> None:
 def tensorbits(label: str = "tensorbits", **extra: str) -> Iterator[Endpoints]:
     """``tensorbits serve`` as bench.harness.tensorbits_server starts it, with gRPC on a free
     port too, and its pid kept (the server's CPU time is read from /proc). ``extra`` adds to its
-    environment (bench/revisions.py: a ``PYTHONPATH`` to another revision's source)."""
+    environment."""
     http_port, grpc_port = free_port(), free_port()
     env = {
         **os.environ,
@@ -405,9 +405,9 @@ def parse_options(
     parser: argparse.ArgumentParser, argv: list[str] | None, rounds: int, repeat: int, least: int
 ) -> tuple[argparse.Namespace, set[str]]:
     """The options of a run of the small and large measurements, added to the caller's own in
-    ``parser``, parsed and held to their bounds (also bench/revisions.py's): ``rounds`` and
-    ``repeat`` are their defaults, ``least`` the fewest either takes. The parts to run, and
-    ``args.h2load``: whether h2load is installed."""
+    ``parser``, parsed and held to their bounds: ``rounds`` and ``repeat`` are their defaults,
+    ``least`` the fewest either takes. The parts to run, and ``args.h2load``: whether h2load is
+    installed."""
     parser.add_argument(
         "--rounds", type=int, default=rounds, help=f"(small) rounds (default {rounds})"
     )

@@ -28,7 +28,8 @@ Targets: at 16 MiB and above, ``/copy`` >= 0.8 and ``/numpy`` >= 1.0 for every r
 
 Run: ``.venv/bin/python bench/ops.py [--sizes 1,16,64] [--ops SUBSTR,...] [--dtypes T,...]
 [--repeat N] [--retries N] [--threads N] [--quick]``. ``--quick``: 16 MiB, UINT8 and UINT32
-rows only (40 rows), 3 rounds: well under 30 s. The table is Markdown, for docs/benchmarks.md.
+rows only (40 rows), 3 rounds: well under 30 s. The table is Markdown, for bench/results/ops_cpu.md
+(its summary goes in docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -155,8 +155,8 @@ class OneWriteCycle(RequestResponseCycle):
     ``transport.write`` per small response instead of two.
 
     On loopback each write is a syscall that runs the receiver's TCP path and wakes it: the
-    second write was a third of a small request's time under load (docs/benchmarks.md, the
-    per-layer budget). The head is built and checked as uvicorn builds and checks it (this is
+    second write was a third of a small request's time under load (a profile of the server under
+    wrk). The head is built and checked as uvicorn builds and checks it (this is
     its ``send``, 0.3x), kept until the first body message, and written with it (joined up to
     ``JOINED_BODY_MAX_BYTES``, else apart, first). A HEAD response, which writes no body, and a
     response whose app fails before its body writes its head then, alone or not at all (the
@@ -502,7 +502,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._head_begins()
         # Read by the app before it waits for the body (``api/admitted.py``): a body already
         # here needs no deadline, and arming one costs a small request about a tenth of its
-        # time (docs/benchmarks.md, "Small requests against a real Triton"). (``self.scope`` is
+        # time (a profile of the server under wrk). (``self.scope`` is
         # this message's.)
         self.scope[BODY_RECEIVED] = True  # type: ignore[literal-required]
         super().on_message_complete()

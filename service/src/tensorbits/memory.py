@@ -15,7 +15,7 @@ which also turns the dynamic rise off): every buffer of 1 MiB or more is a mappi
 returned to the kernel the moment it is freed, so resident memory follows the bytes in flight
 (which admission bounds). Smaller allocations still come from the heaps, where reuse is cheap
 and fragmentation is bounded by their size. The cost is a fresh mapping, and its page faults,
-per large buffer (``bench/malloc_tuning.py``, on a 2-core VM: a 2 x 8 MiB round trip 1.39x the
+per large buffer (measured on a 2-core VM: a 2 x 8 MiB round trip 1.39x the
 time of heap reuse; 1.14x with transparent huge pages for malloc's mappings,
 ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``, which the images and ``make serve`` set and which only
 an environment variable read at start can; buffers over 32 MiB were mappings anyway).
@@ -76,7 +76,7 @@ def tune_allocator(
     environ = os.environ if environ is None else environ
     tuning = _tune(environ, libc if libc is not None else load_glibc())
     if tuning.skipped is None:
-        logger.info("malloc: %s", tuning.applied)
+        logger.debug("malloc: %s", tuning.applied)  # the expected case: not worth a start line
     else:
         logger.info("malloc tuning skipped: %s", tuning.skipped)
     return tuning
