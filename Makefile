@@ -92,7 +92,7 @@ device-prep: install ## wheels for the GPU check into .whl/ (git-ignored; carry 
 openapi: install ## regenerate openapi/openapi.json from the app
 	$(BIN)/python scripts/export_openapi.py
 
-proto: install ## regenerate the gRPC messages (service/src/tensorbits/grpc/inference_pb2.py/.pyi) from inference.proto
+proto: install ## regenerate the gRPC messages (grpc/inference_pb2.py/.pyi) and the ModelConfig schema they import (core/graphs/model_config_pb2.py/.pyi)
 	$(BIN)/python scripts/generate_grpc.py
 
 # Images, built and run without a Docker daemon: buildah (installed from Debian's packages when

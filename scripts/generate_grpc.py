@@ -1,5 +1,6 @@
 """Generate the gRPC messages (``make proto``): service/src/tensorbits/grpc/inference_pb2.py and
-its type stubs (.pyi) from inference.proto, with the grpcio-tools and mypy-protobuf of the lock,
+its type stubs (.pyi) from inference.proto, and the model configuration's schema it imports
+(core/graphs/model_config_pb2.py and .pyi from Triton's model_config.proto), with the grpcio-tools and mypy-protobuf of the lock,
 so that the same lock gives the same bytes. ``--check`` writes nothing and exits 1 when the
 committed files differ from what would be generated (tests/grpc/test_grpc_proto.py runs it)."""
 
@@ -15,8 +16,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE_ROOT = ROOT / "service" / "src"
-PROTO = Path("tensorbits/grpc/inference.proto")
-OUTPUTS = (PROTO.with_name("inference_pb2.py"), PROTO.with_name("inference_pb2.pyi"))
+PROTOS = (
+    Path("tensorbits/core/graphs/model_config.proto"),
+    Path("tensorbits/grpc/inference.proto"),
+)
+OUTPUTS = tuple(
+    proto.with_name(f"{proto.stem}_pb2{suffix}") for proto in PROTOS for suffix in (".py", ".pyi")
+)
 
 
 def generate(into: Path) -> None:
@@ -26,7 +32,8 @@ def generate(into: Path) -> None:
     subprocess.run(
         [
             sys.executable, "-m", "grpc_tools.protoc", f"-I{SOURCE_ROOT}",
-            f"--python_out={into}", f"--mypy_out={into}", str(SOURCE_ROOT / PROTO),
+            f"--python_out={into}", f"--mypy_out={into}",
+            *(str(SOURCE_ROOT / proto) for proto in PROTOS),
         ],
         check=True, env=env, capture_output=True,  # mypy-protobuf announces each file it writes
     )  # fmt: skip

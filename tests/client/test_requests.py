@@ -16,6 +16,7 @@ import pytest
 from client_support import FakeServer, json_error
 
 from tensorbits_client import (
+    APIConnectionError,
     APIResponseValidationError,
     AsyncClient,
     Client,
@@ -153,6 +154,56 @@ def test_sequence_inputs_take_the_operators_names() -> None:
         client.infer("DML_OPERATOR_ELEMENT_WISE_BIT_NOT", [np.arange(3, dtype=np.uint8)])
     _, arrays = decode_request(server.requests[0])
     assert list(arrays) == ["InputTensor"]
+
+
+@pytest.mark.parametrize("shape", [(3,), (1,), (2, 2)])
+def test_a_bare_array_is_the_one_input_of_a_unary_operator(shape: tuple[int, ...]) -> None:
+    """As ``map`` takes it: the whole array is the input, not split into its rows."""
+    array = np.arange(np.prod(shape), dtype=np.uint8).reshape(shape)
+    server = FakeServer(echo_not)
+    with server.client() as client:
+        result = client.infer("DML_OPERATOR_ELEMENT_WISE_BIT_NOT", array)
+    _, arrays = decode_request(server.requests[0])
+    assert list(arrays) == ["InputTensor"]
+    np.testing.assert_array_equal(arrays["InputTensor"], array)
+    np.testing.assert_array_equal(result.output, ~array)
+
+    async def run() -> np.ndarray:
+        async with server.async_client() as client:
+            return (await client.infer("DML_OPERATOR_ELEMENT_WISE_BIT_NOT", array)).output
+
+    np.testing.assert_array_equal(asyncio.run(run()), ~array)
+
+
+def test_a_bare_array_to_a_binary_operator_is_refused_by_count() -> None:
+    server = FakeServer(echo_not)
+    with server.client() as client, pytest.raises(LocalValidationError) as caught:
+        client.infer("onnx.BitwiseAnd-18", np.zeros(2, np.uint8))
+    assert caught.value.message.endswith("onnx.BitwiseAnd-18 takes 2 inputs (A, B), got 1")
+    assert server.requests == []
+
+
+@pytest.mark.parametrize(
+    ("words", "grpc_port"),
+    [
+        ("illegal request line", True),  # h11: the answer's first byte begins no HTTP/1 line
+        ("illegal status line: bytearray(b'\\x00\\x00\\x1e\\x04')", True),
+        ("illegal status line: bytearray(b'SSH-2.0-OpenSSH_9.6')", False),
+        ("Server disconnected without sending a response.", False),
+    ],
+)
+def test_only_an_answer_of_http2_frames_is_taken_for_the_grpc_port(
+    words: str, grpc_port: bool
+) -> None:
+    def broken(request: httpx.Request) -> httpx.Response:
+        raise httpx.RemoteProtocolError(words, request=request)
+
+    http = httpx.Client(transport=httpx.MockTransport(broken))
+    client = Client("http://tensorbits.test", http_client=http, max_retries=0)
+    with client, pytest.raises(APIConnectionError) as caught:
+        client.repository_index()
+    assert ("is this the gRPC port?" in caught.value.reason) is grpc_port
+    assert (words in caught.value.reason) is not grpc_port
 
 
 def test_operator_tables_are_fetched_once_and_shared_with_copies() -> None:

@@ -136,6 +136,21 @@ def test_invalid_settings_stop_serve_before_it_starts(
     ]
 
 
+def test_an_invalid_flag_is_named_as_the_flag_given(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # serve passes its flags on through the environment: let monkeypatch restore what it writes.
+    monkeypatch.setenv("TENSORBITS_PORT", "8000")
+    monkeypatch.setenv("TENSORBITS_WORKERS", "1")
+    assert main(["serve", "--port", "99999", "--workers", "0"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        'tensorbits: invalid settings: --port="99999": Input should be less than or equal to '
+        "65535 (--port sets TENSORBITS_PORT)",
+        'tensorbits: invalid settings: --workers="0": Input should be greater than or equal to '
+        "1 (--workers sets TENSORBITS_WORKERS)",
+    ]
+
+
 def test_sigterm_turns_readiness_false_before_the_server_stops() -> None:
     """serve's server and app as serve builds them: told to stop, the server begins the drain
     it shares with the app, so readiness is 503 (and liveness still 200) while uvicorn finishes

@@ -175,6 +175,23 @@ def test_an_invalid_setting_is_one_line_naming_variable_value_and_what_is_allowe
     assert capsys.readouterr().err.splitlines() == [f"tensorbits: invalid settings: {line}"]
 
 
+@pytest.mark.parametrize("value", ["-" + "9" * 4000, "x" * 4000])
+def test_an_invalid_setting_is_shown_in_at_most_80_characters(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    clean_environment: None,
+    value: str,
+) -> None:
+    # A value is the operator's, of any length: the line shows its start and its length, as a
+    # refused request's value is shown (never 4,000 digits).
+    monkeypatch.setenv("TENSORBITS_MAX_TENSORS", value)
+    assert main(["serve"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f'tensorbits: invalid settings: TENSORBITS_MAX_TENSORS="{value[:80]}"')
+    assert f"(a string of {len(value)} characters)" in line
+    assert len(line) < 400, line
+
+
 def test_each_invalid_setting_gets_its_own_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], clean_environment: None
 ) -> None:

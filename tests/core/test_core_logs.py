@@ -18,13 +18,19 @@ import pytest
 from support.live import free_port
 
 from tensorbits.logs import (
+    MAX_NOTED_CHARS,
     JsonFormatter,
     ReadableFormatter,
     banner,
+    begin_call,
+    call_var,
     configure_logging,
     json_lines_for,
+    note_model,
+    note_refusal,
     request_id_var,
 )
+from tensorbits.observability import access_fields, protocol_status
 from tensorbits_protocol.operators import OPERATORS
 
 TENSORBITS = Path(sys.executable).parent / "tensorbits"
@@ -147,3 +153,40 @@ def test_at_a_terminal_the_server_starts_with_a_banner_not_json(
     assert "  docs     http://127.0.0.1:" in text
     assert f"{len(OPERATORS)} operators" in text
     assert not any(line.lstrip().startswith("{") for line in text.splitlines()), text
+
+
+def test_every_json_line_names_the_process_that_wrote_it() -> None:
+    entry = json.loads(JsonFormatter().format(_record("anything")))
+    assert entry["pid"] == os.getpid()
+
+
+def test_an_access_line_says_the_refusal_noted_during_the_call_not_its_words() -> None:
+    end = begin_call("req-9", "127.0.0.1:5000")
+    try:
+        note_model("M" * 500, "1")
+        note_refusal("invalid_request", "INVALID_ARGUMENT", "datatype", "in\nputs.A")
+        note = call_var.get()
+        assert note is not None
+        shown = protocol_status("grpc", 400, note)
+        fields = access_fields("grpc", "/svc/ModelInfer", shown, 0.001, 10, 0, note)
+    finally:
+        end()
+    assert call_var.get() is None
+    assert fields["status"] == "INVALID_ARGUMENT"
+    assert (fields["request_id"], fields["client"]) == ("req-9", "127.0.0.1:5000")
+    assert (fields["refusal"], fields["rule"]) == ("invalid_request", "datatype")
+    assert fields["field"] == "in\\nputs.A"  # a caller's name cannot break the line
+    assert fields["model"] == "M" * MAX_NOTED_CHARS  # bounded
+    assert protocol_status("http", 400, note) == 400
+
+
+def test_the_start_line_lists_graph_models_and_the_features_on() -> None:
+    message, fields = banner(
+        "1.2.3", "numpy on cpu", "numpy backend requested", "http://127.0.0.1:8000/docs", 18,
+        graph_models=["masked"], features={"api_keys": True, "tls": False}, workers=2,
+        ports={"http": 8000, "grpc": 8001, "metrics": 0},
+    )  # fmt: skip
+    assert (fields["models"], fields["graph_models"], fields["workers"]) == (19, ["masked"], 2)
+    readable = ReadableFormatter().format(_record(message, **fields))
+    assert "18 operators and 1 graph models (masked)" in readable
+    assert readable.splitlines()[-1].split() == ["on", "api_keys"]  # TLS is off: not listed

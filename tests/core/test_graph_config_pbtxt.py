@@ -22,7 +22,9 @@ from google.protobuf.descriptor import Descriptor
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.planes import data_plane
+from tritonclient.grpc import model_config_pb2 as triton_model_config
 
+from tensorbits.core.graphs.config_fields import MODEL_FIELDS, TENSOR_FIELDS, Treatment, fields
 from tensorbits.core.graphs.limits import GraphLimits
 from tensorbits.core.graphs.models import build
 from tensorbits.core.graphs.triton_config import (
@@ -31,6 +33,7 @@ from tensorbits.core.graphs.triton_config import (
     MAX_CONFIG_BYTES,
     TENSOR_KEYS,
     read_config,
+    served_version,
 )
 from tensorbits.core.graphs.triton_pbtxt import MODEL_CONFIG, pbtxt_as_json, read_pbtxt
 from tensorbits.grpc import inference_pb2
@@ -84,7 +87,9 @@ def test_both_forms_are_one_document_under_one_set_of_checks() -> None:
          "config.input[0].data_type", "datatype"),
         ('name: "z"', 'name: "w"', "config.output[0].name", "unknown_output"),
         ('"onnxruntime"', '"tensorrt"', "config.backend", "unsupported_backend"),
-        ("max_batch_size: 0", "max_batch_size: 8", "config.max_batch_size", "max_batch_size"),
+        ("max_batch_size: 0", "max_batch_size: -1", "config.max_batch_size", "max_batch_size"),
+        # batched: dims leave out the batch dimension, so the file's whole shape disagrees
+        ("max_batch_size: 0", "max_batch_size: 8", "config.input[0].dims", "shape"),
         ('name: "masked"', 'name: "other"', "config.name", "model_mismatch"),
     ],
 )  # fmt: skip
@@ -135,11 +140,11 @@ def test_a_lone_surrogate_in_a_json_configuration_is_a_400() -> None:
 @pytest.mark.parametrize(
     ("text", "named", "where"),
     [
-        ("dynamic_batching { }", "dynamic_batching", "2:1"),
-        ("optimization { execution_accelerators { } }", "optimization", "2:1"),
+        ("dynamic_batching { max_queue_delay: 1 }", "max_queue_delay", "2:"),
+        ("optimization { execution_accelerator { } }", "execution_accelerator", "2:"),
         ("max_bath_size: 0", "max_bath_size", "2:1"),  # a misspelt setting
-        ('input [ { name: "x" reshape: { shape: [ 4 ] } } ]', "reshape", "2:"),
-        ("instance_group [ { rate_limiter { } } ]", "rate_limiter", "2:"),
+        ('input [ { name: "x" reshap: { shape: [ 4 ] } } ]', "reshap", "2:"),
+        ("instance_group [ { rate_limitr { } } ]", "rate_limitr", "2:"),
     ],
 )
 def test_a_field_this_server_does_not_take_is_refused_naming_it(
@@ -148,25 +153,72 @@ def test_a_field_this_server_does_not_take_is_refused_naming_it(
     error = refused(f'name: "masked"\n{text}\n', "unsupported_config")
     assert f'"{named}"' in error.message
     assert where in error.message
-    assert "instance_group" in error.message  # what is taken and ignored is listed
+    assert "not a field of Triton's ModelConfig" in error.message
 
 
-def test_version_policy_and_default_model_filename_are_refused_in_both_forms() -> None:
-    for key, value in (
-        ("version_policy", {"latest": {"num_versions": 1}}),
-        ("default_model_filename", "model.onnx"),
-    ):
+# (a misspelt key in each form's words, its place in the JSON document, the key it is close to)
+MISSPELT = [
+    pytest.param("max_batch_sise: 0", {"max_batch_sise": 0}, "config.max_batch_sise",
+                 "max_batch_size", id="setting"),
+    pytest.param('input [ { name: "x" data_typ: TYPE_UINT8 } ]',
+                 {"input": [{"name": "x", "data_typ": "TYPE_UINT8"}]}, "config.input[0].data_typ",
+                 "data_type", id="tensor-key"),
+    pytest.param("instance_group [ { kinds: KIND_CPU } ]", None, None, "kind",
+                 id="ignored-setting-s-key"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "document", "field", "meant"), MISSPELT)
+def test_a_misspelt_key_is_answered_with_the_closest_in_both_forms(
+    text: str, document: dict[str, Any] | None, field: str | None, meant: str
+) -> None:
+    error = refused(f'name: "masked"\n{text}\n', "unsupported_config")
+    assert error.message.endswith(f"; did you mean '{meant}'?")
+    if document is not None:
+        text = json.dumps({**MASKED_JSON, **document})
         with pytest.raises(InvalidRequest) as caught:
-            read_config(json.dumps({"backend": "onnxruntime", key: value}), "m")
-        assert (caught.value.field, caught.value.rule) == (f"config.{key}", "unsupported_config")
-    error = refused("version_policy { latest { num_versions: 1 } }", "unsupported_config")
-    assert '"version_policy"' in error.message
-    error = refused('default_model_filename: "model.onnx"', "unsupported_config")
-    assert '"default_model_filename"' in error.message
+            build("masked", text, masked_model(), GraphLimits(), BATCH_LIMITS)
+        assert (caught.value.field, caught.value.rule) == (field, "unsupported_config")
+        assert caught.value.message.endswith(f"; did you mean '{meant}'?")
+
+
+def test_a_key_close_to_none_gets_no_suggestion() -> None:
+    assert "did you mean" not in refused("zzzzzz: 1", "unsupported_config").message
+
+
+def test_version_policy_is_honoured_and_another_file_name_refused_in_both_forms() -> None:
+    policies: list[dict[str, Any]] = [
+        {"latest": {"num_versions": 1}},
+        {"specific": {"versions": ["1"]}},
+        {"all": {}},
+    ]
+    for policy in policies:
+        document = read_config(
+            json.dumps({"backend": "onnxruntime", "version_policy": policy}), "m"
+        )
+        assert served_version(document, [1]) == 1
+    document = read_config(pbtxt_as_json("backend: 'onnxruntime' version_policy { all { } }"), "m")
+    with pytest.raises(InvalidRequest) as caught:
+        served_version(document, [1, 2])  # one version of a graph model is served
+    assert (caught.value.field, caught.value.rule) == ("config.version_policy", "version_policy")
+    specific = read_config('{"backend": "onnxruntime", "versionPolicy": {"specific": {}}}', "m")
+    with pytest.raises(InvalidRequest):
+        served_version({**specific, "version_policy": {"specific": {"versions": [3]}}}, [1, 2])
+    assert served_version({"version_policy": {"specific": {"versions": [1]}}}, [1, 2]) == 1
+    assert served_version({}, [1, 5, 2]) == 5  # Triton's default: the latest
+    for text in ('{"backend": "onnxruntime", "default_model_filename": "model.onnx"}',):
+        assert "default_model_filename" not in read_config(text, "m")
+    with pytest.raises(InvalidRequest) as caught:
+        read_config(pbtxt_as_json('backend: "onnxruntime" default_model_filename: "a.onnx"'), "m")
+    assert (caught.value.field, caught.value.rule) == (
+        "config.default_model_filename",
+        "unsupported_config",
+    )
 
 
 def test_ignored_keys_are_taken_whatever_they_hold_and_dropped() -> None:
-    assert set(IGNORED_KEYS) == {"instance_group"}
+    assert set(IGNORED_KEYS) == set(fields(Treatment.IGNORED))
+    assert {"instance_group", "dynamic_batching", "optimization", "parameters"} <= set(IGNORED_KEYS)
     assert all(reason for reason in IGNORED_KEYS.values())
     groups = [{"kind": "KIND_GPU", "count": 4, "gpus": [0, 1]}]
     document = read_config(json.dumps({"backend": "onnxruntime", "instance_group": groups}), "m")
@@ -249,27 +301,44 @@ def _fields(message: Descriptor) -> set[tuple[str, int, int, bool]]:
     return {(f.name, f.number, f.type, f.is_repeated) for f in message.fields}
 
 
-def test_the_schema_holds_what_a_configuration_may_have_and_nothing_else() -> None:
+def _all_messages(descriptor: Descriptor) -> dict[str, Descriptor]:
+    found = {descriptor.name: descriptor}
+    for nested in descriptor.nested_types:
+        found |= {f"{descriptor.name}.{k}": v for k, v in _all_messages(nested).items()}
+    return found
+
+
+def test_every_field_of_the_schema_has_its_row_in_the_table() -> None:
+    """A field Triton adds is refused until the table says what it does here."""
     config = MODEL_CONFIG.DESCRIPTOR
-    assert {f.name for f in config.fields} == ACCEPTED_KEYS | set(IGNORED_KEYS)
+    assert list(MODEL_FIELDS) == [f.name for f in config.fields]
     for kind in ("input", "output"):
-        assert {f.name for f in config.fields_by_name[kind].message_type.fields} == TENSOR_KEYS
+        tensor = config.fields_by_name[kind].message_type
+        assert set(TENSOR_FIELDS[kind]) == {f.name for f in tensor.fields}
+    assert set(fields(Treatment.HONOURED)) == ACCEPTED_KEYS
+    assert set(fields(Treatment.HONOURED, TENSOR_FIELDS["input"])) == TENSOR_KEYS
+    assert all(rule.reason for rule in MODEL_FIELDS.values())
 
 
-def test_the_schema_is_the_project_s_model_config_in_part() -> None:
+def test_the_schema_is_triton_s_model_config_whole_and_the_grpc_answer_s() -> None:
     """Each message, field (name, number, type, list or not) and enum value of the schema is
-    the gRPC front end's ModelConfig's (Triton's subset): the two forms cannot drift apart."""
-    theirs = inference_pb2.DESCRIPTOR.message_types_by_name
-    ours = MODEL_CONFIG.DESCRIPTOR.file.message_types_by_name
-    assert set(ours) == {"ModelConfig", "ModelInput", "ModelOutput", "ModelInstanceGroup"}
-    for name, message in ours.items():
-        assert _fields(message) <= _fields(theirs[name]), name
-        for field in message.fields:
-            if field.enum_type is not None:
-                reference = theirs[name].fields_by_name[field.name].enum_type
-                assert [(v.name, v.number) for v in field.enum_type.values] == [
+    Triton's (tritonclient's copy), and the gRPC ModelConfig RPC answers with this very class:
+    one schema."""
+    theirs = triton_model_config.DESCRIPTOR
+    ours = MODEL_CONFIG.DESCRIPTOR.file
+    assert set(ours.message_types_by_name) == set(theirs.message_types_by_name)
+    assert set(ours.enum_types_by_name) == set(theirs.enum_types_by_name)
+    for name, top in ours.message_types_by_name.items():
+        published = _all_messages(theirs.message_types_by_name[name])
+        for path, message in _all_messages(top).items():
+            assert _fields(message) == _fields(published[path]), path
+            for enum in message.enum_types:
+                reference = published[path].enum_types_by_name[enum.name]
+                assert [(v.name, v.number) for v in enum.values] == [
                     (v.name, v.number) for v in reference.values
                 ]
+    answer = inference_pb2.ModelConfigResponse.DESCRIPTOR.fields_by_name["config"]
+    assert answer.message_type is MODEL_CONFIG.DESCRIPTOR
 
 
 # --- the repository folder -----------------------------------------------------------------------
@@ -289,7 +358,7 @@ def test_the_folder_reads_config_pbtxt_and_refuses_a_folder_with_both(tmp_path: 
         tmp_path, "both", {"config.pbtxt": MASKED_PBTXT, "config.json": json.dumps(MASKED_JSON)}
     )
     _folder(tmp_path, "broken", {"config.pbtxt": 'backend: "onnxruntime"\nbatching {}\n'})
-    _folder(tmp_path, "none", {})
+    _folder(tmp_path, "none", {})  # no configuration: completed from the file, as Triton does
     _folder(tmp_path, "large", {"config.pbtxt": "#" * (MAX_CONFIG_BYTES + 1)})
     plane = data_plane()
     load_repository(plane, tmp_path)
@@ -297,9 +366,11 @@ def test_the_folder_reads_config_pbtxt_and_refuses_a_folder_with_both(tmp_path: 
     assert model is not None
     assert model.config["input"][0]["dims"] == [-1, 4]
     failed = plane.graphs.failed()
-    assert set(failed) == {"both", "broken", "none", "large"}
+    assert set(failed) == {"both", "broken", "large"}
     assert "config.pbtxt and config.json" in failed["both"]
     assert "config.pbtxt: 2:1" in failed["broken"]
     assert '"batching"' in failed["broken"]
-    assert "no config.pbtxt (or config.json)" in failed["none"]
+    completed = plane.graphs.get("none")
+    assert completed is not None
+    assert completed.config == {**model.config, "name": "none"}  # the file says the rest
     assert "config.pbtxt is" in failed["large"]

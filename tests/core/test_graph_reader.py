@@ -36,6 +36,8 @@ def refused(
     error = caught.value
     assert (error.rule, error.field) == (rule, field), error.message
     assert 400 <= error.status_code < 500
+    # The field is said once, however the message begins.
+    assert not error.message.startswith(f"{field}: {field}"), error.message
     return error
 
 
@@ -121,6 +123,13 @@ def test_unknown_operator() -> None:
     error = refused(binary("Add"), "unknown_operator", "nodes[0]")
     assert "'Add'" in error.message
     assert "'n0'" in error.message
+
+
+def test_a_node_outside_the_family_is_named_once() -> None:
+    node = helper.make_node("Relu", ["a"], ["c"], name="act")
+    data = model_bytes([node], [tensor("a", U8, [4])], [tensor("c", U8, [4])])
+    error = refused(data, "unknown_operator", "nodes[0]")
+    assert error.message.startswith("nodes[0] 'act' ('Relu'): op type 'Relu' is not taken")
 
 
 def test_operator_of_another_domain() -> None:

@@ -85,6 +85,7 @@ def test_manifests_are_present() -> None:
     assert set(K8S_CHECKED) <= set(KUSTOMIZATIONS)
     kinds = sorted(d["kind"] for _, d in k8s_resources())
     assert kinds == [
+        "ConfigMap",  # the Grafana dashboard (prometheus-operator/)
         "Deployment",
         "HorizontalPodAutoscaler",
         "InferenceService",

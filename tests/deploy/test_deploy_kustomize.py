@@ -1,8 +1,9 @@
 """docker/k8s/ as kustomizations: each folder renders (`kubectl kustomize`, what `kubectl apply -k`
 applies) exactly what docker/README.md says it applies. The base needs nothing but the device
 plugin (no CRD, no NetworkPolicy, no GPU Operator); the cpu variant asks for no GPU; the
-gpu-operator variant adds the operator's RuntimeClass and node label and nothing else; the add-ons
-hold their one object. Schema validity and the manifests' own arithmetic are
+gpu-operator variant adds the operator's RuntimeClass and node label and nothing else; each add-on
+holds its own objects only (prometheus-operator: the ServiceMonitor and the Grafana dashboard's
+ConfigMap). Schema validity and the manifests' own arithmetic are
 test_deploy_k8s.py's, on the same rendered documents."""
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ RENDERS: dict[str, list[str]] = {
     K8S_BASE: WORKLOAD,
     "cpu": WORKLOAD,
     "gpu-operator": WORKLOAD,
-    "prometheus-operator": ["ServiceMonitor"],
+    "prometheus-operator": ["ConfigMap", "ServiceMonitor"],
     "networkpolicy": ["NetworkPolicy"],
     K8S_KSERVE: ["InferenceService", "NetworkPolicy"],
 }

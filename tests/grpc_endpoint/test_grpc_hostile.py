@@ -19,12 +19,14 @@ from typing import NamedTuple, TypeAlias, cast
 
 import grpc
 import pytest
+from google.protobuf.message import DecodeError
 from support.grpc_live import GrpcServer, serve_grpc
 from support.rawhttp import bystander, start_warmed_up
 
 from tensorbits.grpc import inference_pb2 as pb
 from tensorbits.grpc import wire
 from tensorbits.grpc.pools import CONTROL_SLOTS
+from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
 from tensorbits_protocol.parameters import MAX_PARAMETERS
 
 MiB = 1 << 20
@@ -106,6 +108,20 @@ def repeated(unit: bytes, size: int) -> bytes:
     return unit * (size // len(unit))
 
 
+def tag(number: int, wire_type: int) -> bytes:
+    return wire.encode_varint(number << 3 | wire_type)
+
+
+def group(number: int, fields: bytes) -> bytes:
+    """An unknown group (wire types 3 and 4, proto2's) of field ``number`` holding ``fields``."""
+    return tag(number, wire.START_GROUP) + fields + tag(number, wire.END_GROUP)
+
+
+def nested_groups(depth: int) -> bytes:
+    """Groups of field 99, ``depth`` of them each inside the one before, the innermost empty."""
+    return tag(99, wire.START_GROUP) * depth + tag(99, wire.END_GROUP) * depth
+
+
 # name -> (message of about ``size`` bytes, code, field, rule)
 Case = Callable[[int], bytes]
 CASES: dict[str, tuple[Case, grpc.StatusCode, str, str]] = {
@@ -119,7 +135,15 @@ CASES: dict[str, tuple[Case, grpc.StatusCode, str, str]] = {
     ),
     "unknown fields": (
         lambda size: HEAD + repeated(scalar(9, 0), size),
-        grpc.StatusCode.INVALID_ARGUMENT, "ModelInferRequest", "unknown_field",
+        grpc.StatusCode.RESOURCE_EXHAUSTED, "ModelInferRequest", "max_fields",
+    ),
+    "unknown fields in a group": (
+        lambda size: HEAD + group(99, repeated(scalar(9, 0), size)),
+        grpc.StatusCode.RESOURCE_EXHAUSTED, "ModelInferRequest", "max_fields",
+    ),
+    "unknown groups nested deep": (
+        lambda size: HEAD + nested_groups(size // 4),
+        grpc.StatusCode.INVALID_ARGUMENT, "ModelInferRequest", "max_group_depth",
     ),
     "a singular field again and again": (
         lambda size: repeated(field(1, b""), size),
@@ -214,6 +238,128 @@ def test_the_bounds_leave_room_for_every_real_request(channel: grpc.Channel) -> 
     assert rule not in ("max_parameters", "max_fields", "max_rank", "unknown_field"), rule
 
 
+# --- fields of a newer inference.proto: skipped, as proto3 says, and counted ------------------------
+
+LIMITS = wire.WireLimits.of(64, 1 << 20)
+# One unknown field of each wire type (numbers no message here has), and groups holding fields.
+UNKNOWN: dict[str, bytes] = {
+    "varint": scalar(100, 1 << 60),
+    "fixed64": tag(101, wire.I64) + b"\x01" * 8,
+    "length-delimited": field(102, b"a newer field's bytes"),
+    "fixed32": tag(103, wire.I32) + b"\x02" * 4,
+    "group": group(104, scalar(1, 5) + field(2, b"x") + group(3, tag(4, wire.I32) + b"\0" * 4)),
+    "groups nested to the bound": nested_groups(wire.MAX_GROUP_DEPTH),
+}
+
+
+def newer_request(extra: bytes) -> tuple[bytes, pb.ModelInferRequest]:
+    """A request as a client of a newer inference.proto writes it: ``extra`` (unknown fields)
+    at its top, in its input, its output, each parameter's value and the typed contents; and
+    the request without them. Not in a map's entry: a map's entry never gains a field (protobuf
+    drops an entry that has one)."""
+    known = pb.ModelInferRequest(model_name=NOT, id="newer")
+    known.parameters["triton_x"].string_param = "v"
+    entry = known.inputs.add(name="InputTensor", datatype="UINT8", shape=[2])
+    entry.parameters["triton_y"].int64_param = 3
+    entry.contents.uint_contents.extend([1, 2])
+    known.outputs.add(name="OutputTensor")
+
+    def parameters(key: bytes, value: bytes) -> bytes:
+        return field(1, key) + field(2, extra + value)
+
+    tensor = (
+        field(1, b"InputTensor") + extra + field(2, b"UINT8") + field(3, b"\x02")
+        + field(4, parameters(b"triton_y", scalar(2, 3)))
+        + field(5, extra + field(4, b"\x01\x02"))
+    )  # fmt: skip
+    data = (
+        extra + field(1, NOT.encode()) + field(3, b"newer") + extra
+        + field(4, parameters(b"triton_x", field(3, b"v")))
+        + field(5, tensor) + field(6, field(1, b"OutputTensor") + extra) + extra
+    )  # fmt: skip
+    return data, known
+
+
+def walked(data: bytes) -> pb.ModelInferRequest:
+    """``data`` split and walked as the server does, then parsed by protobuf."""
+    split = wire.split_infer_request(data, LIMITS)
+    wire.check_nested(split.message, LIMITS)
+    message = pb.ModelInferRequest.FromString(split.message)
+    message.raw_input_contents.extend(bytes(raw) for raw in split.raw_contents)
+    message.DiscardUnknownFields()  # type: ignore[attr-defined]  # not in protobuf's stubs
+    return message
+
+
+@pytest.mark.parametrize("kind", UNKNOWN)
+def test_unknown_fields_of_every_wire_type_are_skipped(kind: str) -> None:
+    data, known = newer_request(UNKNOWN[kind])
+    assert walked(data) == known
+    parsed = pb.ModelInferRequest.FromString(data)  # protobuf skips them too
+    parsed.DiscardUnknownFields()  # type: ignore[attr-defined]
+    assert parsed == known
+
+
+def test_an_unknown_field_is_not_kept_for_protobuf() -> None:
+    # Raw contents make the split copy what protobuf parses: a large unknown field is not in it.
+    data = HEAD + field(102, b"\0" * MiB) + field(7, b"\1\2")
+    split = wire.split_infer_request(data, LIMITS)
+    assert split.message == HEAD
+    assert [bytes(raw) for raw in split.raw_contents] == [b"\1\2"]
+
+
+@pytest.mark.parametrize(
+    ("data", "rule"),
+    [
+        (HEAD + scalar(100, 0) * wire.MAX_FIELDS, "max_fields"),
+        (HEAD + group(104, scalar(1, 0) * wire.MAX_FIELDS), "max_fields"),
+        (HEAD + tensor(scalar(100, 0) * wire.MAX_FIELDS), "max_fields"),
+        (HEAD + nested_groups(wire.MAX_GROUP_DEPTH + 1), "max_group_depth"),
+        (HEAD + tag(104, wire.START_GROUP) + scalar(1, 0), "protobuf"),  # never closed
+        (HEAD + tag(104, wire.START_GROUP) + tag(105, wire.END_GROUP), "protobuf"),  # not its end
+        (HEAD + tag(104, wire.END_GROUP), "protobuf"),  # an end with no group open
+        (HEAD + tag(104, 6), "protobuf"),  # wire types 6 and 7 do not exist
+        (HEAD + tag(104, 7), "protobuf"),
+        (HEAD + tag(102, wire.LEN) + wire.encode_varint(100) + b"short", "protobuf"),
+        (HEAD + tag(101, wire.I64) + b"\0" * 7, "protobuf"),
+    ],
+    ids=[
+        "unknown fields past the field bound",
+        "fields in a group past the field bound",
+        "unknown fields in an input past the field bound",
+        "groups nested past the depth bound",
+        "a group never closed",
+        "a group closed by another's end",
+        "an end of no group",
+        "wire type 6",
+        "wire type 7",
+        "a length past the end",
+        "a fixed64 cut short",
+    ],
+)
+def test_unknown_fields_are_bounded_and_checked(data: bytes, rule: str) -> None:
+    with pytest.raises((InvalidRequest, PayloadTooLarge)) as caught:
+        walked(data)
+    refused = caught.value
+    assert isinstance(refused, InvalidRequest | PayloadTooLarge)
+    assert refused.rule == rule, refused.message
+    if rule == "max_group_depth":
+        assert isinstance(refused, InvalidRequest)
+        assert "malformed ModelInferRequest" in refused.message
+        assert f"more than {wire.MAX_GROUP_DEPTH} deep" in refused.message
+    if rule == "protobuf":  # malformed for protobuf too
+        with pytest.raises(DecodeError):
+            pb.ModelInferRequest.FromString(data)
+
+
+@pytest.mark.parametrize("kind", UNKNOWN)
+def test_a_newer_client_is_answered_as_an_older_one(channel: grpc.Channel, kind: str) -> None:
+    data, known = newer_request(UNKNOWN[kind])
+    call: Unary = channel.unary_unary(INFER)
+    answer = pb.ModelInferResponse.FromString(call(data, timeout=60))
+    assert answer == pb.ModelInferResponse.FromString(call(known.SerializeToString(), timeout=60))
+    assert (answer.id, list(answer.raw_output_contents)) == ("newer", [b"\xfe\xfd"])
+
+
 # --- calls that open and never send their message ------------------------------------------------
 
 INFLIGHT = 8  # the server's inference pool: TENSORBITS_MAX_INFLIGHT_REQUESTS
@@ -276,8 +422,14 @@ def _probes_answer(server: GrpcServer) -> None:
 
 
 def test_stalled_calls_never_lock_out_the_probes(small_server: GrpcServer) -> None:
-    with grpc.insecure_channel(small_server.grpc_url) as attacker:
-        stalled = Stalled(attacker, INFER, 10 * INFLIGHT)  # 80 calls: 10 times the pool
+    # Two connections of their own (no shared subchannel): each holds at most half the pool.
+    own = [("grpc.use_local_subchannel_pool", 1)]
+    with (
+        grpc.insecure_channel(small_server.grpc_url, options=own) as attacker,
+        grpc.insecure_channel(small_server.grpc_url, options=own) as second,
+    ):
+        # 80 calls: 10 times the pool, 40 on each connection.
+        halves = [Stalled(channel, INFER, 5 * INFLIGHT) for channel in (attacker, second)]
         metadata = Stalled(attacker, "/inference.GRPCInferenceService/ModelConfig", 40)
         assert CONTROL_SLOTS < 40
         stalled_probes = Stalled(attacker, LIVE, 40)  # probes held open cost no capacity either
@@ -292,7 +444,7 @@ def test_stalled_calls_never_lock_out_the_probes(small_server: GrpcServer) -> No
             assert time.monotonic() - began < 2
         assert error.code == grpc.StatusCode.UNAVAILABLE, error
         assert "TENSORBITS_MAX_INFLIGHT_REQUESTS" in error.details
-        infer_codes = stalled.release()
+        infer_codes = [code for half in halves for code in half.release()]
         assert infer_codes.count(grpc.StatusCode.UNAVAILABLE) == 9 * INFLIGHT
         # The pool's calls waited for a message until the call ended without one.
         assert infer_codes.count(grpc.StatusCode.INVALID_ARGUMENT) == INFLIGHT
@@ -304,7 +456,7 @@ def test_stalled_calls_never_lock_out_the_probes(small_server: GrpcServer) -> No
 
 def test_a_stalled_call_is_closed_at_the_read_deadline(small_server: GrpcServer) -> None:
     with grpc.insecure_channel(small_server.grpc_url) as attacker:
-        stalled = Stalled(attacker, INFER, INFLIGHT)
+        stalled = Stalled(attacker, INFER, INFLIGHT // 2)  # a connection's share of the pool
         began = time.monotonic()
         codes = stalled.codes()
         waited = time.monotonic() - began

@@ -266,8 +266,8 @@ def test_each_message_is_counted_as_a_call(grpc_server: GrpcServer) -> None:
 
     def counts() -> tuple[int, int, float, float, float]:
         (stats,) = client.get_inference_statistics(NOT).model_stats
-        ok = f'tensorbits_requests_total{{model="",route="{STREAM}",status="200"}}'
-        missing = f'tensorbits_requests_total{{model="",route="{STREAM}",status="400"}}'
+        ok = f'tensorbits_requests_total{{model="{NOT}",route="{STREAM}",status="200"}}'
+        missing = f'tensorbits_requests_total{{model="{NOT}",route="{STREAM}",status="400"}}'
         success = f'nv_inference_request_success{{model="{NOT}",version="1"}}'
         return (
             stats.inference_stats.success.count,
@@ -420,6 +420,23 @@ def test_a_message_past_the_bound_and_past_admission(bounded: GrpcServer) -> Non
 # --- in process: the bound on messages in flight -------------------------------------------------
 
 
+class _Written:
+    """A stream's context as the stream uses it when it refuses nothing: its peer, its
+    metadata (none), and where its answers are written."""
+
+    def __init__(self) -> None:
+        self.answers: list[bytes] = []
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:1"
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return ()
+
+    async def write(self, answer: bytes) -> None:
+        self.answers.append(answer)
+
+
 def test_at_most_the_bound_in_flight_answered_in_order() -> None:
     # The service's own stream behaviour on a real runtime, its inference timed: each answer is
     # held until STREAM_MAX_IN_FLIGHT are waiting, then released last first. The stream reads
@@ -457,9 +474,11 @@ def test_at_most_the_bound_in_flight_answered_in_order() -> None:
                     yield _request(i).SerializeToString()
 
             behaviour = service.stream("ModelStreamInfer")
-            # No API keys and no refusal of the call: the context is never asked anything.
-            answers = behaviour(requests(), cast(Context, None))
-            return [pb.ModelStreamInferResponse.FromString(answer) async for answer in answers]
+            # No API keys and no refusal of the call: the context is asked only its peer and
+            # to write each answer.
+            context = _Written()
+            await behaviour(requests(), cast(Context, context))
+            return [pb.ModelStreamInferResponse.FromString(answer) for answer in context.answers]
 
         answers = asyncio.run(run())
     assert most == STREAM_MAX_IN_FLIGHT

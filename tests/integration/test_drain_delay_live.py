@@ -135,7 +135,7 @@ def test_drain_delay_keeps_serving_new_connections_then_finishes_those_in_flight
             with contextlib.suppress(Exception):
                 stream.stop_stream()
             stream.close()
-        assert server.proc.wait(timeout=WAIT_S) in (0, -signal.SIGTERM)
+        assert server.proc.wait(timeout=WAIT_S) == 0  # a clean SIGTERM exits 0
 
 
 def test_without_a_delay_the_listeners_close_at_once() -> None:
@@ -143,4 +143,4 @@ def test_without_a_delay_the_listeners_close_at_once() -> None:
     with serve() as server:
         server.proc.send_signal(signal.SIGTERM)
         assert _within(WAIT_S, lambda: server.proc.poll() is not None or _refused(server.port))
-        assert server.proc.wait(timeout=WAIT_S) in (0, -signal.SIGTERM)
+        assert server.proc.wait(timeout=WAIT_S) == 0  # a clean SIGTERM exits 0

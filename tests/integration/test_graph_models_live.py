@@ -255,6 +255,8 @@ HOSTILE = [
     ("mismatched", xor_model(), MISMATCHED, 400, "INVALID_ARGUMENT", "TYPE_UINT32"),
     ("DML_OPERATOR_ELEMENT_WISE_BIT_NOT", xor_model(), CONFIG, 400, "INVALID_ARGUMENT", "built-in"),
     ("too_large", _too_large(), CONFIG, 413, "RESOURCE_EXHAUSTED", "TENSORBITS_MAX_MODEL_BYTES"),
+    ("stats", xor_model(), CONFIG, 400, "INVALID_ARGUMENT", "a segment of the routes"),
+    ("infer", xor_model(), CONFIG, 400, "INVALID_ARGUMENT", "a segment of the routes"),
     (
         "wrong_backend",
         xor_model(),

@@ -18,11 +18,11 @@ from support.live import LiveServer, serve
 pytestmark = pytest.mark.integration
 ort = pytest.importorskip("onnxruntime")
 
-# Triton's batching settings: not taken for a graph model, refused naming the field and line.
+# A field Triton's ModelConfig lacks (a misspelt one): refused naming the field and line.
 BROKEN = """\
 name: "broken_pbtxt"
 platform: "onnxruntime_onnx"
-dynamic_batching { max_queue_delay_microseconds: 100 }
+dynamic_batchng { max_queue_delay_microseconds: 100 }
 """
 
 
@@ -76,7 +76,8 @@ def test_a_triton_repository_folder_with_config_pbtxt(http: Any) -> None:
     assert state == "UNAVAILABLE"
     assert "broken_pbtxt" in reason
     assert "config.pbtxt: 3:1" in reason  # protobuf's line and column
-    assert '"dynamic_batching"' in reason
+    assert '"dynamic_batchng"' in reason
+    assert "did you mean 'dynamic_batching'?" in reason
     assert not http.is_model_ready("broken_pbtxt")
 
     state, reason = index["both"]

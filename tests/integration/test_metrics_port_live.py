@@ -84,3 +84,39 @@ def test_metrics_port_taken_is_reported_before_start() -> None:
             _, stderr = server.proc.communicate(timeout=60)
     assert server.proc.returncode == 1
     assert b"TENSORBITS_METRICS_PORT" in stderr
+
+
+def _status_of(port: int, head: bytes) -> int | None:
+    """The status a raw ``head`` is answered with, or None when the server closed the
+    connection with no answer (or gave none within the socket's timeout)."""
+    try:
+        status, _, _ = _raw(port, head)
+    except (TimeoutError, ConnectionError, ValueError):
+        return None
+    return status
+
+
+def test_metrics_port_reads_requests_as_the_main_port_does() -> None:
+    metrics_port = free_port()
+    with serve({"TENSORBITS_METRICS_PORT": str(metrics_port)}) as server:
+        # Lines ended by a bare LF (curl does not send them; hand-written probes do): answered
+        # at once, as the main port answers them, never left to the read timeout.
+        main = _status_of(server.port, b"GET /v2/health/live HTTP/1.1\nHost: x\n\n")
+        assert main is not None
+        bare_lf = _status_of(metrics_port, b"GET /metrics HTTP/1.1\nHost: x\n\n")
+        assert bare_lf == (400 if main == 400 else 200), (main, bare_lf)
+        # A request line in absolute form (RFC 9112 3.2.2, what a proxy is sent): its path.
+        host = f"127.0.0.1:{metrics_port}".encode()
+        status, _, body = _raw(
+            metrics_port,
+            b"GET http://" + host + b"/metrics HTTP/1.1\r\nHost: " + host + b"\r\n\r\n",
+        )
+        assert status == 200, body[:200]
+        assert b"tensorbits_" in body
+        status, _, _ = _raw(metrics_port, b"GET http://" + host + b"/v2 HTTP/1.1\r\n\r\n")
+        assert status == 404
+        # The head bound holds over the whole head, however many short lines make it.
+        status, _, _ = _raw(
+            metrics_port, b"GET /metrics HTTP/1.1\r\n" + b"X: a\r\n" * (MAX_HEAD_BYTES // 6 + 8)
+        )
+        assert status == 431

@@ -50,7 +50,7 @@ def test_sigterm_lets_an_in_flight_request_finish() -> None:
         assert server.proc.poll() is None, "the server quit with a request in flight"
         sock.sendall(raw[half:])
         assert_bit_not(read_response(sock), data)
-        assert server.proc.wait(timeout=30) in (0, -signal.SIGTERM)
+        assert server.proc.wait(timeout=30) == 0  # a clean SIGTERM exits 0
 
 
 def test_a_slow_body_gets_408_and_others_are_served() -> None:

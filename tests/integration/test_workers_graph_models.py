@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +32,10 @@ from integration.test_graph_models_live import (
 from support.grpc_live import GrpcServer, serve_grpc
 from support.live import serve
 from support.rawhttp import Reply, ask, request
+from support.repository_load import http_load as send_load
+from support.repository_load import load_parameters
 from support.v2 import NOT
+from tritonclient.utils import InferenceServerException
 
 pytestmark = pytest.mark.integration
 
@@ -150,8 +155,8 @@ def _applied_by(temporary: Path) -> dict[int, Path]:
     """The workers of the server whose temporary folder is in ``temporary``, by pid: each has an
     ``applied`` file in the model store while it serves."""
     found = {}
-    for path in temporary.glob("tensorbits-workers-*/models/applied.*"):
-        found[int(path.name.split(".")[1])] = path
+    for path in temporary.glob("tensorbits-workers-*/models/applied/*"):
+        found[int(path.name.split(".")[0])] = path
     return found
 
 
@@ -182,3 +187,79 @@ def test_a_worker_started_in_place_of_a_dead_one_serves_what_was_loaded(tmp_path
         assert dead not in _applied_by(temporary)  # found dead by that load: its file removed
         for reply in _on_every_connection(server, "GET", "/v2/models/other/ready"):
             assert reply.status == 200
+
+
+def test_a_model_named_like_the_stores_own_files_is_served_and_loads_go_on(
+    server: GrpcServer,
+) -> None:
+    data = family_model()
+    assert http_load(server, "applied.x", CONFIG, data) == (200, {})
+    _assert_served_everywhere(server, "applied.x", data)
+    client = triton_grpc.InferenceServerClient(server.grpc_url)
+    try:
+        client.load_model("applied.1.0", config=CONFIG, files={MODEL_FILE: data})
+        _assert_served_everywhere(server, "applied.1.0", data)
+        client.unload_model("applied.1.0")
+    finally:
+        client.close()
+    assert http_load(server, "after_applied", CONFIG, data) == (200, {})
+    _assert_served_everywhere(server, "after_applied", data)
+    for name in ("applied.x", "after_applied"):
+        assert (
+            ask(server.http, request("POST", f"/v2/repository/models/{name}/unload")).status == 200
+        )
+
+
+RACERS = 8
+ROOM = 2
+
+
+def _racing_load(server: GrpcServer, name: str, start: threading.Barrier) -> tuple[int, str]:
+    """One load on a new connection, over HTTP for even racers and gRPC for odd ones, sent
+    once every racer is ready to send (``start``): the status as HTTP says it (gRPC's
+    RESOURCE_EXHAUSTED is 413, any other code 0) and the refusal's words (with gRPC's code)."""
+    data = xor_model()
+    if int(name.removeprefix("racer")) % 2 == 0:
+        parameters = load_parameters(CONFIG, {MODEL_FILE: data})
+        start.wait()
+        status, error = send_load(server.http.base_url, name, parameters)
+        return status, str(error.get("error", ""))
+    client = triton_grpc.InferenceServerClient(server.grpc_url)
+    try:
+        start.wait()
+        client.load_model(name, config=CONFIG, files={MODEL_FILE: data})
+    except InferenceServerException as exc:
+        code = str(exc.status())
+        return (413 if code == "StatusCode.RESOURCE_EXHAUSTED" else 0), f"{code}: {exc.message()}"
+    finally:
+        client.close()
+    return 200, ""
+
+
+def test_loads_racing_for_the_last_places_are_served_everywhere_or_refused() -> None:
+    env = {"TENSORBITS_WORKERS": "2", "TENSORBITS_MAX_LOADED_MODELS": str(ROOM)}
+    with serve_grpc(env) as live:
+        assert len(_seen_workers(live)) == 2, "one worker answered every connection"
+        names = [f"racer{i}" for i in range(RACERS)]
+        start = threading.Barrier(RACERS)
+        with ThreadPoolExecutor(RACERS) as pool:
+            answers = dict(
+                zip(names, pool.map(lambda n: _racing_load(live, n, start), names), strict=True)
+            )
+        loaded = sorted(name for name, (status, _) in answers.items() if status == 200)
+        assert len(loaded) == ROOM, answers
+        for status, words in answers.values():
+            if status != 200:
+                assert status == 413, answers
+                assert "TENSORBITS_MAX_LOADED_MODELS" in words
+        # Every worker answers the same for each model: served by all, or by none.
+        for name in names:
+            want = 200 if name in loaded else 404
+            for reply in _on_every_connection(live, "GET", f"/v2/models/{name}/ready"):
+                assert reply.status == want, (name, reply.status, reply.body[:300])
+        index = ask(live.http, request("POST", "/v2/repository/index", body=b"{}"))
+        assert index.status == 200
+        assert (
+            sorted(e["name"] for e in json.loads(index.body) if e["name"].startswith("racer"))
+            == loaded
+        )

@@ -27,6 +27,7 @@ from tensorbits_protocol.errors import (
     TensorbitsError,
 )
 from tensorbits_protocol.operators import OPERATORS
+from tensorbits_protocol.texts import MAX_TEXT_BYTES
 
 RNG = np.random.default_rng(20)
 
@@ -95,8 +96,17 @@ def infer(
     unload: str | None = None,
     drift: str | None = None,
     own_words: bool = False,
+    request_id: str | None = None,
 ) -> Infer:
-    request = Request(model, inputs, dict(parameters or {}), outputs, version, id)
+    """A case named ``id``, sent with the request id ``request_id`` (its name when None)."""
+    request = Request(
+        model,
+        inputs,
+        dict(parameters or {}),
+        outputs,
+        version,
+        id if request_id is None else request_id,
+    )
     return Infer(id, request, expect, pairs, unload, drift, own_words)
 
 
@@ -250,6 +260,35 @@ INFERS: tuple[Infer, ...] = (
     infer("parameter-int-for-string", DML_NOT, NOT_X, parameters={"feature_level": 3},
           expect=Refusal(InvalidRequest, "parameters.feature_level", "parameter_value",
                          ("3 is not a valid value",))),
+    # Refusals: a string's bound (MAX_TEXT_BYTES), the id and a parameter's value named by its
+    # key, and the tensors' (inputs and outputs together).
+    infer("id-past-bound", DML_NOT, NOT_X, request_id="i" * (MAX_TEXT_BYTES + 1),
+          expect=Refusal(InvalidRequest, "id", "max_text_bytes",
+                         (f"id is {MAX_TEXT_BYTES + 1} bytes long", "MAX_TEXT_BYTES"))),
+    infer("id-of-1mib", DML_NOT, NOT_X, request_id="i" * (1 << 20),
+          expect=Refusal(InvalidRequest, "id", "max_text_bytes", ("1048576 bytes long",))),
+    infer("id-at-bound", DML_NOT, NOT_X, request_id="é" * (MAX_TEXT_BYTES // 2)),
+    infer("parameter-value-past-bound", DML_NOT, NOT_X, parameters={"triton_x": "v" * (10 << 20)},
+          expect=Refusal(InvalidRequest, "parameters.triton_x", "max_text_bytes",
+                         ("parameters.triton_x is 10485760 bytes long",))),
+    infer("input-parameter-value-past-bound", DML_NOT,
+          Tensor("InputTensor", u8(1, 2, 3, 4), parameters={"kéy": "v" * (MAX_TEXT_BYTES + 1)}),
+          expect=Refusal(InvalidRequest, "inputs[0].parameters.kéy", "max_text_bytes", ())),
+    infer("operator-parameter-past-bound", DML_NOT, NOT_X,
+          parameters={"feature_level": "v" * (MAX_TEXT_BYTES + 1)},
+          expect=Refusal(InvalidRequest, "parameters.feature_level", "max_text_bytes", ())),
+    infer("inputs-and-outputs-past-bound", DML_NOT,
+          *(Tensor(f"t{i}", u8(1)) for i in range(40)),
+          outputs=tuple(Output(f"o{i}") for i in range(40)),
+          expect=Refusal(PayloadTooLarge, "inputs", "max_tensors",
+                         ("more than 64 inputs and outputs listed", "TENSORBITS_MAX_TENSORS"))),
+    infer("inputs-past-bound", DML_NOT, *(Tensor(f"t{i}", u8(1)) for i in range(65)),
+          expect=Refusal(PayloadTooLarge, "inputs", "max_tensors",
+                         ("inputs and outputs listed", "limit of 64 (TENSORBITS_MAX_TENSORS)")),
+          own_words=True),  # HTTP counts a small document exactly, the wire stops at 65
+    # A name outside ASCII, as the refusal names it (percent-encoded in gRPC's metadata).
+    infer("non-ascii-name", DML_NOT, NOT_X, Tensor("Éxtra→", u8(1, 2, 3, 4)),
+          expect=Refusal(InvalidRequest, "Éxtra→", "unknown_input", ("Éxtra→: ",))),
     infer("required-parameter", ONNX_SHIFT, *ins(X=u8(1, 2), Y=u8(1, 1)),
           expect=Refusal(InvalidRequest, "parameters.direction", "required_parameter",
                          ("required by onnx.BitShift-11", "allowed: LEFT, RIGHT"))),

@@ -34,6 +34,7 @@ NOT = "DML_OPERATOR_ELEMENT_WISE_BIT_NOT"
 
 MISSING = Refused(Unauthorized, auth.FIELD, auth.RULE, auth.MISSING)
 NOT_VALID = Refused(Unauthorized, auth.FIELD, auth.RULE, auth.NOT_VALID)
+NO_SCHEME = Refused(Unauthorized, auth.FIELD, auth.RULE, auth.NO_SCHEME)
 # The words that follow what each protocol waited for ("the request body", "the ServerLive
 # request message"): the rest of a read deadline's refusal, the same on both.
 DEADLINE_WORDS = f" did not arrive within {READ_S} s ({deadlines.SETTING})"
@@ -81,7 +82,9 @@ CREDENTIALS = [
         id="wrong-bearer",
     ),
     pytest.param({"X-API-Key": WRONG}, {"x-api-key": WRONG}, NOT_VALID, id="wrong-x-api-key"),
-    pytest.param({"Authorization": f"Basic {KEY}"}, {"authorization": f"Basic {KEY}"}, MISSING,
+    # A key without the Bearer scheme is told that it lacks the scheme.
+    pytest.param({"Authorization": KEY}, {"authorization": KEY}, NO_SCHEME, id="bare-key"),
+    pytest.param({"Authorization": f"Basic {KEY}"}, {"authorization": f"Basic {KEY}"}, NO_SCHEME,
                  id="not-bearer"),
     # A Bearer token is the credential when there is one: a right X-API-Key does not rescue it.
     pytest.param(

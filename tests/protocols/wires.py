@@ -9,6 +9,7 @@ Nothing here knows a case: the table is in ``cases.py``, the comparisons in the 
 from __future__ import annotations
 
 import json
+import urllib.parse
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -294,7 +295,7 @@ class Wires:
             metadata = {item.key: item.value for item in error.trailing_metadata() or ()}
             return Refused(
                 error_class(str(metadata["tensorbits-error-code"]), grpc_code=error.code().name),
-                _text(metadata.get("tensorbits-error-field")),
+                _field(metadata.get("tensorbits-error-field")),
                 _text(metadata.get("tensorbits-error-rule")),
                 _words(error.details() or "", Form.GRPC_RAW),
             )
@@ -323,6 +324,12 @@ class Wires:
 
 def _text(value: str | bytes | None) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def _field(value: str | bytes | None) -> str | None:
+    """The refusal's field: percent-encoded in the metadata (grpc/status.py), as grpc-message."""
+    text = _text(value)
+    return None if text is None else urllib.parse.unquote(text)
 
 
 def _set_parameters(target: Any, parameters: Mapping[str, Param]) -> None:

@@ -199,4 +199,4 @@ def test_rel_sigterm_drains_in_flight_requests() -> None:
             for future in futures:
                 future.result(60)
         code = live.proc.wait(30)
-    assert code in (0, -signal.SIGTERM), code
+    assert code == 0, code  # a clean SIGTERM exits 0

@@ -21,7 +21,7 @@ from support.framing import framed
 from support.inprocess import TestClient
 from support.v2 import NOT, binary_input, v2_client
 
-from tensorbits import cli
+from tensorbits import auth, cli
 from tensorbits.api import routers
 from tensorbits.app import create_app
 from tensorbits.auth import ApiKeyMiddleware
@@ -140,9 +140,11 @@ def test_every_route_needs_a_key(client: TestClient, method: str, path: str) -> 
         bearer = _request(client, method, path, {"Authorization": f"Bearer {wrong}"})
         _assert_refused(bearer, presented=True)
         _assert_refused(_request(client, method, path, {"X-API-Key": wrong}), presented=True)
-    # Another scheme is no key at all.
-    basic = _request(client, method, path, {"Authorization": f"Basic {KEY}"})
-    _assert_refused(basic, presented=False)
+    # Another scheme, or none, is no key at all: the refusal says the scheme is what is missing.
+    for value in (f"Basic {KEY}", KEY):
+        unschemed = _request(client, method, path, {"Authorization": value})
+        _assert_refused(unschemed, presented=False)
+        assert unschemed.json()["error"] == auth.NO_SCHEME
 
 
 @pytest.mark.parametrize(("method", "path"), PROTECTED, ids=_ids(PROTECTED))

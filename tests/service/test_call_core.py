@@ -18,6 +18,7 @@ from starlette.responses import Response
 from tensorbits import auth, deadlines, refusals
 from tensorbits.api import errors
 from tensorbits.config import Settings
+from tensorbits.logs import begin_call, note_refusal
 from tensorbits.observability import Metrics, record_call
 from tensorbits_protocol.errors import BackendFailure, RequestTimeout, TensorbitsError, Unauthorized
 
@@ -42,7 +43,9 @@ def test_a_right_key_passes_and_asks_nothing_of_the_client() -> None:
     ("headers", "words", "credential"),
     [
         ([], auth.MISSING, None),
-        ([(b"authorization", b"Basic abc")], auth.MISSING, None),
+        # A key without the Bearer scheme is told so, the key itself neither echoed nor logged.
+        ([(b"authorization", b"nope")], auth.NO_SCHEME, None),
+        ([(b"authorization", b"Basic nope")], auth.NO_SCHEME, None),
         ([(b"authorization", b"Bearer nope")], auth.NOT_VALID, "Authorization"),
         ([(b"x-api-key", b"nope")], auth.NOT_VALID, "X-API-Key"),
     ],
@@ -88,11 +91,15 @@ def test_one_call_is_counted_and_logged_once_whatever_the_protocol(
     metrics = Metrics.create()
     with caplog.at_level(logging.INFO, logger="tensorbits.access"):
         record_call(metrics, "http", "GET", "/v2", "/v2", "", 200, 0.002, 0, 10)
+        end = begin_call("id-1", "ipv4:127.0.0.1:1")
+        note_refusal("unauthorized", "UNAUTHENTICATED", "api_key", "authorization")
         record_call(metrics, "grpc", "gRPC", "/svc/X", "/svc/X", "", 401, 0.001, 0, 0)
+        end()
     assert metrics.tally.requests[("/v2", "", 200)] == [1, 0, 10]
     assert metrics.tally.requests[("/svc/X", "", 401)] == [1, 0, 0]
     lines = [r for r in caplog.records if r.name == "tensorbits.access"]
-    assert [r.getMessage() for r in lines] == ["GET /v2 200", "gRPC /svc/X 401"]
+    # Each status as its protocol says it: HTTP's code, gRPC's code name.
+    assert [r.getMessage() for r in lines] == ["GET /v2 200", "gRPC /svc/X UNAUTHENTICATED"]
     assert [getattr(r, "protocol", None) for r in lines] == ["http", "grpc"]
     assert [getattr(r, "route", None) for r in lines] == ["/v2", "/svc/X"]
 
@@ -102,7 +109,7 @@ def test_no_metrics_yet_still_logs_and_a_quiet_log_builds_nothing(
 ) -> None:
     with caplog.at_level(logging.INFO, logger="tensorbits.access"):
         record_call(None, "grpc", "gRPC", "/svc/X", "/svc/X", "", 200, 0.0, 1, 1)
-    assert [r.getMessage() for r in caplog.records] == ["gRPC /svc/X 200"]
+    assert [r.getMessage() for r in caplog.records] == ["gRPC /svc/X OK"]
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="tensorbits.access"):
         record_call(None, "http", "GET", "/", "/", "", 200, 0.0, 0, 0)

@@ -52,6 +52,23 @@ V2_CASES = [
         "'parameters'?)",
         id="misspelt-parameters-key",
     ),
+    # A misspelt required key is answered as the unknown key it is, with the one it is close to,
+    # not as the required key that is then missing.
+    pytest.param(
+        NOT, {"input": one()["inputs"]}, "input", "extra_forbidden",
+        "request body: input: Extra inputs are not permitted (got an array of 1 item; allowed "
+        "fields: id, model_name, model_version, parameters, inputs, outputs; did you mean "
+        "'inputs'?)",
+        id="misspelt-inputs-key",
+    ),
+    pytest.param(
+        NOT, {"inputs": [{"name": "InputTensor", "shape": [2], "dtype": "UINT8", "data": [1, 2]}]},
+        "inputs[0].dtype", "extra_forbidden",
+        "request body: input 'InputTensor': inputs[0].dtype: Extra inputs are not permitted "
+        "(got 'UINT8'; allowed fields: name, shape, datatype, parameters, data; did you mean "
+        "'datatype'?)",
+        id="misspelt-datatype-key",
+    ),
     pytest.param(
         NOT, one(shpe=[2]), "inputs[0].shpe", "extra_forbidden",
         "request body: input 'InputTensor': inputs[0].shpe: Extra inputs are not permitted "
@@ -182,6 +199,14 @@ def test_v1_misspelt_key_lists_the_fields_and_the_closest(v1: TestClient) -> Non
         "dispatches[0].paramters: Extra inputs are not permitted (got an empty object; allowed "
         "fields: operator, parameters, bindings; did you mean 'parameters'?)"
     )
+
+
+def test_v1_misspelt_required_key_is_the_unknown_key_not_the_missing_one(v1: TestClient) -> None:
+    header, payload = v1_batch()
+    header["dispatch"] = header.pop("dispatches")
+    body = v1_error(v1_post(v1, header, payload))
+    assert (body["field"], body["rule"]) == ("dispatch", "extra_forbidden")
+    assert body["error"].endswith("did you mean 'dispatches'?)")
 
 
 def test_v1_misspelt_descriptor_key(v1: TestClient) -> None:

@@ -114,6 +114,45 @@ def test_the_scan_carries_strings_and_escapes_across_blocks(offset: int, text: s
     assert found.values == count + 5  # commas + 1
 
 
+@settings(max_examples=300, deadline=None)
+@given(DOCUMENTS, st.integers(1, 9))
+def test_the_scan_is_the_same_in_blocks_of_any_size(document: dict[str, Any], block: int) -> None:
+    # Block boundaries fall everywhere: inside escapes, runs of backslashes, counted names.
+    raw = json.dumps(document).encode()
+    whole = scan(raw, NAMES)
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(jsondata, "_SCAN_BLOCK", block)
+        assert scan(raw, NAMES) == whole
+
+
+@pytest.mark.parametrize("offset", range(0, 4))
+@pytest.mark.parametrize("text", ["\\" * 5, 'a\\"b', "x" * 7])
+def test_escapes_are_blanked_across_blocks(offset: int, text: str) -> None:
+    # A string of backslashes and escaped quotes crossing each block boundary: the quotes left
+    # are the ones that begin and end strings, wherever the blocks cut.
+    raw = json.dumps(["p" * offset, text] * 20).encode()
+    whole = b"".join(block for _, block in jsondata.blanked_blocks(raw))
+    for size in range(1, 12):
+        blocks = list(jsondata.blanked_blocks(raw, block=size))
+        assert [at for at, _ in blocks] == list(range(0, len(raw), size))
+        assert b"".join(block for _, block in blocks) == whole
+    assert whole.count(b'"') == 4 * 20
+    assert b"\\" not in whole
+
+
+def test_a_long_document_is_scanned_a_block_at_a_time() -> None:
+    # One long string and little structure: read a block at a time (each a few milliseconds of
+    # the interpreter's lock), not transformed whole first.
+    raw = json.dumps({"config": '{"a": 1}', "file": "x" * (8 * jsondata._SCAN_BLOCK)}).encode()
+    assert sum(1 for _ in jsondata.scan_blocks(raw)) >= 8
+    assert scan(raw).keys == 2
+
+
+@pytest.mark.parametrize("doc", [b"1" * 9000, b" " * 9000, b""])
+def test_a_document_of_no_structure_is_scanned(doc: bytes) -> None:
+    assert scan(doc) == jsondata.Structure(0, 1, {})
+
+
 LIMITS = JsonLimits(
     max_depth=8,
     max_values=10_000,

@@ -29,6 +29,7 @@ from tensorbits.core.graphs.models import GraphModels
 from tensorbits.core.models import ModelStates
 from tensorbits.model_store import (
     APPLIED,
+    ENTRIES,
     FOLLOW_EVERY_S,
     GENERATION,
     MAX_KEY_CHARS,
@@ -38,7 +39,7 @@ from tensorbits.model_store import (
     unquote_key,
 )
 from tensorbits.runtime import Runtime
-from tensorbits_protocol.errors import OperatorNotFound
+from tensorbits_protocol.errors import OperatorNotFound, PayloadTooLarge
 
 CONFIG = json.dumps({"backend": "onnxruntime"})
 MODEL_FILE = "file:1/model.onnx"
@@ -100,7 +101,7 @@ def _inputs(runtime: Runtime, name: str) -> list[str] | None:
 
 
 def _entries(folder: Path) -> list[str]:
-    return sorted(p.name for p in (folder / MODELS).iterdir() if "@" in p.name)
+    return sorted(p.name for p in (folder / MODELS / ENTRIES).iterdir())
 
 
 async def _within(seconds: float, done: Callable[[], bool]) -> bool:
@@ -123,7 +124,7 @@ async def test_a_load_in_one_worker_is_served_by_the_other_when_it_is_answered(
     assert b.unavailable_because("xor") is None
     assert _inputs(a, "xor") == ["a", "b"]
     assert _entries(tmp_path) == ["xor@1"]
-    entry = tmp_path / MODELS / "xor@1"
+    entry = tmp_path / MODELS / ENTRIES / "xor@1"
     assert sorted(p.name for p in entry.iterdir()) == ["config", "file%3A1%2Fmodel.onnx", "name"]
     assert (entry / "config").read_text() == CONFIG
 
@@ -214,7 +215,7 @@ async def test_a_corrupt_entry_is_logged_and_skipped(
     pair: list[Runtime], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     a, b = pair
-    store = tmp_path / MODELS
+    store = tmp_path / MODELS / ENTRIES
     broken = store / "broken@1"
     broken.mkdir()
     (broken / "config").write_text(CONFIG)
@@ -223,7 +224,7 @@ async def test_a_corrupt_entry_is_logged_and_skipped(
     (store / "junk@x").write_text("")  # not <key>@<generation>
     (store / "#00@1.unloaded").write_text("")  # hashed, but its name file is missing
     with caplog.at_level(logging.WARNING, "tensorbits.repository"):
-        (store / GENERATION).write_bytes((1).to_bytes(8, "little"))  # as a writer counts
+        (store.parent / GENERATION).write_bytes((1).to_bytes(8, "little"))  # as a writer counts
         assert await _within(5, lambda: b.store is not None and b.store.behind(1) == [])
         await _load(a, "xor", xor_model())  # the watchers go on
     assert _inputs(b, "xor") == ["a", "b"]
@@ -273,14 +274,14 @@ async def test_a_dead_worker_is_not_waited_for_and_a_live_one_is_until_the_timeo
 ) -> None:
     a, _ = pair
     assert a.store is not None
-    folder = tmp_path / MODELS
-    dead = folder / f"{APPLIED}999999.0"
+    folder = tmp_path / MODELS / APPLIED
+    dead = folder / "999999.0"
     dead.write_bytes(bytes(8))  # no process holds its lock
     started = time.monotonic()
     await _load(a, "xor", xor_model())
     assert time.monotonic() - started < 5
     assert not dead.exists()  # removed by the worker that found it dead
-    stuck = folder / f"{APPLIED}888888.0"
+    stuck = folder / "888888.0"
     stuck.write_bytes(bytes(8))
     fd = os.open(stuck, os.O_RDONLY)
     try:
@@ -375,3 +376,75 @@ def test_the_apps_of_two_workers_share_their_loads(tmp_path: Path) -> None:
         assert one.post("/v2/repository/models/chain/unload").status_code == 200
         assert other.post("/v2/models/chain/infer", json=request).status_code == 404
         assert runtime_of(other).store is not None
+
+
+# Names that are, or begin as, the store's own files' names: each is an entry like any other.
+STORE_NAMES = ["applied.x", "applied.1.0", "tmp.1.2", "lock", "generation", "entries", "applied"]
+
+
+@pytest.mark.parametrize("name", STORE_NAMES)
+@pytest.mark.anyio
+async def test_a_name_like_the_stores_own_files_is_a_model_like_any_other(
+    pair: list[Runtime], tmp_path: Path, name: str
+) -> None:
+    a, b = pair
+    await _load(a, name, xor_model())
+    assert _inputs(b, name) == ["a", "b"]
+    assert a.store is not None
+    assert b.store is not None
+    assert len(a.store.behind(1)) == 0  # every worker, none of them the model's entry
+    await _load(b, "after", or_model())  # the loads after it are answered as well
+    assert _inputs(a, "after") == ["p", "q"]
+    model_lifecycle.unload_model(a, name)
+    assert b.plane.graphs.get(name) is None
+    assert _entries(tmp_path) == ["after@2"]
+
+
+def _served(runtime: Runtime) -> set[str]:
+    return {model.name for model in runtime.plane.graphs.models()}
+
+
+@pytest.mark.anyio
+async def test_loads_racing_for_the_last_place_are_one_served_everywhere_one_refused(
+    tmp_path: Path,
+) -> None:
+    with _workers(tmp_path, max_loaded_models=2) as (a, b):
+        await _load(a, "first", xor_model())
+        for attempt in range(5):
+            names = (f"one{attempt}", f"two{attempt}")
+            results = await asyncio.gather(
+                _load(a, names[0], xor_model()),
+                _load(b, names[1], or_model()),
+                return_exceptions=True,
+            )
+            refused = [r for r in results if isinstance(r, BaseException)]
+            assert len(refused) == 1, results
+            assert isinstance(refused[0], PayloadTooLarge)
+            assert (refused[0].field, refused[0].rule) == ("model_name", "max_loaded_models")
+            assert "TENSORBITS_MAX_LOADED_MODELS" in refused[0].message
+            assert await _within(5, lambda: _served(a) == _served(b))
+            assert len(_served(a)) == 2, _served(a)
+            winner = names[0] if results[0] is None else names[1]
+            assert _served(a) == _served(b) == {"first", winner}
+            model_lifecycle.unload_model(b, winner)
+            assert _served(a) == _served(b) == {"first"}
+
+
+@pytest.mark.anyio
+async def test_a_place_is_counted_for_every_worker(tmp_path: Path) -> None:
+    repository = tmp_path / "repository"
+    (repository / "folder_one" / "1").mkdir(parents=True)
+    (repository / "folder_one" / "config.json").write_text(CONFIG)
+    (repository / "folder_one" / "1" / "model.onnx").write_bytes(xor_model())
+    folder = tmp_path / "workers"
+    folder.mkdir()
+    settings: dict[str, Any] = {"model_repository": repository, "max_loaded_models": 2}
+    with _workers(folder, **settings) as (a, b):
+        await _load(a, "second", xor_model())
+        with pytest.raises(PayloadTooLarge) as refused:
+            await _load(b, "third", xor_model())
+        assert refused.value.rule == "max_loaded_models"
+        await _load(b, "second", or_model())  # replaced: no place of its own
+        model_lifecycle.unload_model(a, "folder_one")  # the folder's, unloaded: its place freed
+        await _load(b, "third", xor_model())
+        assert _served(a) == _served(b) == {"second", "third"}

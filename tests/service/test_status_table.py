@@ -19,7 +19,7 @@ from support.live import free_port
 from tritonclient.utils import InferenceServerException
 
 from tensorbits.backends.numpy_backend import NumpyBackend
-from tensorbits_protocol.errors import STATUSES, Overloaded, TensorbitsError
+from tensorbits_protocol.errors import STATUSES, TensorbitsError
 
 NOT = "DML_OPERATOR_ELEMENT_WISE_BIT_NOT"
 DATA = np.array([0, 1, 2, 255], np.uint8)
@@ -55,8 +55,6 @@ def _grpc(client: triton.InferenceServerClient) -> InferenceServerException:
 
 
 def _instance(cls: type[TensorbitsError]) -> TensorbitsError:
-    if cls is Overloaded:
-        return Overloaded("simulated")
     return cls("simulated", field="somewhere", rule="some_rule")
 
 

@@ -311,8 +311,16 @@ def test_json_output_over_the_limit_is_413(client: TestClient) -> None:
     assert "output 'C': 1600 elements are too many for JSON data" in message
 
 
-@pytest.mark.parametrize("field", ["requests_in_flight", "bytes_in_flight"])
-def test_overloaded_is_503_with_retry_after(client: TestClient, field: str) -> None:
+@pytest.mark.parametrize(
+    ("field", "rule", "setting"),
+    [
+        ("requests_in_flight", "max_inflight_requests", "TENSORBITS_MAX_INFLIGHT_REQUESTS"),
+        ("bytes_in_flight", "max_inflight_bytes", "TENSORBITS_MAX_INFLIGHT_BYTES"),
+    ],
+)
+def test_overloaded_is_503_with_retry_after_naming_its_bound(
+    client: TestClient, field: str, rule: str, setting: str
+) -> None:
     admission = runtime_of(client).plane.admission
     full = admission.max_requests if field == "requests_in_flight" else admission.max_bytes
     setattr(admission, field, full)
@@ -321,7 +329,10 @@ def test_overloaded_is_503_with_retry_after(client: TestClient, field: str) -> N
         response = post(client, body, headers)
     finally:
         setattr(admission, field, 0)
-    assert "server busy" in error_of(response, 503)
+    message = error_of(response, 503)
+    assert "server busy" in message
+    assert setting in message
+    assert (response.json()["field"], response.json()["rule"]) == ("request", rule)
     assert response.headers["retry-after"] == "1"
 
 

@@ -132,6 +132,14 @@ _URL_FORMS = "http://host:port, https://host:port, or host:port (http:// assumed
 _HOST = re.compile(r"[\w.\-:]+")
 # "scheme:" not followed by a port's digit: "http:/host" or "localhost:abc", not "host:8000".
 _SCHEME_WITHOUT_SLASHES = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:(?![0-9])")
+# h11's words for a response whose first bytes no HTTP/1 status line begins with: a byte below
+# "!" ("illegal request line", h11's name for it), or a line of them. An HTTP/2-only server, a
+# gRPC port most often, answers an HTTP/1.1 request so: with a SETTINGS frame, 00 00 .. 04.
+_HTTP2_ANSWER = re.compile(r"illegal request line$|illegal status line: bytearray\(b'\\x00")
+GRPC_PORT_HINT = (
+    "the server answered with HTTP/2 frames, not HTTP/1.1: is this the gRPC port? This client "
+    "speaks HTTP/1.1: use the server's HTTP port (TENSORBITS_PORT: 8000 by default, gRPC's 8001)"
+)
 
 
 def resolve_base_url(base_url: str | httpx.URL | None, verify: object = True) -> httpx.URL:
@@ -597,6 +605,9 @@ class BaseClient(Families[R], Generic[HttpT, R]):
         if isinstance(exc, httpx.TimeoutException):
             return APITimeoutError(request, f"Request timed out: {type(exc).__name__}")
         detail = str(exc) or type(exc).__name__
+        if isinstance(exc, httpx.RemoteProtocolError) and _HTTP2_ANSWER.match(detail):
+            # h11's words name a request line, misleading here: the hint says what it saw.
+            return APIConnectionError(request, f"Connection error: {GRPC_PORT_HINT}")
         errno = _errno_in(exc)
         if errno is not None and os.strerror(errno) not in detail:
             # asyncio's connect says "All connection attempts failed" (its cause "Connect call

@@ -95,7 +95,7 @@ class Client(BaseClient[httpx.Client, Array]):
     def infer(
         self,
         model: str,
-        inputs: Inputs,
+        inputs: Inputs | npt.NDArray[Any],
         parameters: Parameters | None = None,
         *,
         binary: bool = True,
@@ -103,9 +103,11 @@ class Client(BaseClient[httpx.Client, Array]):
         timeout: TimeoutTypes | NotGiven = NOT_GIVEN,
         max_retries: int | NotGiven = NOT_GIVEN,
     ) -> InferResult:
-        """Run ``model`` (a v2 model name) on ``inputs``, by name or in the operator's order.
+        """Run ``model`` (a v2 model name) on ``inputs``, by name or in the operator's order; an
+        array alone is the one input of a unary operator (as ``map`` takes it).
 
         ``binary=False`` sends and receives JSON instead of the binary extension."""
+        inputs = as_inputs(inputs)
         registry = self._registry() if self._needs_registry(inputs) else None
         call = self._infer_call(
             registry,
@@ -335,7 +337,7 @@ class AsyncClient(BaseClient[httpx.AsyncClient, Coroutine[Any, Any, Array]]):
     async def infer(
         self,
         model: str,
-        inputs: Inputs,
+        inputs: Inputs | npt.NDArray[Any],
         parameters: Parameters | None = None,
         *,
         binary: bool = True,
@@ -343,9 +345,11 @@ class AsyncClient(BaseClient[httpx.AsyncClient, Coroutine[Any, Any, Array]]):
         timeout: TimeoutTypes | NotGiven = NOT_GIVEN,
         max_retries: int | NotGiven = NOT_GIVEN,
     ) -> InferResult:
-        """Run ``model`` (a v2 model name) on ``inputs``, by name or in the operator's order.
+        """Run ``model`` (a v2 model name) on ``inputs``, by name or in the operator's order; an
+        array alone is the one input of a unary operator (as ``map`` takes it).
 
         ``binary=False`` sends and receives JSON instead of the binary extension."""
+        inputs = as_inputs(inputs)
         registry = await self._registry() if self._needs_registry(inputs) else None
         call = self._infer_call(
             registry,
@@ -378,9 +382,7 @@ class AsyncClient(BaseClient[httpx.AsyncClient, Coroutine[Any, Any, Array]]):
         single array for a unary operator. ``progress`` shows a tqdm bar (``progress`` extra)."""
 
         async def one(item: Inputs | npt.NDArray[Any]) -> Array:
-            result = await self.infer(
-                model, as_inputs(item), parameters, binary=binary, timeout=timeout
-            )
+            result = await self.infer(model, item, parameters, binary=binary, timeout=timeout)
             return result.output
 
         bar = open_progress(progress, total_of(items), model)

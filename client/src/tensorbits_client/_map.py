@@ -51,14 +51,15 @@ def open_progress(enabled: bool, total: int | None, description: str) -> Progres
 
 
 def as_inputs(item: object) -> Inputs:
-    """One ``map`` item as call inputs: an array alone is the single input of a unary operator."""
+    """One call's inputs (an ``infer`` argument, a ``map`` item): an array alone is the single
+    input of a unary operator, not a sequence of inputs (its rows)."""
     if isinstance(item, np.ndarray):
         return [item]
     if isinstance(item, Mapping):
         return item
     if isinstance(item, Sequence) and not isinstance(item, str | bytes):
         return item
-    raise TypeError(f"map items are arrays, or sequences or mappings of arrays, not {type(item)}")
+    raise TypeError(f"inputs are an array, or a sequence or mapping of arrays, not {type(item)}")
 
 
 async def pipeline(

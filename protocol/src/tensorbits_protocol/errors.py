@@ -114,8 +114,10 @@ class HeadTooLarge(
 class Overloaded(TensorbitsError, status_code=503, grpc_code="UNAVAILABLE", code="overloaded"):
     """Raised when in-flight work is at its bound; the client should retry later (503)."""
 
-    def __init__(self, message: str, *, retry_after: int = 1) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, *, field: str, rule: str, retry_after: int = 1) -> None:
+        # A refusal under load names its bound as every other refusal does: which count (field)
+        # passed which limit (rule), so a client and a log line can tell the two apart.
+        super().__init__(message, field=field, rule=rule)
         self.retry_after = retry_after
 
 

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from tensorbits_protocol import codec
+from tensorbits_protocol import codec, texts
 from tensorbits_protocol.descriptors import check_parameter_keys
 from tensorbits_protocol.dtypes import BY_NAME, DataType, itemsize, wire_dtype
 from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
@@ -209,6 +209,7 @@ class InferRequest(NamedTuple):
             raise InvalidRequest(
                 exc.message + HEADER_LENGTH_HINT, field=exc.field, rule=exc.rule
             ) from None
+        texts.check_document(document)  # the id and parameter strings, as gRPC's wire bounds them
         request = validate_document(InferenceRequest, document, what)
         check_parameters(request)
         frames = [_frame(tensor) for tensor in request.inputs]

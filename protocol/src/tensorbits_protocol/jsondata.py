@@ -37,15 +37,17 @@ from tensorbits_protocol.integers import shown
 
 # Scanning works on the document's structure: brackets (``{}`` folded onto ``[]``), commas and
 # colons outside strings, and a marker byte (1, 2, ...) in place of each string equal to a
-# counted member's name. C-speed byte passes make it (``bytes.replace``, ``bytes.translate``);
-# NumPy then runs over it, a block at a time.
+# counted member's name. C-speed byte passes make it (``bytes.replace``, ``bytes.translate``),
+# then NumPy runs over it, a block of the document at a time: no step holds the interpreter's
+# lock for more than a block's few milliseconds, whatever the document's length.
 _QUOTE, _COMMA, _COLON = ord('"'), ord(","), ord(":")
 _FOLD = np.arange(256, dtype=np.uint8)
 _FOLD[ord("{")], _FOLD[ord("}")] = ord("["), ord("]")
 _STEP = np.zeros(256, np.int8)
 _STEP[ord("[")], _STEP[ord("]")] = 1, -1
-# The structure is scanned this many bytes at a time: memory stays bounded (about 10 bytes per
-# byte of a block) whatever its length, and a limit stops the scan at the block that passes it.
+# The document is scanned this many bytes at a time: memory stays bounded (about 10 bytes per
+# byte of a block) whatever its length, a limit stops the scan at the block that passes it, and
+# each block's passes are short (other threads, the event loop's, run between blocks).
 _SCAN_BLOCK = 1 << 20
 _SMALL_DOCUMENT = 8192  # bytes: below, raw counts may spare the scan
 _MAX_COUNTED = 31  # markers are the bytes 1 to 31: never structure
@@ -157,18 +159,35 @@ def _deletions(count: int) -> bytes:
     return bytes(sorted(set(range(256)) - keep))
 
 
-def _skeleton(doc: bytes, names: tuple[bytes, ...]) -> bytes:
-    """``doc`` reduced to its quotes, brackets, commas, colons and name markers.
-
-    Escapes first: a run of backslashes pairs up from its start, as a JSON reader reads it, so
-    replacing each ``\\`` pair and then each ``\"`` by two other bytes (same length, nothing
-    structural) leaves only the quotes that begin or end a string. Then a string equal to a
-    counted name is exactly that name between two of those quotes, and becomes its marker."""
-    if b"\\" in doc:
-        doc = doc.replace(b"\\\\", b"__").replace(b'\\"', b"__")
-    for marker, name in enumerate(names, 1):
-        doc = doc.replace(b'"' + name + b'"', bytes((marker,)))
-    return doc.translate(None, _deletions(len(names)))
+def blanked_blocks(
+    doc: bytes, avoid: tuple[bytes, ...] = (), block: int | None = None
+) -> Iterator[tuple[int, bytes]]:
+    """``doc`` a block of ``block`` (default ``_SCAN_BLOCK``) bytes at a time, each with where
+    it starts and its escapes blanked: every ``\\`` pair and then every ``\"`` replaced by two
+    other bytes (same length, nothing structural), so the quotes left are exactly those that
+    begin or end a string. A run of backslashes pairs up from its start, as a JSON reader reads
+    it, across blocks too (an unpaired one at a block's end escapes the next block's first
+    byte). A block is made longer where it would cut one of ``avoid`` (a counted name between
+    its quotes, which holds no quote: a string's quotes in a valid document never overlap)."""
+    size = _SCAN_BLOCK if block is None else block
+    length, start, escaped = len(doc), 0, False
+    while start < length:
+        end = min(start + size, length)
+        for pattern in avoid:
+            at = doc.find(pattern, max(start, end - len(pattern) + 1), end + len(pattern) - 1)
+            if at != -1:
+                end = max(end, at + len(pattern))
+        piece = bytes(doc[start:end])
+        head = b"_" if escaped else b""
+        rest = piece[1:] if escaped else piece
+        escaped = False
+        if b"\\" in rest:
+            escaped = (len(rest) - len(rest.rstrip(b"\\"))) % 2 == 1
+            rest = rest.replace(b"\\\\", b"__").replace(b'\\"', b"__")
+            if escaped:  # its pair is the next block's first byte: blanked as one
+                rest = rest[:-1] + b"_"
+        yield start, head + rest
+        start = end
 
 
 def _structure(skeleton: np.ndarray[Any, Any], carry: _Carry) -> np.ndarray[Any, Any]:
@@ -235,12 +254,18 @@ def scan_blocks(doc: bytes, names: tuple[str, ...] = ()) -> Iterator[Structure]:
     """The structure of ``doc`` so far, after each block: byte passes and vectorised NumPy, no
     recursion, no per-byte or per-string Python, no object built for anything in the document.
     A malformed document may scan oddly; the parser then refuses it anyway."""
-    skeleton = np.frombuffer(_skeleton(doc, tuple(name.encode() for name in names)), np.uint8)
+    patterns = tuple(b'"' + name.encode() + b'"' for name in names)
+    deletions = _deletions(len(names))
     counts = np.zeros(len(names) + 1, np.int64)
     carry = _Carry()
     depth, values, keys, widest = 0, 1, 0, 0
-    for start in range(0, max(skeleton.size, 1), _SCAN_BLOCK):
-        structure = _structure(skeleton[start : start + _SCAN_BLOCK], carry)
+    for _, piece in blanked_blocks(doc, patterns):
+        # A string equal to a counted name is that name between two of the quotes left: its
+        # marker. Then all but quotes, structure and markers deleted.
+        for marker, pattern in enumerate(patterns, 1):
+            piece = piece.replace(pattern, bytes((marker,)))
+        skeleton = np.frombuffer(piece.translate(None, deletions), np.uint8)
+        structure = _structure(skeleton, carry) if skeleton.size else skeleton
         if structure.size:
             level = np.cumsum(_STEP[structure], dtype=np.int32)
             level += carry.level

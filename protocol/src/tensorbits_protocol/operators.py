@@ -9,7 +9,7 @@ nothing here branches on an operator's name.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal
@@ -302,16 +302,28 @@ def did_you_mean(value: str, choices: Iterable[str]) -> str:
     return f"; did you mean '{folded[close[0]]}'?" if close else ""
 
 
+def unknown_model(name: str, graphs: Sequence[str] = ()) -> OperatorNotFound:
+    """The 404 of a name that is no operator and none of ``graphs`` (the graph models a server
+    has loaded): where what exists is listed, how many, and the closest name when one is close.
+    The operator listing holds no graph model, so with some the two listings are counted apart."""
+    listed = (
+        f"POST /v2/repository/index lists the {len(REGISTRY) + len(graphs)} that exist, "
+        f"GET /v1/operators the {len(REGISTRY)} operators"
+        if graphs
+        else f"POST /v2/repository/index or GET /v1/operators lists the {len(REGISTRY)} that exist"
+    )
+    return OperatorNotFound(
+        f"unknown model or operator '{name[:200]}' ({listed})"
+        f"{did_you_mean(name, [*REGISTRY, *graphs])}",
+        field="model_name",
+        rule="unknown_operator",
+    )
+
+
 def get_operator(name: str) -> OperatorSpec:
     """The operator called ``name``; OperatorNotFound (404) names what exists when there is none,
-    and the closest name when one is close."""
+    and the closest name when one is close (``unknown_model``)."""
     try:
         return REGISTRY[name]
     except KeyError:
-        raise OperatorNotFound(
-            f"unknown model or operator '{name[:200]}' (POST /v2/repository/index or "
-            f"GET /v1/operators lists the {len(REGISTRY)} that exist)"
-            f"{did_you_mean(name, REGISTRY)}",
-            field="model_name",
-            rule="unknown_operator",
-        ) from None
+        raise unknown_model(name) from None

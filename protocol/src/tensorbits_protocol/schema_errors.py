@@ -113,12 +113,29 @@ def _received(error: ErrorDetails, loc: Location, model: type[BaseModel] | None)
     return f" ({words})"
 
 
+def _misspelt(errors: Sequence[ErrorDetails]) -> ErrorDetails | None:
+    """The unknown key that is a required key misspelt: an ``extra_forbidden`` beside a
+    ``missing`` field (the same object) that it is close to. ``{"input": [...]}`` is one mistake,
+    which pydantic reports as two, the missing ``inputs`` first; the unknown key is the one that
+    says what was meant."""
+    missing = [tuple(e["loc"]) for e in errors if e["type"] == "missing"]
+    for error in errors:
+        loc = tuple(error["loc"])
+        if error["type"] != "extra_forbidden" or not loc or not isinstance(loc[-1], str):
+            continue
+        required = [str(m[-1]) for m in missing if m and m[:-1] == loc[:-1]]
+        if did_you_mean(loc[-1], required):
+            return error
+    return None
+
+
 def first_error(
     errors: Sequence[ErrorDetails], model: type[BaseModel] | None = None
 ) -> tuple[Location, str, str]:
-    """The location, message and rule of the first error. ``model``, the one validated, lets an
-    unknown key be answered with the fields of the object it was found in."""
-    first = errors[0]
+    """The location, message and rule of the first error (a misspelt required key's before the
+    required key it leaves missing). ``model``, the one validated, lets an unknown key be
+    answered with the fields of the object it was found in."""
+    first = _misspelt(errors) or errors[0]
     loc = tuple(first["loc"])
     siblings = [e for e in errors if tuple(e["loc"])[:-1] == loc[:-1]]
     if loc and _member_tag(loc[-1]) and len(siblings) > 1:

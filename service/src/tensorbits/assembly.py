@@ -34,6 +34,16 @@ def docs_url(settings: Settings) -> str:
     return f"{scheme}://{host}:{settings.port}/docs"
 
 
+def features_on(settings: Settings) -> dict[str, bool]:
+    """Which optional features ``settings`` switch on, as the start-up line reports them."""
+    return {
+        "api_keys": bool(settings.accepted_api_keys),
+        "tls": settings.tls_cert_file is not None,
+        "shared_memory": settings.shared_memory,
+        "model_repository": settings.model_repository is not None,
+    }
+
+
 @asynccontextmanager
 async def assembled(
     settings: Settings, metrics: Metrics, drain: Drain | None = None
@@ -50,6 +60,10 @@ async def assembled(
         runtime.selection.reason,
         docs_url(settings),
         len(OPERATORS),
+        graph_models=[model.name for model in runtime.plane.graphs.models()],
+        features=features_on(settings),
+        workers=settings.workers,
+        ports={"http": settings.port, "grpc": settings.grpc_port, "metrics": settings.metrics_port},
     )
     logger.info(message, extra=fields)
     grpc_stopped: asyncio.Task[None] | None = None

@@ -53,13 +53,24 @@ MISSING = (
     "(gRPC metadata: the same names in lower case)"
 )
 NOT_VALID = "the API key is not valid"
+# An Authorization header that is not "Bearer <key>" (a bare key, another scheme): the usual
+# first mistake, told apart from no key at all. The value is never echoed: it may be a real key.
+NO_SCHEME = (
+    "the Authorization header does not use the Bearer scheme: send the key as "
+    "'Authorization: Bearer <key>' or 'X-API-Key: <key>'"
+)
 FIELD = "Authorization"
 RULE = "api_key"
+# The header a request named when it presented no key, and why that was no key.
+UNSCHEMED = "Authorization (not Bearer)"
+_ABSENT_WORDS = {None: MISSING, UNSCHEMED: NO_SCHEME}
 
 
-def refusal(presented: bool) -> Unauthorized:
-    """The refusal of a request that ``presented`` a key that is not configured, or none."""
-    return Unauthorized(NOT_VALID if presented else MISSING, field=FIELD, rule=RULE)
+def refusal(presented: bool, header: str | None = None) -> Unauthorized:
+    """The refusal of a request that ``presented`` a key that is not configured, or none
+    (``header``: what ``presented_key`` found instead, which says why it was none)."""
+    words = NOT_VALID if presented else _ABSENT_WORDS.get(header, MISSING)
+    return Unauthorized(words, field=FIELD, rule=RULE)
 
 
 def digest(key: bytes) -> bytes:
@@ -110,36 +121,52 @@ class KeyRing:
         presented, header = presented_key(headers)
         if presented is not None and self.accepts(presented):
             return
-        _log_refusal(method, target, header, client() if callable(client) else client)
-        raise refusal(presented is not None)
+        error = refusal(presented is not None, header)
+        _log_refusal(method, target, error, header if presented is not None else None,
+                     client() if callable(client) else client)  # fmt: skip
+        raise error
 
 
 def presented_key(headers: Iterable[tuple[bytes, bytes]]) -> tuple[bytes | None, str | None]:
     """The key a request presents and the header it came in: a Bearer token first, else
-    ``X-API-Key``. (None, None) when there is neither."""
+    ``X-API-Key``. (None, None) when there is neither; (None, ``UNSCHEMED``) when the only
+    candidate was an Authorization header of another scheme, or of none (a bare key)."""
     bearer = api_key = None
+    unschemed = False
     for name, value in headers:
         if name == b"authorization":
             scheme, _, token = value.strip().partition(b" ")
             if scheme.lower() == b"bearer":  # the scheme is case-insensitive (RFC 9110 §11.1)
                 bearer = token.strip()
+            else:
+                unschemed = True
         elif name == API_KEY_HEADER:
             api_key = value.strip()
     if bearer is not None:
         return bearer, "Authorization"
     if api_key is not None:
         return api_key, "X-API-Key"
-    return None, None
+    return None, UNSCHEMED if unschemed else None
 
 
-def _log_refusal(method: str, target: str, header: str | None, client: str | None) -> None:
+# What a refusal's log line says the request presented, by the refusal's words.
+_LOGGED = {
+    NOT_VALID: "an API key that is not configured",
+    MISSING: "no API key",
+    NO_SCHEME: "an Authorization header without the Bearer scheme",
+}
+
+
+def _log_refusal(
+    method: str, target: str, error: Unauthorized, header: str | None, client: str | None
+) -> None:
     # The presented key is never logged, nor any part or hash of it: a log reader is not
     # meant to learn anything that narrows the search for a key.
     logger.warning(
         "refused %s %s: %s",
         method,
         target[:200],
-        "an API key that is not configured" if header is not None else "no API key",
+        _LOGGED[error.message],
         extra={
             "status": Unauthorized.status_code,
             "credential_header": header,
@@ -173,7 +200,8 @@ class ApiKeyMiddleware:
         self._open_paths = self._keys.open_paths
         # The two refusals' responses, made once: by their words.
         self._responses = {
-            error.message: _response(error) for error in (refusal(False), refusal(True))
+            error.message: _response(error)
+            for error in (refusal(False), refusal(True), refusal(False, UNSCHEMED))
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -196,6 +196,17 @@ def _backend_problem(settings: Settings) -> str | None:
     return None
 
 
+def _as_flags(line: str, overrides: dict[str, Any]) -> str:
+    """A settings error's ``TENSORBITS_PORT=<value>: ...`` line in the words of the flag that gave
+    the value, when a flag did (``--port=<value>: ... (--port sets TENSORBITS_PORT)``): the
+    caller typed the flag, and may not know the variable it sets."""
+    for key in overrides:
+        variable, flag = f"TENSORBITS_{key.upper()}", f"--{key.replace('_', '-')}"
+        if line.startswith(f"{variable}="):
+            return f"{flag}={line.removeprefix(f'{variable}=')} ({flag} sets {variable})"
+    return line
+
+
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
     from pydantic import ValidationError
@@ -216,7 +227,7 @@ def _serve(args: argparse.Namespace) -> int:
         settings = Settings()
     except ValidationError as exc:
         for line in settings_errors(exc):
-            print(f"tensorbits: invalid settings: {line}", file=sys.stderr)
+            print(f"tensorbits: invalid settings: {_as_flags(line, overrides)}", file=sys.stderr)
         return 2
     for port, choice in (
         (settings.port, PORT_CHOICE),

@@ -29,6 +29,7 @@ from tensorbits.api_keys import key_problem, read_key_file
 from tensorbits.certificates import check_certificate
 from tensorbits.core.graphs.limits import GraphLimits
 from tensorbits.core.limits import CoreLimits
+from tensorbits_protocol.integers import shown
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -392,6 +393,21 @@ _FIELD_NAMES = re.compile(
 )
 
 
+_SHOWN_CHARS = 80  # as a refused request's value is shown (descriptors.described)
+
+
+def _given(value: object) -> str:
+    """A setting's value in its error line, in bounded words: a string (the environment's) cut
+    at 80 characters with its length, an integer past 40 digits by its length (``shown``)."""
+    if isinstance(value, str):
+        if len(value) <= _SHOWN_CHARS:
+            return json.dumps(value)
+        return f"{json.dumps(value[:_SHOWN_CHARS])}... (a string of {len(value)} characters)"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return shown(value)
+    return repr(value)[:_SHOWN_CHARS]
+
+
 def settings_errors(error: ValidationError) -> list[str]:
     """One line per invalid setting: the variable, the value given (never a secret's) and what
     pydantic says is allowed. Errors of the model as a whole (two settings that disagree) name
@@ -405,12 +421,7 @@ def settings_errors(error: ValidationError) -> list[str]:
             lines.append(f"{message} ({', '.join(named)})" if named else message)
             continue
         field = str(item["loc"][0])
-        if _is_secret(field):
-            given = "(secret, not shown)"
-        elif isinstance(item["input"], str):
-            given = json.dumps(item["input"])
-        else:
-            given = repr(item["input"])
+        given = "(secret, not shown)" if _is_secret(field) else _given(item["input"])
         lines.append(f"{variable(field)}={given}: {message}")
     return lines
 

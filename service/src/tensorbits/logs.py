@@ -1,5 +1,6 @@
 """Logs: JSON lines for machines (one object per line, with the request id of the request in
-hand), readable lines for a person at a terminal; and the server's start-up banner.
+hand and the process that wrote it), readable lines for a person at a terminal; what a call's
+access-log line says of it beyond its counts (``CallNote``); and the server's start-up banner.
 
 Which one is the ``TENSORBITS_LOG_JSON`` setting; unset, it follows stderr: a terminal gets
 readable lines, anything else (a container's log driver, a file, a pipe) gets JSON."""
@@ -11,12 +12,93 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 # Set by the HTTP middleware for the duration of a request; read by every log record.
 request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "tensorbits_request_id", default=None
 )
+
+
+@dataclass(slots=True)
+class CallNote:
+    """What one call's access-log line says beyond its counts, noted while the call runs by the
+    part that learns it: the front end its request id, client, model and version
+    (``note_model``); ``refusals.answer_for`` its refusal's class, rule and field
+    (``note_refusal``), never its words, which may quote the caller's data."""
+
+    request_id: str
+    client: str
+    model: str = ""
+    version: str = ""
+    refusal: str | None = None  # the refusal's class ("invalid_request"); None: answered
+    grpc_status: str | None = None  # the refusal's gRPC code name ("INVALID_ARGUMENT")
+    rule: str | None = None
+    field: str | None = None
+
+
+# The call in hand (HTTP: set by the middleware; gRPC: by the call, and per message of a stream).
+call_var: contextvars.ContextVar[CallNote | None] = contextvars.ContextVar(
+    "tensorbits_call", default=None
+)
+
+# The most characters of a caller's words (a model name, a field path) that go into a log line.
+MAX_NOTED_CHARS = 100
+
+
+def bounded(text: str, limit: int = MAX_NOTED_CHARS) -> str:
+    """``text`` as a log line may carry it: at most ``limit`` characters, printable only (a
+    name from a request is the caller's data: it must not forge or flood lines)."""
+    cut = text[:limit]
+    return cut if cut.isprintable() else cut.encode("unicode_escape").decode("ascii")[:limit]
+
+
+def begin_call(request_id: str, client: str) -> Callable[[], None]:
+    """Start noting a call (and tag every record with ``request_id`` while it runs); returns
+    what ends it, restoring the context as it was."""
+    note_token = call_var.set(CallNote(request_id, bounded(client)))
+    id_token = request_id_var.set(request_id)
+
+    def end() -> None:
+        request_id_var.reset(id_token)
+        call_var.reset(note_token)
+
+    return end
+
+
+def begin_part() -> Callable[[], None]:
+    """A note of its own for one part of the call in hand (a message of a stream, logged on its
+    own line), beginning with the call's id and client; returns what ends it."""
+    note = call_var.get()
+    return begin_call(note.request_id, note.client) if note is not None else begin_call("", "")
+
+
+def note_request_id(request_id: str) -> None:
+    """The call's own id, once read (a gRPC request's ``id``): it replaces the one it began with
+    in the call's records from now on."""
+    note = call_var.get()
+    if note is not None and request_id:
+        note.request_id = bounded(request_id, 128)
+        request_id_var.set(note.request_id)
+
+
+def note_model(name: str, version: str = "") -> None:
+    """The model (and version, "" for the server's choice) the call names."""
+    note = call_var.get()
+    if note is not None:
+        note.model, note.version = bounded(name), bounded(version, 40)
+
+
+def note_refusal(code: str, grpc_status: str, rule: str | None, field: str | None) -> None:
+    """The call was refused: the refusal's class, gRPC code name, rule and field."""
+    note = call_var.get()
+    if note is not None:
+        note.refusal, note.grpc_status = code, grpc_status
+        note.rule = None if rule is None else bounded(rule)
+        note.field = None if field is None else bounded(field)
+
 
 # LogRecord attributes that are plumbing, not content.
 _STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "color_message"}
@@ -30,6 +112,8 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
+            # With --workers N every process writes to the same stream: which one wrote this.
+            "pid": record.process,
         }
         request_id = request_id_var.get()
         if request_id is not None:
@@ -93,21 +177,46 @@ def configure_logging(level: str, json_lines: bool | None) -> None:
 
 
 def banner(
-    version: str, backend: str, reason: str, docs_url: str, models: int
+    version: str,
+    backend: str,
+    reason: str,
+    docs_url: str,
+    models: int,
+    *,
+    graph_models: Sequence[str] = (),
+    features: Mapping[str, bool] | None = None,
+    workers: int = 1,
+    ports: Mapping[str, int] | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """The start-up record: a message and its fields (JSON), with the same facts as a short
-    block of lines for a person (``banner``: the readable formatter prints just those)."""
+    block of lines for a person (``banner``: the readable formatter prints just those).
+    ``models``: the operators served; ``graph_models``: the graph models loaded at start;
+    ``features``: which of the optional features (API keys, TLS, ...) are on; ``ports``: the
+    listeners by name (0: off)."""
+    features = dict(features or {})
+    ports = dict(ports or {})
     fields: dict[str, Any] = {
         "version": version,
         "backend": backend,
         "backend_reason": reason,
         "docs": docs_url,
-        "models": models,
+        "models": models + len(graph_models),
+        "operators": models,
+        "graph_models": list(graph_models),
+        "workers": workers,
+        "ports": ports,
+        "features": features,
     }
+    on = [name for name, enabled in features.items() if enabled]
+    listening = [f"{name} {port}" for name, port in ports.items() if port]
+    graphs = f" and {len(graph_models)} graph models ({', '.join(graph_models)})"
     fields["banner"] = [
         f"tensorbits {version}",
         f"  backend  {backend} ({reason})",
         f"  docs     {docs_url}",
-        f"  models   {models} operators (tensorbits operators lists them with their rules)",
+        f"  models   {models} operators{graphs if graph_models else ''} "
+        "(tensorbits operators lists them with their rules)",
+        *([f"  ports    {', '.join(listening)}; {workers} worker processes"] if ports else []),
+        *([f"  on       {', '.join(on) if on else 'no optional feature'}"] if features else []),
     ]
     return "tensorbits started", fields

@@ -119,22 +119,24 @@ def _words(values: list[Any] | None) -> str:
 
 def graph_metadata(model: GraphModel) -> ModelMetadataResponse:
     """A graph model's metadata: its file's inputs and outputs (-1: a variable dimension; an
-    output whose shape the file leaves out: [-1])."""
+    output whose shape the file leaves out: [-1]); with ``max_batch_size`` above 0, the batch
+    dimension first (-1), then its configuration's dims, as Triton shows them."""
     config = model.config
+    batch = [-1] if model.max_batch_size > 0 else []  # Triton's: the batch dimension first
     return ModelMetadataResponse(
         name=model.name,
         versions=[model.version],
         platform=config["platform"],
-        inputs=[_graph_tensor(t) for t in config["input"]],
-        outputs=[_graph_tensor(t) for t in config["output"]],
+        inputs=[_graph_tensor(t, batch) for t in config["input"]],
+        outputs=[_graph_tensor(t, batch) for t in config["output"]],
     )
 
 
-def _graph_tensor(entry: Mapping[str, Any]) -> MetadataTensor:
+def _graph_tensor(entry: Mapping[str, Any], batch: list[int]) -> MetadataTensor:
     return MetadataTensor(
         name=entry["name"],
         datatype=entry["data_type"].removeprefix(CONFIG_TYPE_PREFIX),
-        shape=list(entry["dims"]),
+        shape=[*batch, *entry["dims"]],
     )
 
 

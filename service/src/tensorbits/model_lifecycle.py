@@ -10,36 +10,36 @@ it back) or marks a built-in one unloaded.
 With several workers, each load and unload is applied by the worker that took it, then written
 to the model store the workers share (``model_store.py``), whence every other worker applies it:
 an unload holds on every worker once it is written, and a load is answered once every worker
-serves the model."""
+serves the model. A graph model's load is built first and served only once the store found it
+room among every worker's models (``TENSORBITS_MAX_LOADED_MODELS`` counted once for all)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+import logging
+from collections.abc import Awaitable, Callable, Mapping
 
 from starlette.concurrency import run_in_threadpool
 
 from tensorbits.core.graphs.models import MODEL_FILES
-from tensorbits.core.models import ModelStates
+from tensorbits.core.models import MODEL_VERSION, ModelStates
+from tensorbits.logs import bounded
 from tensorbits.runtime import Runtime
-from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
+from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge, TensorbitsError
 from tensorbits_protocol.operators import get_operator
+
+logger = logging.getLogger("tensorbits.models")
 
 CONFIG = "config"
 FILE_PREFIX = "file:"
 
 
-# What a load holds while it is decoded, in multiples of what it received: the request, the
-# file's parsed or decoded copy (HTTP's base64 in the JSON, gRPC's bytes_param), and the JSON's
-# text over HTTP. Admission counts it so (as an inference's plan is counted).
+# What a load holds while it is decoded, in multiples of what it received: the request and the
+# file's decoded copy (HTTP's base64 decoded a block at a time, then joined: two copies of
+# three quarters of the body; gRPC's bytes_param copied out of the message a block at a
+# time, then joined). Admission counts
+# it so (as an inference's plan is counted); the load's size is bounded apart (load_bounds.py).
 LOAD_COPIES = 3
-
-
-def load_request_bytes(runtime: Runtime) -> int:
-    """The most bytes a load request needs: a file of the largest size allowed, in base64 (HTTP
-    sends it so), and a configuration, with room for the JSON around them; never more than
-    TENSORBITS_MAX_BODY_BYTES."""
-    settings = runtime.settings
-    return min(settings.max_body_bytes, settings.max_model_bytes * 4 // 3 + (256 << 10))
 
 
 def check_parameter_names(names: list[str]) -> None:
@@ -66,6 +66,61 @@ def check_file_size(name: str, size: int, runtime: Runtime) -> None:
         )
 
 
+def _lifecycle_line(runtime: Runtime, action: str, name: str, error: Exception | None) -> None:
+    """The log line of a load or unload through the API, as the repository folder's loads have
+    theirs (``model_repository.py``): the model, its version, where it came from, the outcome and
+    why (a refusal's class and its words, bounded: they may quote the request)."""
+    graph = runtime.plane.graphs.get(name)
+    version = graph.version if graph is not None else MODEL_VERSION
+    outcome = ("loaded" if action == "load" else "unloaded") if error is None else "refused"
+    fields: dict[str, object] = {
+        "model": bounded(name),
+        "version": version,
+        "action": action,
+        "source": "api",
+        "outcome": outcome,
+    }
+    if error is not None:
+        refusal = error if isinstance(error, TensorbitsError) else None
+        fields["refusal"] = refusal.code if refusal is not None else "internal"
+        fields["rule"] = refusal.rule if refusal is not None else None
+        fields["reason"] = bounded(refusal.message, 200) if refusal is not None else "error"
+    said = outcome if error is None else f"{action} refused"
+    logger.info("model %s %s", fields["model"], said, extra=fields)
+
+
+Load = Callable[[Runtime, str, str | bytes | None, Mapping[str, bytes]], Awaitable[None]]
+
+
+def _logs_load(load: Load) -> Load:
+    @functools.wraps(load)
+    async def logged(
+        runtime: Runtime, name: str, config: str | bytes | None, files: Mapping[str, bytes]
+    ) -> None:
+        try:
+            await load(runtime, name, config, files)
+        except Exception as exc:
+            _lifecycle_line(runtime, "load", name, exc)
+            raise
+        _lifecycle_line(runtime, "load", name, None)
+
+    return logged
+
+
+def _logs_unload(unload: Callable[[Runtime, str], None]) -> Callable[[Runtime, str], None]:
+    @functools.wraps(unload)
+    def logged(runtime: Runtime, name: str) -> None:
+        try:
+            unload(runtime, name)
+        except Exception as exc:
+            _lifecycle_line(runtime, "unload", name, exc)
+            raise
+        _lifecycle_line(runtime, "unload", name, None)
+
+    return logged
+
+
+@_logs_load
 async def load_model(
     runtime: Runtime, name: str, config: str | bytes | None, files: Mapping[str, bytes]
 ) -> None:
@@ -79,11 +134,20 @@ async def load_model(
                 field=f"parameters.{CONFIG}",
                 rule="missing_config",
             )
-        model = await run_in_threadpool(plane.load_graph, name, config, files)
-        if runtime.store is not None:
-            generation = await run_in_threadpool(runtime.store.loaded, name, config, files, model)
-            if generation is not None:
-                await runtime.store.served_everywhere(generation)
+        if runtime.store is None:
+            await run_in_threadpool(plane.load_graph, name, config, files)
+            return
+        # Built, not served: its room is the store's to decide, for every worker at once.
+        model = await run_in_threadpool(
+            functools.partial(plane.graphs.load, serve=False),
+            name,
+            config,
+            files,
+            plane.batch_limits,
+        )
+        generation = await run_in_threadpool(runtime.store.loaded, name, config, files, model)
+        if generation is not None:
+            await runtime.store.served_everywhere(generation)
         return
     if plane.graphs.get(name) is not None:
         if config is not None:
@@ -109,6 +173,7 @@ async def load_model(
             await runtime.store.served_everywhere(generation)
 
 
+@_logs_unload
 def unload_model(runtime: Runtime, name: str) -> None:
     """``POST /v2/repository/models/{name}/unload`` and RepositoryModelUnload."""
     plane = runtime.plane
@@ -123,6 +188,5 @@ __all__ = [
     "check_file_size",
     "check_parameter_names",
     "load_model",
-    "load_request_bytes",
     "unload_model",
 ]

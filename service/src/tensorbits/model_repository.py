@@ -7,6 +7,10 @@ Triton's layout::
     <folder>/<name>/<version>/model.json ... or the graph in the /v1 binding model, as the
                                          configuration's backend says (tensorbits)
 
+A folder without a configuration holding ``<version>/model.onnx`` is served as Triton serves
+it: with the configuration completed from the file (``COMPLETED_ONNX_CONFIG``). The version
+served is the one the configuration's ``version_policy`` selects (the highest by default).
+
 A folder holds one of the two configurations: Triton reads ``config.pbtxt`` only, so a folder
 with both is refused rather than served from one while the other may say something else.
 ``config.pbtxt`` is made the JSON form's document (``core.graphs.triton_pbtxt``, protobuf's own
@@ -14,7 +18,16 @@ text-format parser) and checked as the JSON form is.
 
 Each model is loaded on its own: one that cannot be (no configuration, a file past the bounds, a
 graph refused) stays listed UNAVAILABLE in the repository index with the reason, the log says
-why, and the others are served. Sizes are checked on the files' metadata before they are read."""
+why, and the others are served. Sizes are checked on the files' metadata before they are read,
+and no read takes more than the bound and a byte.
+
+The folder's names are hostile too (``core/graphs/names.py``, the rule the load API checks): a
+model folder's name that is not a model's name (not UTF-8, a route's segment such as ``stats``,
+a built-in model's) is refused, listed under its name with the bytes that are not UTF-8 written
+``\\xNN``; a folder named in digits is a version, which is ASCII digits, no leading zero, within
+int64, or the model is refused naming it; and every path read (the model's folder, its
+configuration, its file), resolved through its links, is inside the repository folder, or the
+model is refused without a byte of it read."""
 
 from __future__ import annotations
 
@@ -22,8 +35,14 @@ import logging
 from pathlib import Path
 
 from tensorbits.core.dataplane import DataPlane
-from tensorbits.core.graphs.models import build, check_name, configuration
-from tensorbits.core.graphs.triton_config import MAX_CONFIG_BYTES
+from tensorbits.core.graphs.models import Configuration, build, check_name, configuration
+from tensorbits.core.graphs.names import check_version, displayed, looks_like_version
+from tensorbits.core.graphs.triton_config import (
+    COMPLETED_ONNX_CONFIG,
+    MAX_CONFIG_BYTES,
+    ONNX,
+    served_version,
+)
 from tensorbits.core.graphs.triton_pbtxt import pbtxt_as_json
 from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge, TensorbitsError
 from tensorbits_protocol.operators import REGISTRY
@@ -34,35 +53,66 @@ CONFIG_FILE = "config.json"
 CONFIG_PBTXT = "config.pbtxt"
 
 
+def _inside(root: Path, path: Path) -> Path:
+    """``path`` with every link followed, refused where that leaves ``root`` (resolved): the
+    repository folder lends nothing of the file system beyond it (a ``config.pbtxt`` linked to
+    ``/proc/self/environ`` is not read)."""
+    resolved = path.resolve()
+    if not resolved.is_relative_to(root):
+        shown = displayed(str(path.relative_to(root)))  # no more of the link than its name
+        raise InvalidRequest(
+            f"{shown} leads out of the repository folder (a link): not read",
+            field=shown,
+            rule="outside_repository",
+        )
+    return resolved
+
+
 def _read(path: Path, limit: int, what: str, setting: str) -> bytes:
     size = path.stat().st_size
-    if size > limit:
+    rule = "max_config_bytes" if what in (CONFIG_FILE, CONFIG_PBTXT) else "max_model_bytes"
+    data = b""
+    if size <= limit:
+        with path.open("rb") as file:  # at most a byte past the bound, whatever the size said
+            data = file.read(limit + 1)
+    if size > limit or len(data) > limit:
         raise PayloadTooLarge(
-            f"{what} is {size} bytes, more than the {limit} allowed ({setting})",
+            f"{what} is {max(size, len(data))} bytes, more than the {limit} allowed ({setting})",
             field=what,
-            rule="max_config_bytes" if what in (CONFIG_FILE, CONFIG_PBTXT) else "max_model_bytes",
+            rule=rule,
         )
-    return path.read_bytes()[: limit + 1]
+    return data
 
 
-def _version(folder: Path, model_file: str) -> Path:
-    versions = sorted(
-        (int(entry.name), entry)
-        for entry in folder.iterdir()
-        if entry.is_dir() and entry.name.isdigit() and (entry / model_file).is_file()
-    )
+def _version(root: Path, folder: Path, model_file: str, config: Configuration) -> Path:
+    """The version folder holding ``model_file`` that the configuration's version policy serves
+    (the highest by default); every folder named in digits is a version, checked
+    (``check_version``), the others are not versions (Triton's layout)."""
+    versions = []
+    for entry in folder.iterdir():
+        if not looks_like_version(entry.name):
+            continue
+        number = check_version(entry.name, f"{displayed(entry.name)}/{model_file}")
+        if entry.is_dir() and (entry / model_file).is_file():
+            _inside(root, entry / model_file)
+            versions.append((number, entry))
+    versions.sort()
     if not versions:
         raise InvalidRequest(
             f"no <version>/{model_file} in the model's folder (e.g. 1/{model_file})",
             field=model_file,
             rule="missing_file",
         )
-    return versions[-1][1]
+    served = served_version(config.document, [number for number, _ in versions])
+    return next(entry for number, entry in versions if number == served)
 
 
-def _config(folder: Path) -> str | bytes:
+def _config(root: Path, folder: Path) -> str | bytes:
     """The folder's configuration as JSON text: config.pbtxt made JSON, or config.json."""
     pbtxt, json_file = folder / CONFIG_PBTXT, folder / CONFIG_FILE
+    for path in (pbtxt, json_file):
+        if path.is_symlink() or path.exists():
+            _inside(root, path)
     if pbtxt.is_file() and json_file.is_file():
         raise InvalidRequest(
             f"both {CONFIG_PBTXT} and {CONFIG_FILE}: keep one (Triton reads {CONFIG_PBTXT} only)",
@@ -75,6 +125,8 @@ def _config(folder: Path) -> str | bytes:
         )
     if json_file.is_file():
         return _read(json_file, MAX_CONFIG_BYTES, CONFIG_FILE, "a configuration's bound")
+    if any(folder.glob(f"*/{ONNX.file}")):  # Triton completes an ONNX model's from the file
+        return COMPLETED_ONNX_CONFIG
     raise InvalidRequest(
         f"no {CONFIG_PBTXT} (or {CONFIG_FILE}) in the model's folder",
         field=CONFIG_PBTXT,
@@ -82,12 +134,13 @@ def _config(folder: Path) -> str | bytes:
     )
 
 
-def _load_one(plane: DataPlane, folder: Path) -> str:
+def _load_one(plane: DataPlane, root: Path, folder: Path) -> str:
     name = folder.name
     check_name(name, REGISTRY.__contains__)
-    read = configuration(name, _config(folder))
+    _inside(root, folder)
+    read = configuration(name, _config(root, folder))
     model_file = read.form.file
-    version = _version(folder, model_file)
+    version = _version(root, folder, model_file, read)
     limits = plane.graphs.limits
     data = _read(
         version / model_file, limits.max_model_bytes, model_file, "TENSORBITS_MAX_MODEL_BYTES"
@@ -98,23 +151,25 @@ def _load_one(plane: DataPlane, folder: Path) -> str:
 
 def load_repository(plane: DataPlane, root: Path) -> None:
     """Load every model folder of ``root`` into ``plane``, each on its own (see the module)."""
+    shown = displayed(str(root))
     try:
+        root = root.resolve()
         folders = sorted(entry for entry in root.iterdir() if entry.is_dir())
     except OSError as exc:
-        logger.error("model repository %s cannot be read: %s; no graph model loaded", root, exc)
+        logger.error("model repository %s cannot be read: %s; no graph model loaded", shown, exc)
         return
     for folder in folders:
+        # Reported under a name every encoder takes (the index's JSON and protobuf, the logs).
+        name = displayed(folder.name)
         try:
-            version = _load_one(plane, folder)
+            version = _load_one(plane, root, folder)
         except (TensorbitsError, OSError, ValueError) as exc:
             reason = exc.message if isinstance(exc, TensorbitsError) else str(exc)
-            reason = f"failed to load '{folder.name}': {reason}"
-            plane.graphs.fail(folder.name, reason)
-            logger.warning("model repository %s: %s", root, reason)
+            reason = displayed(f"failed to load '{name}': {reason}")
+            plane.graphs.fail(name, reason)
+            logger.warning("model repository %s: %s", shown, reason)
             continue
-        logger.info(
-            "model repository %s: loaded graph model '%s' version %s", root, folder.name, version
-        )
+        logger.info("model repository %s: loaded graph model '%s' version %s", shown, name, version)
 
 
 __all__ = ["load_repository"]

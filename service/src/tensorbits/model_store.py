@@ -6,15 +6,22 @@ A load or an unload reaches one worker, the one that took the request. That work
 workers share; every other worker applies what it finds there. The folder holds the current
 state of every load and unload made through the API, not a journal of them:
 
-    models/<key>@<generation>/            a graph model loaded through the API: ``config``, the
-                                          configuration's text, its one file, named as the load's
-                                          parameter named it (quoted: ``file%3A1%2F...``), and
-                                          ``name``, the model's
-    models/<key>@<generation>.unloaded    a model unloaded (a graph model the repository folder
+    models/entries/<key>@<generation>/    a graph model loaded through the API: ``config``,
+                                          the configuration's text, its one file, named as the
+                                          load's parameter named it (quoted:
+                                          ``file%3A1%2F...``), and ``name``, the model's
+    models/entries/<key>@<generation>.unloaded
+                                          a model unloaded (a graph model the repository folder
                                           holds, or a built-in one); it holds the model's name
+    models/applied/<pid>.<n>              8 bytes: the generation one worker has applied
+    models/tmp/<pid>.<n>                  a write under way (renamed into ``entries`` or
+                                          ``applied``: the same file system)
     models/generation                     8 bytes: the generation of the last change
     models/lock                           the writers' ``flock``
-    models/applied.<pid>.<n>              8 bytes: the generation one worker has applied
+
+Each kind of file has a folder of its own, and ``entries`` holds entries only: no model's name,
+whatever it is (``applied.x``, ``tmp.1.2``, ``lock``), can make a file another kind's reader
+takes for its own.
 
 ``<key>`` is the model's name quoted for the file system (``entry_key``: any name a model may
 have, ``/``, ``..`` and non-ASCII included; a long one hashed, its name then in the entry's
@@ -23,6 +30,12 @@ again leaves no entry (its tombstone is removed); so does a graph model unloaded
 repository folder does not hold. The store so holds at most the graph models loaded
 (``TENSORBITS_MAX_LOADED_MODELS``, each file bounded by ``TENSORBITS_MAX_MODEL_BYTES``) and a
 tombstone for each built-in model or repository folder's model unloaded.
+
+A load's room is decided once for every worker, under the ``flock``, by what the store says is
+served: the repository folder's models but those unloaded, and the graph models of its entries.
+A load past ``TENSORBITS_MAX_LOADED_MODELS`` there is refused on the worker that took it, with
+the refusal one worker gives (``check_room``), before it is served anywhere: two loads racing
+for the last place, on two workers, are one served everywhere and one refused.
 
 A write (``ModelStore.loaded``, ``unloaded``, ``reloaded``) is made under a temporary name,
 renamed into place (atomic), the name's older entries removed, and the generation incremented,
@@ -68,7 +81,7 @@ from urllib.parse import quote, unquote
 
 from tensorbits.core.dataplane import DataPlane
 from tensorbits.core.graphs.limits import GraphLimits
-from tensorbits.core.graphs.models import GraphModel, GraphModels
+from tensorbits.core.graphs.models import GraphModel, GraphModels, check_room
 from tensorbits.core.graphs.triton_config import MAX_CONFIG_BYTES
 from tensorbits.core.models import ModelStates
 
@@ -77,8 +90,9 @@ logger = logging.getLogger("tensorbits.repository")
 MODELS = "models"
 GENERATION = "generation"
 LOCK = "lock"
-APPLIED = "applied."
-TEMPORARY = "tmp."
+ENTRIES = "entries"
+APPLIED = "applied"
+TEMPORARY = "tmp"
 UNLOADED = ".unloaded"
 NAME = "name"
 CONFIG = "config"
@@ -200,12 +214,16 @@ class ModelStore:
         ):
             raise TypeError("a model store follows a plane of FollowingGraphModels and States")
         self.folder = folder
+        self.entries = folder / ENTRIES
+        self.applied_files = folder / APPLIED
+        self.temporaries = folder / TEMPORARY
         self.plane = plane
         self.graphs = graphs
         self.states = models
         # The graph models this worker has without the store (the repository folder's, loaded
         # or failed): an unload of one of them is a tombstone, of any other the entry's removal.
-        self.base = frozenset(graphs.failed()) | {model.name for model in graphs.models()}
+        self.base_loaded = frozenset(model.name for model in graphs.models())
+        self.base = frozenset(graphs.failed()) | self.base_loaded
         self._lock = threading.RLock()  # this worker's: its state below, its writes
         self._applied: dict[str, Entry] = {}  # by name: the entry this worker serves as
         self._pending: dict[str, Entry] = {}  # by name: graph models to build
@@ -214,7 +232,8 @@ class ModelStore:
         self._closed = False
         self._timer: asyncio.TimerHandle | None = None  # the watcher's next look
         self._building: asyncio.Future[None] | None = None  # graph models built on a thread
-        folder.mkdir(exist_ok=True)
+        for made in (folder, self.entries, self.applied_files, self.temporaries):
+            made.mkdir(exist_ok=True)
         self._lock_fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             with self._flock():
@@ -281,7 +300,7 @@ class ModelStore:
         """Graph model ``name``, loaded on this worker as ``model`` from ``config`` and
         ``files``, written for the others (on a worker thread: a file may be large). Its
         generation, or None where it could not be written (logged: the load stays this
-        worker's)."""
+        worker's). Refused (``check_room``) where the store has no room for it: not served."""
         temporary = self._temporary()
         try:
             temporary.mkdir()
@@ -296,9 +315,11 @@ class ModelStore:
                 if GraphModels.get(self.graphs, name) is not model:
                     self.plane.add_graph(model)
 
-            return self._commit(name, temporary, serve)
+            return self._commit(name, temporary, serve, room=True)
         except OSError:
             logger.exception("graph model '%s' could not be shared with the workers", name[:100])
+            if GraphModels.get(self.graphs, name) is not model:
+                self.plane.add_graph(model)
             return None
         finally:
             shutil.rmtree(temporary, ignore_errors=True)
@@ -355,7 +376,9 @@ class ModelStore:
         """The live workers (their ``applied`` files' names) that have not applied
         ``generation``. A file no process holds is a dead worker's: removed."""
         behind = []
-        for path in self.folder.glob(f"{APPLIED}*"):
+        with os.scandir(self.applied_files) as listing:
+            paths = [Path(item.path) for item in listing]
+        for path in paths:
             try:
                 fd = os.open(path, os.O_RDONLY)
             except FileNotFoundError:
@@ -366,7 +389,7 @@ class ModelStore:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
-                    behind.append(path.name.removeprefix(APPLIED))  # alive: its lock is held
+                    behind.append(path.name)  # alive: its lock is held
                     continue
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()  # dead: the kernel dropped its lock
@@ -375,21 +398,30 @@ class ModelStore:
         return behind
 
     def _commit(
-        self, name: str, temporary: Path | None, serve: Callable[[], None], suffix: str = ""
+        self,
+        name: str,
+        temporary: Path | None,
+        serve: Callable[[], None],
+        suffix: str = "",
+        *,
+        room: bool = False,
     ) -> int:
         """Write ``name``'s new entry (``temporary`` renamed into place; None: no entry), remove
-        its older ones, increment the generation; then ``serve`` it on this worker again."""
+        its older ones, increment the generation; then ``serve`` it on this worker again.
+        ``room``: a graph model loaded, refused first where every worker's count has no room."""
         key = entry_key(name)
         entry: Entry | None = None
         with self._lock:
             if self._closed:
                 raise OSError(f"the model store is closed: '{name[:100]}' is this worker's only")
             with self._flock():
+                if room:
+                    check_room(name, self._served(), self.graphs.max_loaded)
                 generation = self._generation.value + 1
                 older = self._entries_of(key)
                 if temporary is not None:
                     entry = Entry(
-                        name, generation, bool(suffix), self.folder / f"{key}@{generation}{suffix}"
+                        name, generation, bool(suffix), self.entries / f"{key}@{generation}{suffix}"
                     )
                     if entry.path in older:  # left by a writer that died before it counted it
                         _remove(entry.path)
@@ -399,7 +431,9 @@ class ModelStore:
                         _remove(path)
                 self._generation.value = generation
             # What this worker wrote is what it serves, whatever it applied of another's since
-            # its own change (under this lock: nothing else is applied in between now).
+            # its own change (under this lock: nothing else is applied in between now). The
+            # others' changes up to it applied first: the unloads that made its room among them.
+            self._scan()
             try:
                 serve()
             except Exception:
@@ -493,16 +527,14 @@ class ModelStore:
         """The store's entries by model name, the newest of each name (a writer removes the
         older ones just after it renamed the new one into place)."""
         found: dict[str, Entry] = {}
-        with os.scandir(self.folder) as listing:
+        with os.scandir(self.entries) as listing:
             for item in listing:
                 key, at, rest = item.name.rpartition("@")
-                if not at:
-                    continue  # not an entry: the generation, the lock, applied and temporary files
                 unloaded = rest.endswith(UNLOADED)
                 digits = rest.removesuffix(UNLOADED)
                 path = Path(item.path)
                 try:
-                    if not digits.isdigit() or not key:
+                    if not at or not key or not digits.isascii() or not digits.isdigit():
                         raise ValueError("not <key>@<generation>")
                     name = unquote_key(key) if key[0] != "#" else self._stored_name(path)
                     if entry_key(name) != key:
@@ -598,12 +630,23 @@ class ModelStore:
         finally:
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
+    def _served(self) -> set[str]:
+        """The graph models every worker serves, as the store says (under the ``flock``): the
+        repository folder's but those unloaded, and those of the store's entries."""
+        served = set(self.base_loaded)
+        for entry in self._read().values():
+            if entry.unloaded:
+                served.discard(entry.name)
+            elif not self.graphs.is_builtin(entry.name):
+                served.add(entry.name)
+        return served
+
     def _temporary(self) -> Path:
-        return self.folder / f"{TEMPORARY}{os.getpid()}.{next(_stores)}"
+        return self.temporaries / f"{os.getpid()}.{next(_stores)}"
 
     def _entries_of(self, key: str) -> list[Path]:
         prefix = f"{key}@"
-        with os.scandir(self.folder) as listing:
+        with os.scandir(self.entries) as listing:
             return [Path(item.path) for item in listing if item.name.startswith(prefix)]
 
     def _applied_file(self) -> tuple[Path, int]:
@@ -614,7 +657,7 @@ class ModelStore:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)
             os.pwrite(fd, bytes(8), 0)
-            path = self.folder / f"{APPLIED}{os.getpid()}.{next(_stores)}"
+            path = self.applied_files / f"{os.getpid()}.{next(_stores)}"
             os.rename(temporary, path)
         except BaseException:
             os.close(fd)
@@ -639,7 +682,9 @@ def _remove(path: Path) -> None:
 
 
 __all__ = [
+    "APPLIED",
     "APPLY_TIMEOUT_S",
+    "ENTRIES",
     "MODELS",
     "Entry",
     "FollowingGraphModels",

@@ -34,7 +34,7 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 from starlette.routing import Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tensorbits.logs import request_id_var
+from tensorbits.logs import CallNote, begin_call, call_var, note_model
 from tensorbits.runtime import Runtime
 from tensorbits_protocol.operators import OPERATORS, REGISTRY
 
@@ -67,6 +67,15 @@ class RequestTally:
         self.requests: dict[tuple[str, str, int], list[int]] = {}
         self.latency: dict[str, _RouteTally] = {}
         self.share: WorkerShare | None = None  # set by Metrics.create in a worker process
+        # Whether a name is a model this server serves (graph models too, once the runtime is
+        # bound): only those become label values, so a caller cannot blow up cardinality.
+        self.served: Callable[[str], bool] = REGISTRY.__contains__
+
+    def model_label(self, name: str) -> str:
+        """The ``model`` label of a call naming ``name`` ("" when it names none)."""
+        if not name:
+            return ""
+        return name if self.served(name) else "unknown"
 
     def add(self, route: str, model: str, status: int, seconds: float, nin: int, nout: int) -> None:
         counts = self.requests.get((route, model, status))
@@ -118,7 +127,7 @@ class RequestTally:
 
     def exposition(self) -> Iterator[Metric]:
         requests = CounterMetricFamily(
-            "tensorbits_requests", "HTTP requests by route, model and status",
+            "tensorbits_requests", "requests (HTTP) and calls (gRPC) by route, model and status",
             labels=["route", "model", "status"],
         )  # fmt: skip
         bytes_in = CounterMetricFamily(
@@ -286,6 +295,8 @@ class Metrics:
     def bind_runtime(self, runtime: Runtime) -> None:
         """Gauges read live from the runtime at scrape time."""
         backend = runtime.selection.backend
+        graphs = runtime.plane.graphs
+        self.tally.served = lambda name: name in REGISTRY or graphs.get(name) is not None
         self.backend.labels(backend.name, backend.device, runtime.selection.reason).set(1)
         admission = runtime.plane.admission
         own: dict[str, Callable[[], float]] = {
@@ -393,12 +404,18 @@ def _label_value(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def _model_label(scope: Scope) -> str:
-    # Only names of real operators become label values: a caller cannot blow up cardinality.
-    model = scope.get("path_params", {}).get("model")
-    if model is None:
-        return ""
-    return model if model in REGISTRY else "unknown"
+def _note_path_model(scope: Scope) -> None:
+    """The model (and version) an HTTP request's path names, noted for its access-log line."""
+    path = scope.get("path_params", {})
+    model = path.get("model")
+    if isinstance(model, str):
+        version = path.get("version")
+        note_model(model, version if isinstance(version, str) else "")
+
+
+def _client(scope: Scope) -> str:
+    client = scope.get("client")
+    return f"{client[0]}:{client[1]}" if client else ""
 
 
 def _route_label(scope: Scope) -> str:
@@ -431,7 +448,7 @@ class ObservabilityMiddleware:
             await self.app(scope, receive, send)
             return
         request_id = _header(scope, b"x-request-id") or new_request_id()
-        token = request_id_var.set(request_id)
+        end_call = begin_call(request_id, _client(scope))
         start = time.perf_counter()
         counts = {"in": 0, "out": 0, "status": 500}
         id_header = (b"x-request-id", request_id.encode())
@@ -453,12 +470,12 @@ class ObservabilityMiddleware:
         try:
             await self.app(scope, receive_counted, send_tagged)
         finally:
+            _note_path_model(scope)
             record_call(
                 self.metrics(), "http", scope["method"], scope["path"], _route_label(scope),
-                _model_label(scope), counts["status"], time.perf_counter() - start,
-                counts["in"], counts["out"],
+                "", counts["status"], time.perf_counter() - start, counts["in"], counts["out"],
             )  # fmt: skip
-            request_id_var.reset(token)
+            end_call()
 
 
 def record_call(
@@ -477,25 +494,53 @@ def record_call(
     whatever its ``protocol`` ("http": this module's middleware; "grpc": a call, or a stream's
     message, in grpc/service.py and grpc/streams.py). ``method`` and ``target`` name it in the
     line ("GET /v2", "gRPC /inference.GRPCInferenceService/ServerLive"); ``route``, ``model``
-    and ``status`` (an HTTP status: a gRPC refusal's is its error's, ``errors.STATUSES``) are
-    its labels in /metrics, ``size_in`` and ``size_out`` its bytes each way."""
+    ("": the one the call in hand noted, ``logs.note_model``) and ``status`` (an HTTP status: a
+    gRPC refusal's is its error's, ``errors.STATUSES``) are its labels in /metrics, ``size_in``
+    and ``size_out`` its bytes each way. The line says the rest of what the call noted
+    (``logs.CallNote``): its id, client, model, and the refusal's class, rule and field."""
+    note = call_var.get()
+    if not model and note is not None:
+        model = note.model
     if metrics is not None:
-        metrics.tally.add(route, model, status, seconds, size_in, size_out)
+        label = metrics.tally.model_label(model)
+        metrics.tally.add(route, label, status, seconds, size_in, size_out)
     if logger.isEnabledFor(logging.INFO):  # the fields cost a dict per request: only if logged
+        shown = protocol_status(protocol, status, note)
         logger.info(
-            "%s %s %d",
+            "%s %s %s",
             method,
             target,
-            status,
-            extra=access_fields(protocol, route, status, seconds, size_in, size_out),
+            shown,
+            extra=access_fields(protocol, route, shown, seconds, size_in, size_out, note),
         )
 
 
+# A gRPC call's code name by the HTTP status it is counted under, where no refusal was noted
+# (a refusal's own code is noted with it: 400 is INVALID_ARGUMENT or FAILED_PRECONDITION).
+GRPC_STATUS_NAMES: Mapping[int, str] = {200: "OK", 499: "CANCELLED"}
+
+
+def protocol_status(protocol: str, status: int, note: CallNote | None) -> int | str:
+    """The status as the call's protocol said it: HTTP's code; gRPC's code name."""
+    if protocol != "grpc":
+        return status
+    if note is not None and note.grpc_status is not None:
+        return note.grpc_status
+    return GRPC_STATUS_NAMES.get(status, "UNKNOWN")
+
+
 def access_fields(
-    protocol: str, route: str, status: int, seconds: float, bytes_in: int, bytes_out: int
+    protocol: str,
+    route: str,
+    status: int | str,
+    seconds: float,
+    bytes_in: int,
+    bytes_out: int,
+    note: CallNote | None = None,
 ) -> dict[str, object]:
-    """The fields of one access-log record (``record_call``)."""
-    return {
+    """The fields of one access-log record (``record_call``), the same names on every protocol;
+    a refusal's class, rule and field only on a refused call's."""
+    fields: dict[str, object] = {
         "protocol": protocol,
         "status": status,
         "route": route,
@@ -503,6 +548,13 @@ def access_fields(
         "bytes_in": bytes_in,
         "bytes_out": bytes_out,
     }
+    if note is not None:
+        fields.update(
+            request_id=note.request_id, client=note.client, model=note.model, version=note.version
+        )
+        if note.refusal is not None:
+            fields.update(refusal=note.refusal, rule=note.rule, field=note.field)
+    return fields
 
 
 class _RequestIds:

@@ -10,13 +10,15 @@ bug, answered as 500 / INTERNAL naming no internals.
 exception handlers (``api/errors.py``) and the gRPC calls and streams (``grpc/service.py``,
 ``grpc/streams.py``) each only send what it returns, its status read from its class
 (``errors.STATUSES``). It also logs what needs a log, once: a bug with its traceback, an out of
-memory as a warning (the server is short of memory, not the client wrong); a refusal is not.
+memory as a warning (the server is short of memory, not the client wrong); a refusal is not,
+but its class, rule and field are noted for the call's access-log line (``logs.note_refusal``).
 """
 
 from __future__ import annotations
 
 import logging
 
+from tensorbits.logs import note_refusal
 from tensorbits_protocol.errors import BackendFailure, TensorbitsError
 
 OUT_OF_MEMORY = "the backend ran out of memory running this request; retry later or send less"
@@ -50,11 +52,15 @@ def refusal_of(exc: BaseException) -> TensorbitsError | None:
 def answer_for(exc: BaseException, logger: logging.Logger, where: str) -> TensorbitsError:
     """What ``exc``, raised while serving ``where``, is answered with: its refusal, its frames
     let go (``forget_frames``); or, for a bug, an internal error naming nothing of it, the bug
-    logged with its traceback to ``logger``. An out of memory is logged as a warning."""
+    logged with its traceback to ``logger``. An out of memory is logged as a warning. Either way
+    the answer is noted for the call's access-log line."""
     refusal = refusal_of(exc)
     if refusal is None:
         logger.error("unexpected error in %s", where, exc_info=exc)
-        return TensorbitsError(INTERNAL)
+        internal = TensorbitsError(INTERNAL)
+        note_refusal(internal.code, internal.grpc_code, "internal", None)
+        return internal
+    note_refusal(refusal.code, refusal.grpc_code, refusal.rule, refusal.field)
     if isinstance(exc, MemoryError):
         logger.warning("backend out of memory in %s", where)
     forget_frames(exc)  # a MemoryError's frames hold the arrays it could not fit

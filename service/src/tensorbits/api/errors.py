@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
+from tensorbits.logs import note_refusal
 from tensorbits.refusals import answer_for, forget_frames
 from tensorbits_protocol.errors import InvalidRequest, Overloaded, TensorbitsError
 
@@ -35,7 +36,7 @@ def error_response(exc: TensorbitsError) -> JSONResponse:
 
 async def _tensorbits_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, TensorbitsError)
-    return error_response(exc)
+    return error_response(answer_for(exc, logger, request.url.path[:200]))
 
 
 def _location(loc: tuple[int | str, ...]) -> str:
@@ -51,9 +52,8 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     message = f"{field}: {first.get('msg', 'invalid value')}"
     rule = first.get("type")
     forget_frames(exc)
-    return error_response(
-        InvalidRequest(message, field=field, rule=rule if isinstance(rule, str) else None)
-    )
+    refusal = InvalidRequest(message, field=field, rule=rule if isinstance(rule, str) else None)
+    return error_response(answer_for(refusal, logger, request.url.path[:200]))
 
 
 # The framework's own refusals: what part of the request each is about, and the rule.
@@ -74,6 +74,7 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     body: dict[str, str] = {"error": detail, "code": "http_error"}
     if exc.status_code in _HTTP_ERROR_FIELDS:
         body["field"], body["rule"] = _HTTP_ERROR_FIELDS[exc.status_code]
+    note_refusal("http_error", "", body.get("rule"), body.get("field"))
     forget_frames(exc)
     return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 

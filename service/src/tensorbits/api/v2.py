@@ -13,8 +13,7 @@ reads a body declares no body parameter, so FastAPI never parses (or copies) it,
 
 from __future__ import annotations
 
-import base64
-import binascii
+import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -22,14 +21,16 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from tensorbits import model_info, model_lifecycle
+from tensorbits import load_bounds, model_info, model_lifecycle
 from tensorbits.api import v2_openapi
 from tensorbits.api.body import declared_length, read_body
 from tensorbits.api.deps import RuntimeDep
+from tensorbits.api.load_body import read_load_body
 from tensorbits.api.v2_openapi import ModelName, ModelVersion
 from tensorbits.core.models import MODEL_VERSION, Model, ModelStates, resolve_model, resolve_served
+from tensorbits.offload import JSON_INLINE_MAX_BYTES, offload
 from tensorbits.runtime import Runtime
-from tensorbits_protocol.errors import InvalidRequest
+from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
 from tensorbits_protocol.jsondata import JsonLimits, parse_json
 from tensorbits_protocol.operators import OPERATORS
 from tensorbits_protocol.schema_errors import validate_document
@@ -261,7 +262,6 @@ _LIFECYCLE: dict[str, Any] = {
     "response_class": Response,
     "responses": {**_DONE, **v2_openapi.errors(404, 503)},
 }
-LOAD_JSON_LIMITS = JsonLimits(max_depth=3, max_values=64)
 
 
 @router.post(
@@ -281,39 +281,36 @@ LOAD_JSON_LIMITS = JsonLimits(max_depth=3, max_values=64)
 async def repository_model_load(
     model: ModelName, request: Request, runtime: RuntimeDep
 ) -> Response:
-    limit = model_lifecycle.load_request_bytes(runtime)
+    bound = load_bounds.max_load_bytes(runtime.settings.max_model_bytes)
     async with runtime.plane.call() as call:
-        # Admitted as an inference is: for the body it declares before a byte is read, then
-        # for the copies decoding makes (the JSON's text, the decoded file).
-        call.admit(declared_length(request.headers.get("content-length"), limit) or 0)
-        body = await read_body(request, limit)
+        # Admitted as an inference is: for the body it declares before a byte is read (past the
+        # load's bound, refused), then for the copies decoding makes, held until the answer.
+        call.admit(_declared_load(request, bound))
+        body = await _read_load(request, bound)
         call.hold(model_lifecycle.LOAD_COPIES * len(body), "model load", "body, copies", "body")
-        config: str | None = None
-        files: dict[str, bytes] = {}
-        if body.strip():
-            document = parse_json(body, LOAD_JSON_LIMITS, "request body")
-            parameters = validate_document(LoadRequest, document, "request body").parameters
-            model_lifecycle.check_parameter_names(list(parameters or {}))
-            for name, value in (parameters or {}).items():
-                if name == model_lifecycle.CONFIG:
-                    config = value
-                    continue
-                padding = len(value) - len(value.rstrip("="))
-                model_lifecycle.check_file_size(name, len(value) * 3 // 4 - padding, runtime)
-                files[name] = _base64(name, value)
-        await model_lifecycle.load_model(runtime, model, config, files)
+        # Counted, cut and decoded on a worker thread (load_body.py): never the event loop's.
+        parts = await offload(len(body), JSON_INLINE_MAX_BYTES, read_load_body, body, runtime)
+        del body  # the decoded file is what the load reads from here
+        await model_lifecycle.load_model(runtime, model, parts.config, parts.files)
     return Response(status_code=200)
 
 
-def _base64(name: str, value: str) -> bytes:
+def _declared_load(request: Request, bound: int) -> int:
+    """The Content-Length, refused past the load's bound (0: chunked, bounded while read)."""
+    length = declared_length(request.headers.get("content-length"), sys.maxsize) or 0
+    load_bounds.check_load_size(length, bound)
+    return length
+
+
+async def _read_load(request: Request, bound: int) -> bytearray:
+    """The body, read under the load's bound: a chunked or compressed body past it is refused
+    as a declared one is, naming the load's bound, not the body's."""
     try:
-        return base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError):
-        raise InvalidRequest(
-            f"parameters.{name[:100]}: a file's content is base64 text",
-            field=f"parameters.{name[:100]}",
-            rule="base64",
-        ) from None
+        return await read_body(request, bound)
+    except PayloadTooLarge as exc:
+        if exc.rule != "max_body_bytes":
+            raise
+        raise load_bounds.load_too_large(None, bound) from None
 
 
 @router.post(

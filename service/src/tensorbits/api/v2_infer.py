@@ -89,7 +89,7 @@ class InferEndpoint:
                 partial(rest_graph.encode, backend=plane.backend),
             )  # fmt: skip
             return
-        op = resolve_model(path["model"], version)
+        op = resolve_model(path["model"], version, plane.graphs)
         # Before the body is read or admitted: an unloaded model costs the server nothing. Here
         # and not in the planner, whose cached plans would skip the check.
         plane.models.check_loaded(op.name)

@@ -137,8 +137,13 @@ ERROR_EXAMPLES: dict[int, dict[str, dict[str, Any]]] = {
         "overloaded": {
             "summary": "Too much in flight",
             "value": {
-                "error": "server busy: 64 requests in flight (limit 64); retry later",
+                "error": (
+                    "server busy: 64 requests in flight (limit 64, "
+                    "TENSORBITS_MAX_INFLIGHT_REQUESTS); retry later"
+                ),
                 "code": "overloaded",
+                "field": "request",
+                "rule": "max_inflight_requests",
             },
         },
     },

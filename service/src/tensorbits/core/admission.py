@@ -38,7 +38,9 @@ class Admission:
         if self.bytes_in_flight + nbytes > self.max_bytes:
             raise Overloaded(
                 f"server busy: {self.bytes_in_flight} bytes in flight, this request needs "
-                f"{nbytes} more (limit {self.max_bytes}); retry later"
+                f"{nbytes} more, past {self.bytes_bound_words}; retry later",
+                field="request",
+                rule="max_inflight_bytes",
             )
         self.bytes_in_flight += nbytes
 
@@ -47,12 +49,22 @@ class Admission:
         the grant (``dataplane.Call`` does, once the answer is sent)."""
         if self.requests_in_flight >= self.max_requests:
             raise Overloaded(
-                f"server busy: {self.requests_in_flight} requests in flight "
-                f"(limit {self.max_requests}); retry later"
+                f"server busy: {self.requests_in_flight} requests in flight (limit "
+                f"{self.max_requests}, TENSORBITS_MAX_INFLIGHT_REQUESTS); retry later",
+                field="request",
+                rule="max_inflight_requests",
             )
         self._take_bytes(nbytes)
         self.requests_in_flight += 1
         return Grant(self, nbytes)
+
+    def carry(self, nbytes: int) -> Grant:
+        """Count ``nbytes`` already made that outlive the request that made them (a gRPC stream's
+        answer, until it is sent), never refused: the caller released the grant that made them
+        in the same step of the event loop, so the bound holds. Not a request: only the bytes
+        count. The caller must ``release`` the grant once they are gone."""
+        self.bytes_in_flight += nbytes
+        return Grant(self, nbytes, request=False)
 
 
 @dataclass(slots=True)
@@ -62,6 +74,7 @@ class Grant:
     admission: Admission
     nbytes: int
     released: bool = False
+    request: bool = True  # counted in ``requests_in_flight`` too (``carry``'s are not)
 
     def grow(self, extra: int) -> None:
         if extra > 0:
@@ -87,7 +100,7 @@ class Grant:
         """Give back the request and its bytes; once only, however often it is called."""
         if not self.released:
             self.released = True
-            self.admission.requests_in_flight -= 1
+            self.admission.requests_in_flight -= self.request
             self.admission.bytes_in_flight -= self.nbytes
 
 

@@ -40,6 +40,15 @@ KEYS_WORDS = (
 )
 
 
+def tensors_member(max_tensors: int) -> MemberLimit:
+    """TENSORBITS_MAX_TENSORS as a request's bound: its inputs and outputs together, refused in
+    one way on both protocols (HTTP counts them in the JSON, gRPC on the wire)."""
+    return MemberLimit(
+        ("inputs", "outputs"), max_tensors, "TENSORBITS_MAX_TENSORS", "max_tensors",
+        "inputs and outputs",
+    )  # fmt: skip
+
+
 def request_limits(limits: CoreLimits) -> RequestLimits:
     """The request limits one inference is held to, built once a runtime."""
     envelope = ENVELOPE_VALUES + ENVELOPE_VALUES_PER_TENSOR * limits.max_tensors
@@ -50,15 +59,7 @@ def request_limits(limits: CoreLimits) -> RequestLimits:
         json=JsonLimits(
             limits.max_json_depth,
             limits.max_json_elements + envelope,
-            members=(
-                MemberLimit(
-                    ("inputs", "outputs"),
-                    limits.max_tensors,
-                    "TENSORBITS_MAX_TENSORS",
-                    "max_tensors",
-                    "inputs and outputs",
-                ),
-            ),
+            members=(tensors_member(limits.max_tensors),),
             max_keys=OBJECT_KEYS + OBJECT_KEYS * limits.max_tensors,
             max_object_keys=OBJECT_KEYS,
             keys_words=KEYS_WORDS,
@@ -66,4 +67,4 @@ def request_limits(limits: CoreLimits) -> RequestLimits:
     )
 
 
-__all__ = ["CoreLimits", "request_limits"]
+__all__ = ["CoreLimits", "request_limits", "tensors_member"]

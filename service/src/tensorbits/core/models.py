@@ -7,7 +7,7 @@ import threading
 
 from tensorbits.core.graphs.models import GraphModel, GraphModels
 from tensorbits_protocol.errors import ModelUnavailable, OperatorNotFound
-from tensorbits_protocol.operators import OperatorSpec, get_operator
+from tensorbits_protocol.operators import REGISTRY, OperatorSpec, unknown_model
 
 # A model this server serves: an operator (built in) or a graph model (loaded).
 Model = OperatorSpec | GraphModel
@@ -16,9 +16,27 @@ MODEL_VERSION = "1"
 MODEL_VERSIONS = (MODEL_VERSION,)
 
 
-def resolve_model(name: str, version: str | None) -> OperatorSpec:
-    """The operator a v2 model name (and optional version) names; 404 for any other."""
-    op = get_operator(name)
+def unserved(name: str, graphs: GraphModels | None) -> OperatorNotFound:
+    """The 404 of a name this server does not serve: a graph model unloaded is told so, with
+    the way back; any other name is counted against what exists, the graph models too."""
+    if graphs is not None and graphs.was_unloaded(name):
+        return OperatorNotFound(
+            f"model '{name[:100]}' was unloaded: it is a graph model, served again once loaded "
+            f"with its file (POST /v2/repository/models/{name[:100]}/load)",
+            field="model_name",
+            rule="model_unloaded",
+        )
+    return unknown_model(name, [m.name for m in graphs.models()] if graphs is not None else ())
+
+
+def resolve_model(
+    name: str, version: str | None, graphs: GraphModels | None = None
+) -> OperatorSpec:
+    """The operator a v2 model name (and optional version) names; 404 for any other
+    (``unserved``: ``graphs``, the graph models, are what else the 404 names)."""
+    op = REGISTRY.get(name)
+    if op is None:
+        raise unserved(name, graphs)
     if version is not None and version not in MODEL_VERSIONS:
         raise OperatorNotFound(
             f"model '{op.name}' has no version '{version[:40]}' "
@@ -34,7 +52,7 @@ def resolve_served(graphs: GraphModels, name: str, version: str | None) -> Model
     any other."""
     graph = graphs.get(name)
     if graph is None:
-        return resolve_model(name, version)
+        return resolve_model(name, version, graphs)
     if version is not None and version != graph.version:
         raise OperatorNotFound(
             f"model '{name[:100]}' has no version '{version[:40]}' (versions: {graph.version})",
@@ -89,4 +107,5 @@ __all__ = [
     "ModelStates",
     "resolve_model",
     "resolve_served",
+    "unserved",
 ]

@@ -7,9 +7,10 @@ open_inference_grpc.proto is the subset Triton extends). Field names, numbers an
 the published ones: a stock client (tritonclient.grpc, KServe's) reads and writes them
 unchanged. tests/grpc/test_grpc_proto.py compares every field with tritonclient's own copy.
 
-Only the messages of the RPCs this server serves are here (and, of ModelConfig, the fields it
-fills). Regenerate with `make proto` (grpcio-tools + mypy-protobuf; the output is committed and
-a test fails when it is stale).
+Only the messages of the RPCs this server serves are here; ModelConfig is Triton's whole
+model_config.proto, imported (the one schema of a configuration, below the front ends).
+Regenerate with `make proto` (grpcio-tools + mypy-protobuf; the output is committed and a test
+fails when it is stale).
 
 The package is not the published `inference`: Python's protobuf runtime keeps one pool of
 message names per process, and tritonclient.grpc registers `inference.*` in it, so a process
@@ -23,7 +24,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
-from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from tensorbits.core.graphs import model_config_pb2 as _model_config_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -34,48 +35,6 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
-
-class _DataType:
-    ValueType = _typing.NewType("ValueType", _builtins.int)
-    V: _TypeAlias = ValueType  # noqa: Y015
-
-class _DataTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DataType.ValueType], _builtins.type):
-    DESCRIPTOR: _descriptor.EnumDescriptor
-    TYPE_INVALID: _DataType.ValueType  # 0
-    TYPE_BOOL: _DataType.ValueType  # 1
-    TYPE_UINT8: _DataType.ValueType  # 2
-    TYPE_UINT16: _DataType.ValueType  # 3
-    TYPE_UINT32: _DataType.ValueType  # 4
-    TYPE_UINT64: _DataType.ValueType  # 5
-    TYPE_INT8: _DataType.ValueType  # 6
-    TYPE_INT16: _DataType.ValueType  # 7
-    TYPE_INT32: _DataType.ValueType  # 8
-    TYPE_INT64: _DataType.ValueType  # 9
-    TYPE_FP16: _DataType.ValueType  # 10
-    TYPE_FP32: _DataType.ValueType  # 11
-    TYPE_FP64: _DataType.ValueType  # 12
-    TYPE_STRING: _DataType.ValueType  # 13
-    TYPE_BF16: _DataType.ValueType  # 14
-
-class DataType(_DataType, metaclass=_DataTypeEnumTypeWrapper):
-    """--- model configuration (Triton's model_config.proto: the fields this server fills) ---------"""
-
-TYPE_INVALID: DataType.ValueType  # 0
-TYPE_BOOL: DataType.ValueType  # 1
-TYPE_UINT8: DataType.ValueType  # 2
-TYPE_UINT16: DataType.ValueType  # 3
-TYPE_UINT32: DataType.ValueType  # 4
-TYPE_UINT64: DataType.ValueType  # 5
-TYPE_INT8: DataType.ValueType  # 6
-TYPE_INT16: DataType.ValueType  # 7
-TYPE_INT32: DataType.ValueType  # 8
-TYPE_INT64: DataType.ValueType  # 9
-TYPE_FP16: DataType.ValueType  # 10
-TYPE_FP32: DataType.ValueType  # 11
-TYPE_FP64: DataType.ValueType  # 12
-TYPE_STRING: DataType.ValueType  # 13
-TYPE_BF16: DataType.ValueType  # 14
-Global___DataType: _TypeAlias = DataType  # noqa: Y015
 
 @_typing.final
 class ServerLiveRequest(_message.Message):
@@ -696,378 +655,9 @@ class ModelStreamInferResponse(_message.Message):
 Global___ModelStreamInferResponse: _TypeAlias = ModelStreamInferResponse  # noqa: Y015
 
 @_typing.final
-class ModelTensorReshape(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    SHAPE_FIELD_NUMBER: _builtins.int
-    @_builtins.property
-    def shape(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
-    def __init__(
-        self,
-        *,
-        shape: _abc.Iterable[_builtins.int] | None = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["shape", b"shape"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___ModelTensorReshape: _TypeAlias = ModelTensorReshape  # noqa: Y015
-
-@_typing.final
-class ModelInput(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    class _Format:
-        ValueType = _typing.NewType("ValueType", _builtins.int)
-        V: _TypeAlias = ValueType  # noqa: Y015
-
-    class _FormatEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[ModelInput._Format.ValueType], _builtins.type):
-        DESCRIPTOR: _descriptor.EnumDescriptor
-        FORMAT_NONE: ModelInput._Format.ValueType  # 0
-        FORMAT_NHWC: ModelInput._Format.ValueType  # 1
-        FORMAT_NCHW: ModelInput._Format.ValueType  # 2
-
-    class Format(_Format, metaclass=_FormatEnumTypeWrapper): ...
-    FORMAT_NONE: ModelInput.Format.ValueType  # 0
-    FORMAT_NHWC: ModelInput.Format.ValueType  # 1
-    FORMAT_NCHW: ModelInput.Format.ValueType  # 2
-
-    NAME_FIELD_NUMBER: _builtins.int
-    DATA_TYPE_FIELD_NUMBER: _builtins.int
-    FORMAT_FIELD_NUMBER: _builtins.int
-    DIMS_FIELD_NUMBER: _builtins.int
-    RESHAPE_FIELD_NUMBER: _builtins.int
-    IS_SHAPE_TENSOR_FIELD_NUMBER: _builtins.int
-    ALLOW_RAGGED_BATCH_FIELD_NUMBER: _builtins.int
-    OPTIONAL_FIELD_NUMBER: _builtins.int
-    IS_NON_LINEAR_FORMAT_IO_FIELD_NUMBER: _builtins.int
-    name: _builtins.str
-    data_type: Global___DataType.ValueType
-    format: Global___ModelInput.Format.ValueType
-    is_shape_tensor: _builtins.bool
-    allow_ragged_batch: _builtins.bool
-    optional: _builtins.bool
-    is_non_linear_format_io: _builtins.bool
-    @_builtins.property
-    def dims(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
-    @_builtins.property
-    def reshape(self) -> Global___ModelTensorReshape: ...
-    def __init__(
-        self,
-        *,
-        name: _builtins.str = ...,
-        data_type: Global___DataType.ValueType = ...,
-        format: Global___ModelInput.Format.ValueType = ...,
-        dims: _abc.Iterable[_builtins.int] | None = ...,
-        reshape: Global___ModelTensorReshape | None = ...,
-        is_shape_tensor: _builtins.bool = ...,
-        allow_ragged_batch: _builtins.bool = ...,
-        optional: _builtins.bool = ...,
-        is_non_linear_format_io: _builtins.bool = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["reshape", b"reshape"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_ragged_batch", b"allow_ragged_batch", "data_type", b"data_type", "dims", b"dims", "format", b"format", "is_non_linear_format_io", b"is_non_linear_format_io", "is_shape_tensor", b"is_shape_tensor", "name", b"name", "optional", b"optional", "reshape", b"reshape"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___ModelInput: _TypeAlias = ModelInput  # noqa: Y015
-
-@_typing.final
-class ModelOutput(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    NAME_FIELD_NUMBER: _builtins.int
-    DATA_TYPE_FIELD_NUMBER: _builtins.int
-    DIMS_FIELD_NUMBER: _builtins.int
-    RESHAPE_FIELD_NUMBER: _builtins.int
-    LABEL_FILENAME_FIELD_NUMBER: _builtins.int
-    IS_SHAPE_TENSOR_FIELD_NUMBER: _builtins.int
-    IS_NON_LINEAR_FORMAT_IO_FIELD_NUMBER: _builtins.int
-    name: _builtins.str
-    data_type: Global___DataType.ValueType
-    label_filename: _builtins.str
-    is_shape_tensor: _builtins.bool
-    is_non_linear_format_io: _builtins.bool
-    @_builtins.property
-    def dims(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
-    @_builtins.property
-    def reshape(self) -> Global___ModelTensorReshape: ...
-    def __init__(
-        self,
-        *,
-        name: _builtins.str = ...,
-        data_type: Global___DataType.ValueType = ...,
-        dims: _abc.Iterable[_builtins.int] | None = ...,
-        reshape: Global___ModelTensorReshape | None = ...,
-        label_filename: _builtins.str = ...,
-        is_shape_tensor: _builtins.bool = ...,
-        is_non_linear_format_io: _builtins.bool = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["reshape", b"reshape"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data_type", b"data_type", "dims", b"dims", "is_non_linear_format_io", b"is_non_linear_format_io", "is_shape_tensor", b"is_shape_tensor", "label_filename", b"label_filename", "name", b"name", "reshape", b"reshape"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___ModelOutput: _TypeAlias = ModelOutput  # noqa: Y015
-
-@_typing.final
-class ModelVersionPolicy(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    @_typing.final
-    class Latest(_message.Message):
-        DESCRIPTOR: _descriptor.Descriptor
-
-        NUM_VERSIONS_FIELD_NUMBER: _builtins.int
-        num_versions: _builtins.int
-        def __init__(
-            self,
-            *,
-            num_versions: _builtins.int = ...,
-        ) -> None: ...
-        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["num_versions", b"num_versions"]  # noqa: Y015
-        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-        def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-    @_typing.final
-    class All(_message.Message):
-        DESCRIPTOR: _descriptor.Descriptor
-
-        def __init__(
-            self,
-        ) -> None: ...
-        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
-        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-        def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-    @_typing.final
-    class Specific(_message.Message):
-        DESCRIPTOR: _descriptor.Descriptor
-
-        VERSIONS_FIELD_NUMBER: _builtins.int
-        @_builtins.property
-        def versions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
-        def __init__(
-            self,
-            *,
-            versions: _abc.Iterable[_builtins.int] | None = ...,
-        ) -> None: ...
-        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["versions", b"versions"]  # noqa: Y015
-        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-        def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-    LATEST_FIELD_NUMBER: _builtins.int
-    ALL_FIELD_NUMBER: _builtins.int
-    SPECIFIC_FIELD_NUMBER: _builtins.int
-    @_builtins.property
-    def latest(self) -> Global___ModelVersionPolicy.Latest: ...
-    @_builtins.property
-    def all(self) -> Global___ModelVersionPolicy.All: ...
-    @_builtins.property
-    def specific(self) -> Global___ModelVersionPolicy.Specific: ...
-    def __init__(
-        self,
-        *,
-        latest: Global___ModelVersionPolicy.Latest | None = ...,
-        all: Global___ModelVersionPolicy.All | None = ...,
-        specific: Global___ModelVersionPolicy.Specific | None = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["all", b"all", "latest", b"latest", "policy_choice", b"policy_choice", "specific", b"specific"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["all", b"all", "latest", b"latest", "policy_choice", b"policy_choice", "specific", b"specific"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_policy_choice: _TypeAlias = _typing.Literal["latest", "all", "specific"]  # noqa: Y015
-    _WhichOneofArgType_policy_choice: _TypeAlias = _typing.Literal["policy_choice", b"policy_choice"]  # noqa: Y015
-    def WhichOneof(self, oneof_group: _WhichOneofArgType_policy_choice) -> _WhichOneofReturnType_policy_choice | None: ...
-
-Global___ModelVersionPolicy: _TypeAlias = ModelVersionPolicy  # noqa: Y015
-
-@_typing.final
-class ModelInstanceGroup(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    class _Kind:
-        ValueType = _typing.NewType("ValueType", _builtins.int)
-        V: _TypeAlias = ValueType  # noqa: Y015
-
-    class _KindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[ModelInstanceGroup._Kind.ValueType], _builtins.type):
-        DESCRIPTOR: _descriptor.EnumDescriptor
-        KIND_AUTO: ModelInstanceGroup._Kind.ValueType  # 0
-        KIND_GPU: ModelInstanceGroup._Kind.ValueType  # 1
-        KIND_CPU: ModelInstanceGroup._Kind.ValueType  # 2
-        KIND_MODEL: ModelInstanceGroup._Kind.ValueType  # 3
-
-    class Kind(_Kind, metaclass=_KindEnumTypeWrapper): ...
-    KIND_AUTO: ModelInstanceGroup.Kind.ValueType  # 0
-    KIND_GPU: ModelInstanceGroup.Kind.ValueType  # 1
-    KIND_CPU: ModelInstanceGroup.Kind.ValueType  # 2
-    KIND_MODEL: ModelInstanceGroup.Kind.ValueType  # 3
-
-    NAME_FIELD_NUMBER: _builtins.int
-    KIND_FIELD_NUMBER: _builtins.int
-    COUNT_FIELD_NUMBER: _builtins.int
-    GPUS_FIELD_NUMBER: _builtins.int
-    PROFILE_FIELD_NUMBER: _builtins.int
-    PASSIVE_FIELD_NUMBER: _builtins.int
-    HOST_POLICY_FIELD_NUMBER: _builtins.int
-    name: _builtins.str
-    kind: Global___ModelInstanceGroup.Kind.ValueType
-    count: _builtins.int
-    passive: _builtins.bool
-    host_policy: _builtins.str
-    @_builtins.property
-    def gpus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
-    @_builtins.property
-    def profile(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
-    def __init__(
-        self,
-        *,
-        name: _builtins.str = ...,
-        kind: Global___ModelInstanceGroup.Kind.ValueType = ...,
-        count: _builtins.int = ...,
-        gpus: _abc.Iterable[_builtins.int] | None = ...,
-        profile: _abc.Iterable[_builtins.str] | None = ...,
-        passive: _builtins.bool = ...,
-        host_policy: _builtins.str = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "gpus", b"gpus", "host_policy", b"host_policy", "kind", b"kind", "name", b"name", "passive", b"passive", "profile", b"profile"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___ModelInstanceGroup: _TypeAlias = ModelInstanceGroup  # noqa: Y015
-
-@_typing.final
-class ModelParameter(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    STRING_VALUE_FIELD_NUMBER: _builtins.int
-    string_value: _builtins.str
-    def __init__(
-        self,
-        *,
-        string_value: _builtins.str = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["string_value", b"string_value"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___ModelParameter: _TypeAlias = ModelParameter  # noqa: Y015
-
-@_typing.final
-class ModelConfig(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    @_typing.final
-    class MetricTagsEntry(_message.Message):
-        DESCRIPTOR: _descriptor.Descriptor
-
-        KEY_FIELD_NUMBER: _builtins.int
-        VALUE_FIELD_NUMBER: _builtins.int
-        key: _builtins.str
-        value: _builtins.str
-        def __init__(
-            self,
-            *,
-            key: _builtins.str = ...,
-            value: _builtins.str = ...,
-        ) -> None: ...
-        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
-        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-        def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-    @_typing.final
-    class ParametersEntry(_message.Message):
-        DESCRIPTOR: _descriptor.Descriptor
-
-        KEY_FIELD_NUMBER: _builtins.int
-        VALUE_FIELD_NUMBER: _builtins.int
-        key: _builtins.str
-        @_builtins.property
-        def value(self) -> Global___ModelParameter: ...
-        def __init__(
-            self,
-            *,
-            key: _builtins.str = ...,
-            value: Global___ModelParameter | None = ...,
-        ) -> None: ...
-        _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
-        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
-        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-        def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-    NAME_FIELD_NUMBER: _builtins.int
-    PLATFORM_FIELD_NUMBER: _builtins.int
-    BACKEND_FIELD_NUMBER: _builtins.int
-    RUNTIME_FIELD_NUMBER: _builtins.int
-    VERSION_POLICY_FIELD_NUMBER: _builtins.int
-    MAX_BATCH_SIZE_FIELD_NUMBER: _builtins.int
-    INPUT_FIELD_NUMBER: _builtins.int
-    OUTPUT_FIELD_NUMBER: _builtins.int
-    INSTANCE_GROUP_FIELD_NUMBER: _builtins.int
-    DEFAULT_MODEL_FILENAME_FIELD_NUMBER: _builtins.int
-    METRIC_TAGS_FIELD_NUMBER: _builtins.int
-    PARAMETERS_FIELD_NUMBER: _builtins.int
-    name: _builtins.str
-    platform: _builtins.str
-    backend: _builtins.str
-    runtime: _builtins.str
-    max_batch_size: _builtins.int
-    default_model_filename: _builtins.str
-    @_builtins.property
-    def version_policy(self) -> Global___ModelVersionPolicy: ...
-    @_builtins.property
-    def input(self) -> _containers.RepeatedCompositeFieldContainer[Global___ModelInput]: ...
-    @_builtins.property
-    def output(self) -> _containers.RepeatedCompositeFieldContainer[Global___ModelOutput]: ...
-    @_builtins.property
-    def instance_group(self) -> _containers.RepeatedCompositeFieldContainer[Global___ModelInstanceGroup]: ...
-    @_builtins.property
-    def metric_tags(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
-    @_builtins.property
-    def parameters(self) -> _containers.MessageMap[_builtins.str, Global___ModelParameter]: ...
-    def __init__(
-        self,
-        *,
-        name: _builtins.str = ...,
-        platform: _builtins.str = ...,
-        backend: _builtins.str = ...,
-        runtime: _builtins.str = ...,
-        version_policy: Global___ModelVersionPolicy | None = ...,
-        max_batch_size: _builtins.int = ...,
-        input: _abc.Iterable[Global___ModelInput] | None = ...,
-        output: _abc.Iterable[Global___ModelOutput] | None = ...,
-        instance_group: _abc.Iterable[Global___ModelInstanceGroup] | None = ...,
-        default_model_filename: _builtins.str = ...,
-        metric_tags: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
-        parameters: _abc.Mapping[_builtins.str, Global___ModelParameter] | None = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["version_policy", b"version_policy"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "default_model_filename", b"default_model_filename", "input", b"input", "instance_group", b"instance_group", "max_batch_size", b"max_batch_size", "metric_tags", b"metric_tags", "name", b"name", "output", b"output", "parameters", b"parameters", "platform", b"platform", "runtime", b"runtime", "version_policy", b"version_policy"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___ModelConfig: _TypeAlias = ModelConfig  # noqa: Y015
-
-@_typing.final
 class ModelConfigRequest(_message.Message):
+    """--- model configuration (Triton's model_config.proto, whole: core/graphs/model_config.proto) ---"""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
@@ -1094,11 +684,11 @@ class ModelConfigResponse(_message.Message):
 
     CONFIG_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def config(self) -> Global___ModelConfig: ...
+    def config(self) -> _model_config_pb2.ModelConfig: ...
     def __init__(
         self,
         *,
-        config: Global___ModelConfig | None = ...,
+        config: _model_config_pb2.ModelConfig | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...

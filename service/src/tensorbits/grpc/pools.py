@@ -4,7 +4,9 @@ Every call's capacity is bounded before its message is read, and probes share no
 (``RPC_RULES``): ModelInfer calls take a slot of the inference pool (this worker's share of
 TENSORBITS_MAX_INFLIGHT_REQUESTS), ModelStreamInfer streams one of a stream pool of the same
 size, the other RPCs but the probes one of a small control pool, and each holds it until its
-answer (a stream: until its end); past any, UNAVAILABLE at once. ServerLive, ServerReady and
+answer (a stream: until its end); past any, UNAVAILABLE at once. One connection holds at most
+half of the inference pool and half of the stream pool (``connection_share``): a client holding
+calls open without sending them leaves the others slots. ServerLive, ServerReady and
 ModelReady take no slot: a flood of stalled or oversized calls cannot make a liveness probe
 fail. Every RPC but ModelInfer and ModelStreamInfer takes a message of at most
 ``SMALL_MESSAGE_BYTES`` (protobuf parses it on the event loop).
@@ -29,6 +31,8 @@ SMALL_MESSAGE_BYTES = 64 << 10
 # Calls of the control RPCs (metadata, configuration, statistics, repository, shared memory) in
 # progress at once, stalled ones included.
 CONTROL_SLOTS = 32
+# How much of the inference and stream pools one connection may hold (``connection_share``).
+CONNECTION_SHARE_WORDS = "half the pool, rounded up"
 
 
 class Pool(enum.Enum):
@@ -76,27 +80,55 @@ RPC_RULES: Mapping[str, RpcRule] = {
 
 
 class Slots:
-    """A pool of call slots: ``take`` or Overloaded at once (never a queue), ``give`` back."""
+    """A pool of call slots: ``take`` or Overloaded at once (never a queue), ``give`` back.
 
-    __slots__ = ("capacity", "name", "setting", "taken")
+    ``per_peer``: the most one connection (grpc's peer, its address and port) holds at once
+    (None: no share, the pool is the bound), so that one client holding calls open without
+    sending cannot take every slot from the others."""
 
-    def __init__(self, capacity: int, name: str, setting: str) -> None:
+    __slots__ = ("by_peer", "capacity", "name", "per_peer", "setting", "taken")
+
+    def __init__(self, capacity: int, name: str, setting: str, per_peer: int | None = None) -> None:
         self.capacity = capacity
         self.name = name
         self.setting = setting
+        self.per_peer = per_peer
         self.taken = 0
+        # Slots held by each connection holding one: at most ``capacity`` entries.
+        self.by_peer: dict[str, int] = {}
 
-    def take(self) -> None:
-        # No await between the check and the increment: on one event loop this is atomic.
+    def take(self, peer: str) -> None:
+        # No await between the checks and the increments: on one event loop this is atomic.
+        held = self.by_peer.get(peer, 0)
+        if self.per_peer is not None and held >= self.per_peer:
+            raise Overloaded(
+                f"server busy: this connection has {held} {self.name} calls in progress, its "
+                f"share of the {self.capacity} slots ({self.setting}; one connection holds at "
+                f"most {CONNECTION_SHARE_WORDS}); retry later, or on another connection",
+                field="peer",
+                rule="connection_share",
+            )
         if self.taken >= self.capacity:
             raise Overloaded(
                 f"server busy: {self.taken} {self.name} calls in progress (limit "
-                f"{self.capacity}, {self.setting}); retry later"
+                f"{self.capacity}, {self.setting}); retry later",
+                field="rpc",
+                rule=self.setting.removeprefix("TENSORBITS_").lower(),
             )
         self.taken += 1
+        self.by_peer[peer] = held + 1
 
-    def give(self) -> None:
+    def give(self, peer: str) -> None:
         self.taken -= 1
+        held = self.by_peer.pop(peer) - 1
+        if held:
+            self.by_peer[peer] = held
+
+
+def connection_share(capacity: int) -> int:
+    """The slots of a pool of ``capacity`` one connection may hold: half, rounded up (a pool of
+    one slot is its one connection's)."""
+    return (capacity + 1) // 2
 
 
 def worker_pools(settings: Settings) -> dict[Pool, Slots]:
@@ -104,19 +136,23 @@ def worker_pools(settings: Settings) -> dict[Pool, Slots]:
     inflight = "TENSORBITS_MAX_INFLIGHT_REQUESTS" + (
         f" shared by {settings.workers} workers" if settings.workers > 1 else ""
     )
+    inference = settings.worker_inflight_requests
+    share = connection_share(inference)
     return {
-        Pool.INFERENCE: Slots(settings.worker_inflight_requests, "ModelInfer", inflight),
-        Pool.STREAMS: Slots(settings.worker_inflight_requests, "ModelStreamInfer", inflight),
+        Pool.INFERENCE: Slots(inference, "ModelInfer", inflight, share),
+        Pool.STREAMS: Slots(inference, "ModelStreamInfer", inflight, share),
         Pool.CONTROL: Slots(CONTROL_SLOTS, "metadata and control", "the server's"),
     }
 
 
 __all__ = [
+    "CONNECTION_SHARE_WORDS",
     "CONTROL_SLOTS",
     "RPC_RULES",
     "SMALL_MESSAGE_BYTES",
     "Pool",
     "RpcRule",
     "Slots",
+    "connection_share",
     "worker_pools",
 ]

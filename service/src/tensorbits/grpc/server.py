@@ -10,7 +10,8 @@ drain, whichever process (or worker) runs the app. Its bounds are the HTTP side'
 * every call's capacity is bounded before its message is read, probes apart (``pools.py``,
   ``RPC_RULES``): grpcio's own bound on concurrent calls is not used, as it counts the probes
   with the rest (80 calls that never send their message would make ServerLive and the health
-  service answer RESOURCE_EXHAUSTED). One connection carries at most ``MAX_STREAMS`` calls at
+  service answer RESOURCE_EXHAUSTED), and one connection holds at most half of the inference
+  and stream pools (``pools.connection_share``). One connection carries at most ``MAX_STREAMS`` calls at
   once, and its metadata at most ``TENSORBITS_MAX_HEAD_BYTES`` (HTTP's head limit);
 * a message must arrive within ``TENSORBITS_TIMEOUT_BODY_READ`` (service.py; on a stream,
   streams.py, once it has nothing in flight).

@@ -32,20 +32,33 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
 from starlette.concurrency import run_in_threadpool
 
-from tensorbits import auth, model_info, model_lifecycle, refusals
+from tensorbits import auth, load_bounds, model_info, model_lifecycle, refusals
+from tensorbits.core.graphs.model_config_pb2 import ModelConfig
 from tensorbits.core.graphs.models import GraphModel
 from tensorbits.core.models import MODEL_VERSION, Model, resolve_model, resolve_served
 from tensorbits.deadlines import within_read_deadline
-from tensorbits.grpc import graph_messages, messages, streams, wire
+from tensorbits.grpc import graph_messages, load_wire, messages, streams, wire
 from tensorbits.grpc import inference_pb2 as pb
 from tensorbits.grpc.pools import RPC_RULES, Pool, Slots, worker_pools
-from tensorbits.grpc.status import Context, error_metadata, status_code
+from tensorbits.grpc.status import (
+    REQUEST_ID_KEY,
+    Context,
+    call_request_id,
+    error_metadata,
+    status_code,
+)
 from tensorbits.grpc.streams import StreamBehaviour
+from tensorbits.logs import begin_call, call_var, note_model, note_request_id
 from tensorbits.observability import Metrics, record_call
 from tensorbits.offload import JSON_INLINE_MAX_BYTES, offload
 from tensorbits.runtime import Runtime
 from tensorbits.shared_memory import Kind, SharedMemoryRegions, switched_on
-from tensorbits_protocol.errors import InvalidRequest, OperatorNotFound, PayloadTooLarge
+from tensorbits_protocol.errors import (
+    InvalidRequest,
+    OperatorNotFound,
+    PayloadTooLarge,
+    TensorbitsError,
+)
 from tensorbits_protocol.operators import OPERATORS
 
 logger = logging.getLogger("tensorbits.grpc")
@@ -102,6 +115,7 @@ class InferenceService:
         missing = set(self.handlers) ^ set(RPC_RULES)
         assert not missing, f"RPC_RULES does not match inference.proto: {sorted(missing)}"
         self.pools: dict[Pool, Slots] = worker_pools(settings)
+        self.max_load_bytes = load_bounds.max_load_bytes(settings.max_model_bytes)
         self.wire_limits = wire.WireLimits.of(
             runtime.plane.limits.max_tensors, runtime.plane.limits.max_json_elements
         )
@@ -111,57 +125,77 @@ class InferenceService:
     def rpc(self, name: str) -> Behaviour:
         """The stream-unary behaviour registered for RPC ``name``: a unary call on the wire, read
         as a stream of one message so that the read has a deadline (``timeout_body_read``): a
-        client that never finishes its message holds a slot no longer than an HTTP body would."""
+        client that never finishes its message holds a slot no longer than an HTTP body would.
+
+        The call is answered in ``answer``, whose frame holds the message and whatever raised:
+        by the time a refusal is aborted through the context, that frame is gone. grpcio keeps
+        the abort's exception on the call, its traceback the frames it passed, in a cycle with
+        the context; a message such a frame held would live until the cycle collector ran."""
         handler = self.handlers[name]
         needs_key = self.keys is not None and self.keys.needs_key(OPEN_WHEN.get(name))
         route = f"/{SERVICE_NAME}/{name}"
         rule = RPC_RULES[name]
         slots = self.pools.get(rule.pool)
 
-        async def behaviour(requests: AsyncIterator[bytes], context: Context) -> bytes:
-            started = time.perf_counter()
-            status, size_in, size_out = 200, 0, 0
+        async def answer(
+            requests: AsyncIterator[bytes], context: Context, sizes: list[int]
+        ) -> bytes | TensorbitsError:
+            """The call's response, or its refusal; ``sizes``: its message's and response's."""
+            peer = context.peer()
             holding = False
             try:
                 if slots is not None:
-                    slots.take()
+                    slots.take(peer)
                     holding = True
                 if needs_key:
                     self._authenticate(context, route)
                 data = await self._receive(name, requests)
-                size_in = len(data)
-                if rule.max_message_bytes is not None and size_in > rule.max_message_bytes:
+                sizes[0] = len(data)
+                if rule.max_message_bytes is not None and len(data) > rule.max_message_bytes:
                     raise PayloadTooLarge(
-                        f"the {name} message is {size_in} bytes, more than the "
+                        f"the {name} message is {len(data)} bytes, more than the "
                         f"{rule.max_message_bytes} this RPC takes",
                         field="message",
                         rule="max_message_bytes",
                     )
                 response = await handler(data)
-                size_out = len(response)
+                sizes[1] = len(response)
                 return response
             except Exception as exc:  # every exception is answered (a cancelled call is not one)
-                refusal = refusals.answer_for(exc, logger, route)
-                status = refusal.status_code
-                await context.abort(
-                    status_code(refusal),
-                    refusal.message,
-                    trailing_metadata=error_metadata(refusal),
-                )
-                raise  # abort raises; this line is for the type checker
-            except BaseException:
-                status = 499  # cancelled by the client or the server's stop
-                raise
+                return refusals.answer_for(exc, logger, route)  # its frames let go
             finally:
                 if holding:
                     assert slots is not None
-                    slots.give()
-                self._account(route, status, time.perf_counter() - started, size_in, size_out)
+                    slots.give(peer)
+
+        async def behaviour(requests: AsyncIterator[bytes], context: Context) -> bytes:
+            started = time.perf_counter()
+            sizes = [0, 0]
+            status = 499  # cancelled by the client or the server's stop, unless answered
+            end_call = begin_call(call_request_id(context), context.peer())
+            try:
+                outcome = await answer(requests, context, sizes)
+                status = 200 if isinstance(outcome, bytes) else outcome.status_code
+                id_metadata = _request_id_metadata()  # the id the call's line names
+            finally:
+                self._account(route, status, time.perf_counter() - started, *sizes)
+                end_call()
+            if isinstance(outcome, bytes):
+                context.set_trailing_metadata(id_metadata)
+                return outcome
+            await context.abort(
+                status_code(outcome),
+                outcome.message,
+                trailing_metadata=error_metadata(outcome) + id_metadata,
+            )
+            raise AssertionError("context.abort returned")  # it raises
 
         return behaviour
 
     async def _receive(self, name: str, requests: AsyncIterator[bytes]) -> bytes:
-        """The call's one message, within the read deadline (an HTTP body's: ``deadlines.py``)."""
+        """The call's one message, within the read deadline (an HTTP body's: ``deadlines.py``).
+        Then the request stream is closed: grpcio's stream is a generator that, left suspended,
+        holds the message it gave until the cycle collector finds it."""
         try:
             return await within_read_deadline(
                 anext(requests), self.receive_timeout, f"the {name} request message"
@@ -172,6 +206,8 @@ class InferenceService:
                 field="message",
                 rule="protobuf",
             ) from None
+        finally:
+            await streams.close_requests(requests)
 
     def stream(self, name: str) -> StreamBehaviour:
         """The stream-stream behaviour registered for a streaming RPC (ModelStreamInfer), as
@@ -202,6 +238,7 @@ class InferenceService:
         self.keys.check(headers, "gRPC", route, context.peer)
 
     def _resolve(self, name: str, version: str) -> Model:
+        note_model(name, version)
         return resolve_served(self.runtime.plane.graphs, name, _version(version))
 
     # --- health and metadata ------------------------------------------------------------------
@@ -237,7 +274,7 @@ class InferenceService:
     async def model_config(self, data: bytes) -> bytes:
         request = _parse(pb.ModelConfigRequest, data)
         op = self._resolve(request.name, request.version)
-        config = _message(pb.ModelConfig, model_info.model_config(op))
+        config = _message(ModelConfig, model_info.model_config(op))
         return pb.ModelConfigResponse(config=config).SerializeToString()
 
     async def model_statistics(self, data: bytes) -> bytes:
@@ -281,40 +318,30 @@ class InferenceService:
         return pb.RepositoryIndexResponse(models=models).SerializeToString()
 
     async def repository_model_load(self, data: bytes) -> bytes:
+        # The load's bound first (HTTP's, api/v2.py), then admitted as HTTP's load is: the
+        # message and the copies its decoding makes, held until the answer is sent.
+        load_bounds.check_load_size(len(data), self.max_load_bytes)
         async with self.runtime.plane.call() as call:
-            # Admitted as HTTP's load is (api/v2.py): the message and its decoded copies.
             call.admit(len(data))
             call.hold(model_lifecycle.LOAD_COPIES * len(data), "model load", "message, copies",
                       "message")  # fmt: skip
             return await self._load(data)
 
     async def _load(self, data: bytes) -> bytes:
-        request = _parse(pb.RepositoryModelLoadRequest, data)
-        _check_repository(request.repository_name)
-        parameters = request.parameters
-        model_lifecycle.check_parameter_names(list(parameters))
-        config: str | None = None
-        files: dict[str, bytes] = {}
-        for name, value in parameters.items():
-            kind = value.WhichOneof("parameter_choice")
-            if name == model_lifecycle.CONFIG and kind == "string_param":
-                config = value.string_param
-            elif name != model_lifecycle.CONFIG and kind == "bytes_param":
-                model_lifecycle.check_file_size(name, len(value.bytes_param), self.runtime)
-                files[name] = value.bytes_param
-            else:
-                raise InvalidRequest(
-                    f"parameters.{name[:100]}: 'config' is a string_param, a file a bytes_param",
-                    field=f"parameters.{name[:100]}",
-                    rule="parameter_type",
-                )
-        await model_lifecycle.load_model(self.runtime, request.model_name, config, files)
+        """Walked on its wire bytes (every count and size bounded, ``load_wire``), then its
+        values taken from the message: on a worker thread when it is large."""
+        name, config, files = await offload(
+            len(data), JSON_INLINE_MAX_BYTES, _load_parts, data, self.runtime
+        )
+        note_model(name)
+        await model_lifecycle.load_model(self.runtime, name, config, files)
         return pb.RepositoryModelLoadResponse().SerializeToString()
 
     async def repository_model_unload(self, data: bytes) -> bytes:
         request = _parse(pb.RepositoryModelUnloadRequest, data)
         _check_repository(request.repository_name)
         # Triton's one unload parameter: no model here has dependents, so either value holds.
+        note_model(request.model_name)
         _no_repository_parameters(request.parameters, ("unload_dependents",))
         model_lifecycle.unload_model(self.runtime, request.model_name)
         return pb.RepositoryModelUnloadResponse().SerializeToString()
@@ -397,6 +424,8 @@ class InferenceService:
         template = cached if isinstance(cached, messages.MessageTemplate) else None
         if template is not None:
             op = template.op
+            note_model(op.name)
+            note_request_id(template.request_id or "")
             if message_state is not None:
                 message_state.id = template.request_id or ""
         else:
@@ -406,6 +435,8 @@ class InferenceService:
                 len(split.message), JSON_INLINE_MAX_BYTES, _checked_request, split.message,
                 self.wire_limits,
             )  # fmt: skip
+            note_model(message.model_name, message.model_version)
+            note_request_id(message.id)
             if message_state is not None:
                 message_state.id = message.id
             graph = plane.graphs.get(message.model_name)
@@ -413,7 +444,7 @@ class InferenceService:
                 return await self._infer_graph(
                     graph, message, split, len(data), message_state, streamed=streamed
                 )
-            op = resolve_model(message.model_name, _version(message.model_version))
+            op = resolve_model(message.model_name, _version(message.model_version), plane.graphs)
         plane.models.check_loaded(op.name)  # every call: a template skips no state
         async with plane.call((op.name,)) as call:
             call.admit(len(data))
@@ -463,6 +494,35 @@ class InferenceService:
             return await call.run(
                 request.work_bytes, graph_messages.encode, request, plane.backend, streamed=streamed
             )
+
+
+def _request_id_metadata() -> tuple[tuple[str, str], ...]:
+    """The trailing metadata that tells the client the id its call was logged under."""
+    note = call_var.get()
+    if note is None or not note.request_id.isascii():
+        return ()
+    return ((REQUEST_ID_KEY, note.request_id),)
+
+
+def _load_parts(data: bytes, runtime: Runtime) -> tuple[str, str | None, dict[str, bytes]]:
+    """A load's model name, configuration and files, from its walked message."""
+    walked = load_wire.walk_load_request(data, runtime)
+    _check_repository(walked.repository_name)
+    config: str | None = None
+    files: dict[str, bytes] = {}
+    for name, span in walked.parameters.items():
+        value = load_wire.value_of(data, span)
+        if name == model_lifecycle.CONFIG and isinstance(value, str):
+            config = value
+        elif name != model_lifecycle.CONFIG and isinstance(value, bytes):
+            files[name] = value
+        else:
+            raise InvalidRequest(
+                f"parameters.{name[:100]}: 'config' is a string_param, a file a bytes_param",
+                field=f"parameters.{name[:100]}",
+                rule="parameter_type",
+            )
+    return walked.model_name, config, files
 
 
 def _checked_request(data: bytes, limits: wire.WireLimits) -> pb.ModelInferRequest:

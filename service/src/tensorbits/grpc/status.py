@@ -2,8 +2,13 @@
 
 A refusal is the same ``TensorbitsError`` with the same words on both protocols, sent as the
 gRPC status its class carries (``errors.STATUSES``: one table for both protocols) with trailing
-metadata naming the field and the rule, as the HTTP JSON error does. ``Context`` is the call's
-context a refusal is aborted through.
+metadata naming the field and the rule, as the HTTP JSON error does. The field is the caller's
+words (a tensor's or a parameter's name) and metadata values are printable ASCII: it is
+percent-encoded UTF-8 as grpc-message is, a plain ASCII name unchanged. ``Context`` is the
+call's context a refusal is aborted through.
+
+Also the call's request id as metadata carries it (``x-request-id``, as HTTP's header), read
+as a call begins and sent back in its trailing metadata.
 
 Its own module because both ways a call ends with a refusal read it: a unary call's
 (``service.py``) and a whole stream's (``streams.py``).
@@ -15,6 +20,7 @@ from typing import Any
 
 import grpc
 
+from tensorbits.observability import new_request_id
 from tensorbits_protocol.errors import TensorbitsError
 
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -34,9 +40,28 @@ def error_metadata(error: TensorbitsError) -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
+_KEPT = frozenset(range(0x20, 0x7F)) - {ord("%")}  # grpc-message's unreserved bytes
+_ESCAPES = tuple(chr(b) if b in _KEPT else f"%{b:02X}" for b in range(256))
+
+
 def _metadata_value(text: str) -> str:
-    # Metadata values are printable ASCII; a field name is the caller's and may be anything.
-    return "".join(c if " " <= c <= "~" else "?" for c in text[:200])
+    """A field name as a metadata value: percent-encoded UTF-8, as grpc-message is, so that a
+    name outside printable ASCII (the caller's, and may be anything) reads back whole with
+    ``urllib.parse.unquote``; bounded to its first 200 characters."""
+    return "".join(_ESCAPES[b] for b in text[:200].encode(errors="backslashreplace"))
 
 
-__all__ = ["Context", "error_metadata", "status_code"]
+# The metadata key of a call's request id, as HTTP's header: sent by a client, answered back.
+REQUEST_ID_KEY = "x-request-id"
+
+
+def call_request_id(context: Context) -> str:
+    """The id a call begins with: its ``x-request-id`` metadata (bounded and printable, as
+    HTTP's header), else a new one. A ModelInfer request's own ``id`` replaces it once read."""
+    for key, value in context.invocation_metadata() or ():
+        if key == REQUEST_ID_KEY and isinstance(value, str) and value[:128].isprintable():
+            return value[:128]
+    return new_request_id()
+
+
+__all__ = ["REQUEST_ID_KEY", "Context", "call_request_id", "error_metadata", "status_code"]

@@ -18,14 +18,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import NoReturn, Protocol
 
+from grpc._cython import cygrpc  # type: ignore[attr-defined]
+
 from tensorbits import refusals
+from tensorbits.core.admission import Admission, Grant
 from tensorbits.deadlines import read_deadline_passed
 from tensorbits.grpc import inference_pb2 as pb
 from tensorbits.grpc.pools import Slots
-from tensorbits.grpc.status import Context, error_metadata, status_code
+from tensorbits.grpc.status import Context, call_request_id, error_metadata, status_code
+from tensorbits.logs import begin_call, begin_part, note_refusal
+from tensorbits.runtime import Runtime
 from tensorbits_protocol.errors import (
     Overloaded,
     RequestTimeout,
@@ -39,18 +44,39 @@ logger = logging.getLogger("tensorbits.grpc")
 # nothing more until its oldest answer is sent: HTTP/2 flow control then holds the client back.
 STREAM_MAX_IN_FLIGHT = 8
 
-StreamBehaviour = Callable[[AsyncIterator[bytes], Context], AsyncIterator[bytes]]
+StreamBehaviour = Callable[[AsyncIterator[bytes], Context], Awaitable[None]]
+
+# grpcio's error for a write the call can no longer take: the client cancelled the stream, or
+# its deadline passed, with answers unread. Not in grpcio's stubs, nor exported elsewhere.
+_WRITE_FAILED: type[Exception] = cygrpc.ExecuteBatchError
 
 
 class Message:
     """One message of a stream, in flight: its request's id once read (an error's answer
-    carries it) and whether it is admitted yet (the stream reads no further until then)."""
+    carries it), whether it is admitted yet (the stream reads no further until then), its
+    answer's task, and the admission grant its answer holds until it is sent (``hold``)."""
 
-    __slots__ = ("admitted", "id")
+    __slots__ = ("admitted", "answer", "carried", "ended", "id")
 
     def __init__(self) -> None:
         self.id = ""
         self.admitted = asyncio.Event()
+        self.answer: asyncio.Task[bytes] | None = None
+        self.carried: Grant | None = None
+        self.ended = False
+
+    def hold(self, admission: Admission, nbytes: int) -> None:
+        """Count the answer's ``nbytes`` in admission until ``end``; not once ended (the
+        stream is gone: the answer is dropped)."""
+        if not self.ended:
+            self.carried = admission.carry(nbytes)
+
+    def end(self) -> None:
+        """Sent, or never to be: its answer's bytes leave admission."""
+        self.ended = True
+        if self.carried is not None:
+            self.carried.release()
+            self.carried = None
 
 
 class Servicer(Protocol):
@@ -58,6 +84,7 @@ class Servicer(Protocol):
     the servicer's own methods do."""
 
     receive_timeout: float
+    runtime: Runtime
 
     def _authenticate(self, context: Context, route: str) -> None: ...
 
@@ -74,30 +101,51 @@ async def _next(requests: AsyncIterator[bytes]) -> bytes | None:
     return await anext(requests, None)
 
 
-class _Flight:
-    """A stream's messages in flight: their answers' tasks, queued in the order the messages
-    came (None: no more), bounded by ``room``; ``idle_since``: when the last answer went out."""
+async def close_requests(requests: AsyncIterator[bytes]) -> None:
+    """Close a call's stream of requests once the call reads no more of it. grpcio's is an
+    async generator that, suspended after a message, holds that message in a reference cycle
+    (the generator and its receiver): left so, it outlives its call until the cycle collector
+    runs. One still reading (a read being cancelled) ends with that read."""
+    generator = aiter(requests)  # grpcio's is Cython's async generator: not a native one
+    if isinstance(generator, AsyncGenerator) and not getattr(generator, "ag_running", False):
+        await generator.aclose()
 
-    __slots__ = ("answers", "count", "idle_since", "room", "tasks")
+
+class _Flight:
+    """A stream's messages in flight, queued in the order they came (None: no more), bounded
+    by ``room``; ``unsent``: those whose answers are not sent yet; ``idle_since``: when the
+    last answer went out."""
+
+    __slots__ = ("answers", "count", "idle_since", "room", "unsent")
 
     def __init__(self, most: int) -> None:
-        self.answers: asyncio.Queue[asyncio.Task[bytes] | None] = asyncio.Queue()
+        self.answers: asyncio.Queue[Message | None] = asyncio.Queue()
         self.room = asyncio.Semaphore(most)
-        self.tasks: set[asyncio.Task[bytes]] = set()
+        self.unsent: set[Message] = set()
         self.count = 0
         self.idle_since = time.monotonic()
 
-    def started(self, task: asyncio.Task[bytes]) -> None:
+    def started(self, message: Message) -> None:
         self.count += 1
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-        self.answers.put_nowait(task)
+        self.unsent.add(message)
+        self.answers.put_nowait(message)
 
-    def answered(self) -> None:
+    def answered(self, message: Message) -> None:
+        message.end()
+        self.unsent.discard(message)
         self.count -= 1
         self.room.release()
         if not self.count:
             self.idle_since = time.monotonic()
+
+    def end(self) -> None:
+        """The stream is over: every answer not sent is cancelled or dropped, its bytes out of
+        admission."""
+        for message in self.unsent:
+            if message.answer is not None:
+                message.answer.cancel()  # the client went away: answered to no one
+            message.end()
+        self.unsent.clear()
 
 
 def stream_behaviour(
@@ -107,20 +155,29 @@ def stream_behaviour(
     answered, in the order the messages came, as ``answer_message`` answers it (a refusal is an
     answer in the stream, as Triton sends one; the stream goes on).
 
-    The stream holds one of ``slots`` from its start to its end (past the pool, UNAVAILABLE at
-    once, as a unary call) and its API key is checked once, at its start (``needs_key``); a
-    refusal there ends the call with its status. Each message is admitted, counted in the
-    statistics and in /metrics under the stream's ``route``, and logged, as a unary call is.
-    At most ``STREAM_MAX_IN_FLIGHT`` messages are in flight at once, and the next is read
-    only once the last one read is admitted or answered: like a unary call's slot, the
-    stream's holds at most one message not yet admitted. A stream with no message in flight
-    must send its next one within TENSORBITS_TIMEOUT_BODY_READ, or it ends with
-    DEADLINE_EXCEEDED: an idle stream holds its slot no longer than a stalled unary call."""
+    The stream holds one of ``slots`` from its start to its end (past the pool or its
+    connection's share of it, UNAVAILABLE at once, as a unary call) and its API key is checked
+    once, at its start (``needs_key``); a refusal there ends the call with its status. Each
+    message is admitted, counted in the statistics and in /metrics under the stream's
+    ``route``, and logged, as a unary call is. At most ``STREAM_MAX_IN_FLIGHT`` messages are in
+    flight at once, and the next is read only once the last one read is admitted or answered:
+    like a unary call's slot, the stream's holds at most one message not yet admitted. Each
+    answer stays counted in admission (``Admission.carry``) from its inference's end until grpc
+    has sent it: a client that never reads its answers holds admission's bytes, and its next
+    messages are refused by admission, in the stream. A stream with no message in flight must
+    send its next one within TENSORBITS_TIMEOUT_BODY_READ, or it ends with DEADLINE_EXCEEDED:
+    an idle stream holds its slot no longer than a stalled unary call. Answers are written
+    with the context's ``write`` (grpcio's reader-writer form): a write the client cancelled
+    ends the call as cancelled, logged at debug, as a client going away is."""
 
-    async def behaviour(requests: AsyncIterator[bytes], context: Context) -> AsyncIterator[bytes]:
+    async def behaviour(requests: AsyncIterator[bytes], context: Context) -> None:
         started = time.perf_counter()
+        peer = context.peer()
+        # The stream's id and client, for its lines; each message notes its own (answer_message).
+        # Not reset: the call's task, whose context this is, ends with the stream.
+        begin_call(call_request_id(context), peer)
         try:
-            slots.take()
+            slots.take(peer)
         except Overloaded as exc:
             await _refuse_call(service, context, route, exc, started)
         flight = _Flight(STREAM_MAX_IN_FLIGHT)
@@ -132,21 +189,32 @@ def stream_behaviour(
                 except Unauthorized as exc:
                     await _refuse_call(service, context, route, exc, started)
             reader = asyncio.create_task(_read_stream(service, name, route, requests, flight))
-            while (answer := await flight.answers.get()) is not None:
-                yield await answer
-                flight.answered()
+            while (message := await flight.answers.get()) is not None:
+                assert message.answer is not None
+                await _send(context, await message.answer)
+                flight.answered(message)
             try:
                 await reader  # its end: the client's, or the read deadline's
             except RequestTimeout as exc:
                 await _refuse_call(service, context, route, exc, started)
         finally:
+            flight.end()
             if reader is not None:
                 reader.cancel()
-            for task in list(flight.tasks):
-                task.cancel()  # the client went away: what it sent is answered to no one
-            slots.give()
+                await asyncio.wait((reader,))
+            await close_requests(requests)
+            slots.give(peer)
 
     return behaviour
+
+
+async def _send(context: Context, answer: bytes) -> None:
+    """Write one answer; returns once grpc has taken it (the write done)."""
+    try:
+        await context.write(answer)
+    except _WRITE_FAILED:
+        logger.debug("a ModelStreamInfer stream ended by its client with answers unsent")
+        raise asyncio.CancelledError from None
 
 
 async def _read_stream(
@@ -164,7 +232,8 @@ async def _read_stream(
             if data is None:
                 return  # the client half-closed: answer what is in flight, then end
             last = Message()
-            flight.started(asyncio.create_task(answer_message(service, route, data, last)))
+            last.answer = asyncio.create_task(_held_answer(service, route, data, last))
+            flight.started(last)
     finally:
         flight.answers.put_nowait(None)
 
@@ -193,6 +262,16 @@ async def _next_message(
                 )
     finally:
         read.cancel()
+        await asyncio.wait((read,))  # its end lets the request stream be closed
+
+
+async def _held_answer(service: Servicer, route: str, data: bytes, message: Message) -> bytes:
+    """``answer_message``, its answer held in admission until it is sent. The inference's own
+    grant was released as it returned, in this same step of the event loop: the answer's bytes
+    pass from one to the other with no other request admitted between."""
+    answer = await answer_message(service, route, data, message)
+    message.hold(service.runtime.plane.admission, len(answer))
+    return answer
 
 
 async def answer_message(service: Servicer, route: str, data: bytes, message: Message) -> bytes:
@@ -200,6 +279,7 @@ async def answer_message(service: Servicer, route: str, data: bytes, message: Me
     unary call is, under the stream's route."""
     started = time.perf_counter()
     status, answer = 200, b""
+    end_message = begin_part()  # its own model, id and refusal, in its own line
     try:
         answer = await service._infer(data, message, streamed=True)
     except Exception as exc:  # every exception is answered (a cancelled one is not one)
@@ -216,6 +296,7 @@ async def answer_message(service: Servicer, route: str, data: bytes, message: Me
     finally:
         message.admitted.set()  # refused or done: either way, no longer waiting to be
         service._account(route, status, time.perf_counter() - started, len(data), len(answer))
+        end_message()
     return answer
 
 
@@ -223,6 +304,7 @@ async def _refuse_call(
     service: Servicer, context: Context, route: str, refusal: TensorbitsError, started: float
 ) -> NoReturn:
     """End a whole call with ``refusal``'s status, counted and logged as a call."""
+    note_refusal(refusal.code, refusal.grpc_code, refusal.rule, refusal.field)
     service._account(route, refusal.status_code, time.perf_counter() - started, 0, 0)
     await context.abort(
         status_code(refusal), refusal.message, trailing_metadata=error_metadata(refusal)
@@ -236,5 +318,6 @@ __all__ = [
     "Servicer",
     "StreamBehaviour",
     "answer_message",
+    "close_requests",
     "stream_behaviour",
 ]

@@ -5,7 +5,10 @@ a message of a few MiB made of millions of tiny fields (empty entries, unknown f
 dimensions, parameters) costs seconds and gigabytes: one object per field, built on the event
 loop. So the message is walked first, by the rules in ``MODEL_INFER_REQUEST`` (a table: each
 field of each message, its wire form and what bounds its count), and refused at the first count
-past its bound: the work spent on a refused message is in proportion to the bounds, not to what
+past its bound. A field the table does not know is skipped, as proto3 says (a client built from
+a newer inference.proto sends fields this one lacks), of any wire type (a length-delimited one
+by its length, never copied; a group, proto2's, field by field to a depth of
+``MAX_GROUP_DEPTH``), and counted against ``MAX_FIELDS`` like any other: the work spent on a refused message is in proportion to the bounds, not to what
 was sent. Only a message that passed the walk is parsed, and what protobuf then builds is
 bounded by the same numbers.
 
@@ -29,31 +32,35 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple
 
+from tensorbits.core.limits import tensors_member
 from tensorbits_protocol.descriptors import RANK_WORDS
 from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
 from tensorbits_protocol.parameters import MAX_PARAMETERS, too_many
+from tensorbits_protocol.texts import MAX_TEXT_BYTES, shown_key, too_long
 from tensorbits_protocol.v2 import MAX_WIRE_RANK
 
 # Wire types (protobuf encoding): what follows a field's tag.
-VARINT, I64, LEN, I32 = 0, 1, 2, 5
+VARINT, I64, LEN, START_GROUP, END_GROUP, I32 = 0, 1, 2, 3, 4, 5
 _FIXED_SIZES = {I64: 8, I32: 4}
 _MAX_VARINT_BYTES = 10
 RAW_OUTPUT_CONTENTS = 6  # ModelInferResponse
 
-MAX_TEXT_BYTES = 4096
-"""Bytes of any one string: a model or tensor name, a data type, an id, a parameter's key or
-string value. Every real one is under 300 (a shared-memory region's name, the longest)."""
 MAX_FIELDS = 16384
 """Fields of one message, at every level together: what the walk visits at most. Repeated
 scalars sent unpacked (a tag per value, legal but sent by no protobuf library) count here, so
-values are sent packed beyond a few thousand."""
+values are sent packed beyond a few thousand; so do unknown fields, and each field inside an
+unknown group."""
+MAX_GROUP_DEPTH = 8
+"""Unknown groups (wire types 3 and 4, proto2's) nested in one another: proto3 has none, so a
+newer inference.proto sends none; this bounds what a hostile one makes the walk keep open."""
 
 
 class Count(Enum):
     """What bounds how often a field may occur in one message (``WireLimits``)."""
 
     ONE = "one"  # a singular field: protobuf would let a later copy overwrite an earlier one
-    TENSORS = "tensors"  # inputs, outputs, raw contents: TENSORBITS_MAX_TENSORS
+    TENSORS = "tensors"  # raw contents: TENSORBITS_MAX_TENSORS
+    LISTED = "listed"  # inputs and outputs together, as HTTP counts them: TENSORBITS_MAX_TENSORS
     PARAMETERS = "parameters"  # one map's entries: MAX_PARAMETERS
     RANK = "rank"  # shape dimensions: MAX_WIRE_RANK
     VALUES = "values"  # typed contents, every tensor together: TENSORBITS_MAX_JSON_ELEMENTS
@@ -84,11 +91,13 @@ class Rule:
 @dataclass(frozen=True)
 class Message:
     """The rules of one message type, by field number. ``oneof``: at most one of its fields
-    may be given (an ``InferParameter``'s value)."""
+    may be given (an ``InferParameter``'s value; a refusal of one names the parameter, not the
+    member). Fields of other numbers are skipped (``Walk.skip``)."""
 
     name: str
     fields: dict[int, Rule]
     oneof: bool = False
+    keyed: bool = False  # a map's entry: its key (field ``MAP_KEY``) names its value in a refusal
 
 
 INFER_PARAMETER = Message(
@@ -102,9 +111,11 @@ INFER_PARAMETER = Message(
     },
     oneof=True,
 )
+MAP_KEY = 1
 PARAMETER_ENTRY = Message(
     "parameters",
-    {1: Rule("key", Form.TEXT), 2: Rule("value", Form.MESSAGE, message=INFER_PARAMETER)},
+    {MAP_KEY: Rule("key", Form.TEXT), 2: Rule("value", Form.MESSAGE, message=INFER_PARAMETER)},
+    keyed=True,
 )
 PARAMETERS = Rule("parameters", Form.MESSAGE, Count.PARAMETERS, PARAMETER_ENTRY)
 TENSOR_CONTENTS = Message(
@@ -139,8 +150,8 @@ MODEL_INFER_REQUEST = Message(
         2: Rule("model_version", Form.TEXT),
         3: Rule("id", Form.TEXT),
         4: PARAMETERS,
-        5: Rule("inputs", Form.MESSAGE, Count.TENSORS, INPUT_TENSOR),
-        6: Rule("outputs", Form.MESSAGE, Count.TENSORS, OUTPUT_TENSOR),
+        5: Rule("inputs", Form.MESSAGE, Count.LISTED, INPUT_TENSOR),
+        6: Rule("outputs", Form.MESSAGE, Count.LISTED, OUTPUT_TENSOR),
         RAW_INPUT_CONTENTS: Rule("raw_input_contents", Form.BYTES, Count.TENSORS),
     },
 )
@@ -164,6 +175,7 @@ class WireLimits(NamedTuple):
             {
                 Count.ONE: 1,
                 Count.TENSORS: max_tensors,
+                Count.LISTED: max_tensors,
                 Count.PARAMETERS: MAX_PARAMETERS,
                 Count.RANK: MAX_WIRE_RANK,
                 Count.VALUES: max_values,
@@ -188,6 +200,8 @@ def _past_bound(rule: Rule, path: str, count: int, limits: WireLimits) -> Except
             field=where,
             rule="max_rank",
         )
+    if rule.count is Count.LISTED:  # HTTP's refusal, counted on the bytes as the wire is
+        return tensors_member(bound).refusal("ModelInferRequest", count, exact=False)
     if rule.count is Count.TENSORS:
         return PayloadTooLarge(
             f"the request lists more than {bound} {rule.name} (limit of TENSORBITS_MAX_TENSORS)",
@@ -204,24 +218,34 @@ def _past_bound(rule: Rule, path: str, count: int, limits: WireLimits) -> Except
     )
 
 
-def _malformed(what: str, detail: str) -> InvalidRequest:
-    return InvalidRequest(f"malformed {what}: {detail}", field="ModelInferRequest", rule="protobuf")
+def _malformed(what: str, detail: str, root: str = "ModelInferRequest") -> InvalidRequest:
+    """The refusal of bytes protobuf would refuse too: in ``what``, a message inside ``root``
+    (the RPC's request, which the refusal names)."""
+    return InvalidRequest(f"malformed {what}: {detail}", field=root, rule="protobuf")
 
 
-def _varint(data: memoryview, at: int, end: int) -> tuple[int, int]:
-    """The varint at ``at`` and where the next field starts."""
+def _named(message: Message, path: str, rule: Rule) -> str:
+    """The field a refusal of ``rule`` names: its path; a oneof member (a parameter's value) is
+    named by its message's path alone, the parameter, as HTTP names it."""
+    if message.oneof and path:
+        return path
+    return f"{path}.{rule.name}" if path else rule.name
+
+
+def _varint(
+    data: memoryview, at: int, end: int, root: str = "ModelInferRequest"
+) -> tuple[int, int]:
+    """The varint at ``at`` and where the next field starts (``root``: the message refused)."""
     value = shift = 0
     for offset in range(_MAX_VARINT_BYTES):
         if at + offset >= end:
-            raise _malformed(
-                "ModelInferRequest", f"a varint runs past the end of its message at byte {at}"
-            )
+            raise _malformed(root, f"a varint runs past the end of its message at byte {at}", root)
         byte = data[at + offset]
         value |= (byte & 0x7F) << shift
         if byte < 0x80:
             return value, at + offset + 1
         shift += 7
-    raise _malformed("ModelInferRequest", f"a varint at byte {at} is longer than 10 bytes")
+    raise _malformed(root, f"a varint at byte {at} is longer than 10 bytes", root)
 
 
 # The bytes that end a varint: a packed run's values are counted as those bytes, in C.
@@ -250,17 +274,90 @@ def _packed_count(data: memoryview, form: Form, at: int, length: int, most: int)
 _FIXED_FORMS = frozenset({(I32, Form.FIXED32), (I64, Form.FIXED64)})
 
 
-class _Walk:
-    """One message's walk: the budget of fields and values shared by every level."""
+class Walk:
+    """One message's walk: the budget of fields and values shared by every level. ``root``: the
+    RPC's request whose bytes these are, named by a refusal of malformed bytes (the walk of a
+    load, ``load_wire``, spends and skips fields with these same methods)."""
 
-    __slots__ = ("fields_left", "kept", "limits", "values", "view")
+    __slots__ = ("fields_left", "kept", "limits", "root", "skipped", "values", "view")
 
-    def __init__(self, view: memoryview, limits: WireLimits) -> None:
+    def __init__(
+        self, view: memoryview, limits: WireLimits, root: str = "ModelInferRequest"
+    ) -> None:
         self.view = view
         self.limits = limits
+        self.root = root
         self.fields_left = MAX_FIELDS
         self.values = 0
         self.kept: list[memoryview] = []  # the top level's fields but the raw contents
+        self.skipped = False  # whether a field was skipped (unknown): kept then is not all
+
+    def varint(self, at: int, end: int) -> tuple[int, int]:
+        """The varint at ``at`` and where what follows it starts."""
+        return _varint(self.view, at, end, self.root)
+
+    def spend_field(self, message: Message, path: str) -> None:
+        """Count one more field against ``MAX_FIELDS``: known, unknown or in an unknown group."""
+        self.fields_left -= 1
+        if self.fields_left < 0:
+            raise PayloadTooLarge(
+                f"{message.name} has more than {MAX_FIELDS} fields at all levels together "
+                "(repeated values are sent packed)",
+                field=path or message.name,
+                rule="max_fields",
+            )
+
+    def skip(
+        self, message: Message, path: str, number: int, wire_type: int, at: int, end: int
+    ) -> int:
+        """Where the unknown field ``number``, its value at ``at``, ends: skipped by its wire
+        type (a length-delimited one by its length, never copied; a group field by field, each
+        counted, to its end tag), refused as malformed where protobuf would refuse it."""
+        groups: list[int] = []  # the numbers of the unknown groups open, innermost last
+        while True:
+            if wire_type == VARINT:
+                _, at = self.varint(at, end)
+            elif wire_type == LEN or wire_type in _FIXED_SIZES:
+                length = _FIXED_SIZES.get(wire_type)
+                if length is None:
+                    length, at = self.varint(at, end)
+                if length > end - at:
+                    raise _malformed(
+                        message.name,
+                        f"unknown field {number} at byte {at} runs past the end",
+                        self.root,
+                    )
+                at += length
+            elif wire_type == START_GROUP:
+                if len(groups) == MAX_GROUP_DEPTH:
+                    raise InvalidRequest(
+                        f"malformed {message.name}: unknown groups nested more than "
+                        f"{MAX_GROUP_DEPTH} deep at byte {at} (MAX_GROUP_DEPTH)",
+                        field=path or message.name,
+                        rule="max_group_depth",
+                    )
+                groups.append(number)
+            elif wire_type == END_GROUP and groups and groups[-1] == number:
+                groups.pop()
+            else:  # wire types 6 and 7, or an end tag of no group open
+                raise _malformed(
+                    message.name,
+                    f"unknown field {number} before byte {at} has wire type "
+                    f"{wire_type}"
+                    + (" with no group of its number open" if wire_type == END_GROUP else ""),
+                    self.root,
+                )
+            if not groups:
+                return at
+            if at >= end:
+                raise _malformed(
+                    message.name, f"unknown group {groups[-1]} is not closed", self.root
+                )
+            self.spend_field(message, path)  # each field inside a group counts as one
+            tag, at = self.varint(at, end)
+            number, wire_type = tag >> 3, tag & 7
+            if number == 0:
+                raise _malformed(message.name, f"field number 0 before byte {at}", self.root)
 
     def add_values(self, rule: Rule, path: str, count: int) -> None:
         self.values += count
@@ -275,15 +372,10 @@ class _Walk:
         ``top`` and the other fields' bytes in ``self.kept``."""
         view, limits = self.view, self.limits
         counts: dict[int, int] = {}
+        key: str | None = None  # a map entry's key, once read (``Message.keyed``)
+        listed = 0  # fields counted together (Count.LISTED)
         while at < end:
-            self.fields_left -= 1
-            if self.fields_left < 0:
-                raise PayloadTooLarge(
-                    f"{message.name} has more than {MAX_FIELDS} fields at all levels together "
-                    "(repeated values are sent packed)",
-                    field=path or message.name,
-                    rule="max_fields",
-                )
+            self.spend_field(message, path)
             field_start = at
             tag, at = _varint(view, at, end)
             number, wire_type = tag >> 3, tag & 7
@@ -291,12 +383,10 @@ class _Walk:
                 raise _malformed(message.name, f"field number 0 at byte {field_start}")
             rule = message.fields.get(number)
             if rule is None:
-                where = path or message.name
-                raise InvalidRequest(
-                    f"{where}: field number {number} is not a field of {message.name}",
-                    field=where,
-                    rule="unknown_field",
-                )
+                # A field of a newer inference.proto: skipped, as proto3 says, and counted.
+                at = self.skip(message, path, number, wire_type, at, end)
+                self.skipped = True
+                continue
             if wire_type == LEN:
                 length, at = _varint(view, at, end)
                 if length > end - at:
@@ -313,12 +403,9 @@ class _Walk:
                 else:
                     count = 1
                     if rule.form is Form.TEXT and length > MAX_TEXT_BYTES:
-                        where = f"{path}.{rule.name}" if path else rule.name
-                        raise InvalidRequest(
-                            f"{where} is {length} bytes long, more than {MAX_TEXT_BYTES}",
-                            field=where,
-                            rule="max_text_bytes",
-                        )
+                        raise too_long(_named(message, path, rule), length)
+                    if message.keyed and number == MAP_KEY:
+                        key = shown_key(bytes(view[at : at + length]).decode(errors="replace"))
             elif rule.form is Form.VARINTS and wire_type == VARINT:
                 _, at = _varint(view, at, end)
                 length, count = 0, 1
@@ -337,6 +424,10 @@ class _Walk:
             counts[number] = total
             if rule.count is Count.VALUES:
                 self.add_values(rule, path, count)
+            elif rule.count is Count.LISTED:
+                listed += count
+                if listed > limits.bounds[Count.LISTED]:
+                    raise _past_bound(rule, path, listed, limits)
             elif total > limits.bounds[rule.count]:
                 raise _past_bound(rule, path, total, limits)
             if message.oneof and len(counts) > 1:
@@ -353,6 +444,8 @@ class _Walk:
             elif rule.message is not None:
                 index = f"[{total - 1}]" if rule.count is not Count.ONE else ""
                 inner = f"{path}.{rule.name}{index}" if path else f"{rule.name}{index}"
+                if key is not None:  # a map's value, named by its key as HTTP names it
+                    inner = f"{path.rpartition('[')[0]}.{key}"
                 self.message(rule.message, inner, at, at + length)
             at += length
 
@@ -427,7 +520,8 @@ def _split_in_order(data: bytes, limits: WireLimits) -> SplitRequest | None:
         or counts[2] > 1
         or counts[3] > 1
         or counts[_TOP_PARAMETERS] > MAX_PARAMETERS
-        or max(counts[5], counts[6], counts[7]) > limits.bounds[Count.TENSORS]
+        or counts[5] + counts[6] > limits.bounds[Count.LISTED]
+        or counts[7] > limits.bounds[Count.TENSORS]
     ):
         return None
     if not raw:
@@ -438,8 +532,9 @@ def _split_in_order(data: bytes, limits: WireLimits) -> SplitRequest | None:
 
 def split_infer_request(data: bytes, limits: WireLimits) -> SplitRequest:
     """Split a serialized ``ModelInferRequest`` into the part protobuf parses and the raw
-    contents, checking its top-level fields: 400 (InvalidRequest) for a malformed message, an
-    unknown field or a singular field given twice, 413 (PayloadTooLarge) past a count."""
+    contents, checking its top-level fields: 400 (InvalidRequest) for a malformed message or a
+    singular field given twice, 413 (PayloadTooLarge) past a count. Unknown fields (a newer
+    inference.proto's) are skipped, counted, and left out of the part protobuf parses."""
     split = _split_in_order(data, limits)
     return split if split is not None else _split_by_rules(data, limits)
 
@@ -447,16 +542,17 @@ def split_infer_request(data: bytes, limits: WireLimits) -> SplitRequest:
 def _split_by_rules(data: bytes, limits: WireLimits) -> SplitRequest:
     """``split_infer_request`` by the rule walk: any message, refused at the first rule broken."""
     view = memoryview(data)
-    walk = _Walk(view, limits)
+    walk = Walk(view, limits)
     raw: list[memoryview] = []
     walk.message(MODEL_INFER_REQUEST, "", 0, len(view), raw)
-    return SplitRequest(data if not raw else b"".join(walk.kept), raw)
+    whole = not raw and not walk.skipped  # else only what protobuf is to parse
+    return SplitRequest(data if whole else b"".join(walk.kept), raw)
 
 
 def check_nested(message: bytes, limits: WireLimits) -> None:
     """Walk the inputs, outputs and parameters of ``message`` (a ``SplitRequest.message``) by
     their rules, so that protobuf builds nothing past a bound: 400 or 413 as the split."""
-    walk = _Walk(memoryview(message), limits)
+    walk = Walk(memoryview(message), limits)
     at, end = 0, len(message)
     counts: dict[int, int] = {}
     view = walk.view
@@ -467,8 +563,8 @@ def check_nested(message: bytes, limits: WireLimits) -> None:
             _, at = _varint(view, at, end)
             continue
         length, at = _varint(view, at, end)
-        rule = MODEL_INFER_REQUEST.fields[number]
-        if rule.message is not None:
+        rule = MODEL_INFER_REQUEST.fields.get(number)
+        if rule is not None and rule.message is not None:
             index = counts.get(number, 0)
             counts[number] = index + 1
             walk.message(rule.message, f"{rule.name}[{index}]", at, at + length)
@@ -502,10 +598,12 @@ def varint_field(number: int, value: int) -> bytes:
 
 __all__ = [
     "MAX_FIELDS",
+    "MAX_GROUP_DEPTH",
     "MAX_TEXT_BYTES",
     "MODEL_INFER_REQUEST",
     "RAW_OUTPUT_CONTENTS",
     "SplitRequest",
+    "Walk",
     "WireLimits",
     "check_nested",
     "encode_varint",

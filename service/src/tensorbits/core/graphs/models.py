@@ -13,7 +13,7 @@ reason (``failed``), for the repository index."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, NamedTuple
@@ -21,9 +21,10 @@ from typing import Any, NamedTuple
 from tensorbits.core.batch import BatchLimits
 from tensorbits.core.graphs.binding_graph import read_binding_graph
 from tensorbits.core.graphs.limits import GraphLimits
+from tensorbits.core.graphs.names import check_name
 from tensorbits.core.graphs.program import GraphProgram, OnnxGraph
 from tensorbits.core.graphs.reader import read_onnx
-from tensorbits.core.graphs.refusals import invalid, shown, too_large
+from tensorbits.core.graphs.refusals import invalid, too_large
 from tensorbits.core.graphs.spec import ValueDecl
 from tensorbits.core.graphs.triton_config import (
     BINDING,
@@ -34,13 +35,13 @@ from tensorbits.core.graphs.triton_config import (
     graph_format,
     model_config,
     read_config,
+    served_version,
 )
 from tensorbits_protocol.errors import PayloadTooLarge
 
 GRAPH_VERSION = "1"
 # The files a graph model may be, as a load request's parameters name them (one of them).
 MODEL_FILES = tuple(f"file:{GRAPH_VERSION}/{form.file}" for form in FORMATS)
-MAX_MODEL_NAME_CHARS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,22 +62,10 @@ class GraphModel:
     def outputs(self) -> tuple[ValueDecl, ...]:
         return self.program.outputs
 
-
-def check_name(name: str, is_builtin: Callable[[str], bool]) -> None:
-    """A graph model's name: some text, no path, and not a built-in model's."""
-    if not name or len(name) > MAX_MODEL_NAME_CHARS or "/" in name or name in (".", ".."):
-        raise invalid(
-            "model_name",
-            "model_name",
-            f"{shown(name)}: a graph model's name is 1 to {MAX_MODEL_NAME_CHARS} characters, "
-            "no '/'",
-        )
-    if is_builtin(name):
-        raise invalid(
-            "model_name",
-            "builtin_model",
-            f"{shown(name)} is a built-in model (an operator): a graph model cannot take its name",
-        )
+    @property
+    def max_batch_size(self) -> int:
+        """Triton's: above 0, each request's first dimension is its batch, at most this."""
+        return int(self.config.get("max_batch_size", 0))
 
 
 class Configuration(NamedTuple):
@@ -126,15 +115,33 @@ def build(
     """A graph model from its configuration (its text, or read already) and its file, every
     bound checked before what it bounds is parsed (the configuration's first: it is small)."""
     read = config if isinstance(config, Configuration) else configuration(name, config)
+    served_version(read.document, [int(version)])  # its version policy serves this version
     program = READERS[read.form](data, limits, batch_limits)
     check_config(read.document, program)
-    return GraphModel(name, program, model_config(name, program, version, read.form), version)
+    answer = model_config(name, program, version, read.form, read.document)
+    return GraphModel(name, program, answer, version)
+
+
+def check_room(name: str, loaded: Collection[str], max_loaded: int) -> None:
+    """Whether graph model ``name`` has room beside the ``loaded`` ones (its own name replaced
+    takes none): the one refusal of ``TENSORBITS_MAX_LOADED_MODELS``, for one worker or all."""
+    if name not in loaded and len(loaded) >= max_loaded:
+        raise PayloadTooLarge(
+            f"model_name: {len(loaded)} graph models are loaded, the most this server "
+            f"holds ({max_loaded}, TENSORBITS_MAX_LOADED_MODELS): unload one first",
+            field="model_name",
+            rule="max_loaded_models",
+        )
+
+
+# How many unloaded graph models' names are remembered (``GraphModels.was_unloaded``).
+MAX_REMEMBERED_UNLOADS = 1024
 
 
 class GraphModels:
     """The graph models by name, and those the repository folder could not load (their reason)."""
 
-    __slots__ = ("_failed", "_lock", "_models", "is_builtin", "limits", "max_loaded")
+    __slots__ = ("_failed", "_lock", "_models", "_unloaded", "is_builtin", "limits", "max_loaded")
 
     def __init__(
         self,
@@ -148,6 +155,10 @@ class GraphModels:
         self._lock = threading.Lock()
         self._models: dict[str, GraphModel] = {}
         self._failed: dict[str, str] = {}
+        # The names unloaded and not loaded since, oldest first, so that a call of one is told
+        # it was unloaded (and can be loaded again), not that the name is unknown. Bounded: a
+        # client loading and unloading ever new names must not grow it without end.
+        self._unloaded: dict[str, None] = {}
 
     def get(self, name: str) -> GraphModel | None:
         return self._models.get(name)
@@ -159,17 +170,25 @@ class GraphModels:
         """The models the repository folder holds but could not load: their reasons."""
         return dict(self._failed)
 
+    def was_unloaded(self, name: str) -> bool:
+        """Whether graph model ``name`` was unloaded and not loaded since (of the last
+        ``MAX_REMEMBERED_UNLOADS`` unloaded)."""
+        return name in self._unloaded
+
     def load(
         self,
         name: str,
         config_text: str | bytes,
         files: Mapping[str, bytes],
         batch_limits: BatchLimits,
+        *,
+        serve: bool = True,
     ) -> GraphModel:
         """Load (or replace) graph model ``name`` from a load request's configuration and files
         (the one file its format names: ``{"file:1/model.onnx": data}``); refused naming the
         part and the rule, nothing changed. A binding graph's file is read under the batch
-        API's bounds (``batch_limits``)."""
+        API's bounds (``batch_limits``). ``serve=False``: built and returned, not served (the
+        model store decides its room for every worker first)."""
         check_name(name, self.is_builtin)
         read = configuration(name, config_text)
         wanted = read.file_parameter
@@ -184,25 +203,22 @@ class GraphModels:
             raise invalid(
                 f"parameters.{wanted}", "missing_file", f"the file ({read.form.what}) is missing"
             )
-        self._check_room(name)
+        if serve:  # else the caller decides its room (the model store, for every worker)
+            self._check_room(name)
         model = build(name, read, files[wanted], self.limits, batch_limits)
-        self.add(model)
+        if serve:
+            self.add(model)
         return model
 
     def _check_room(self, name: str) -> None:
-        if name not in self._models and len(self._models) >= self.max_loaded:
-            raise PayloadTooLarge(
-                f"model_name: {len(self._models)} graph models are loaded, the most this server "
-                f"holds ({self.max_loaded}, TENSORBITS_MAX_LOADED_MODELS): unload one first",
-                field="model_name",
-                rule="max_loaded_models",
-            )
+        check_room(name, self._models.keys(), self.max_loaded)
 
     def add(self, model: GraphModel) -> None:
         with self._lock:
             self._check_room(model.name)
             self._models = {**self._models, model.name: model}
             self._failed = {k: v for k, v in self._failed.items() if k != model.name}
+            self._unloaded = {k: v for k, v in self._unloaded.items() if k != model.name}
 
     def fail(self, name: str, reason: str) -> None:
         """Remember that the repository folder's model ``name`` could not be loaded, and why (not
@@ -218,6 +234,9 @@ class GraphModels:
             found = name in self._models or name in self._failed
             self._models = {k: v for k, v in self._models.items() if k != name}
             self._failed = {k: v for k, v in self._failed.items() if k != name}
+            if found:
+                kept = [k for k in self._unloaded if k != name][1 - MAX_REMEMBERED_UNLOADS :]
+                self._unloaded = dict.fromkeys([*kept, name])
         return found
 
 
@@ -230,5 +249,6 @@ __all__ = [
     "GraphModels",
     "build",
     "check_name",
+    "check_room",
     "configuration",
 ]

@@ -18,11 +18,18 @@ def shown(text: str | bytes) -> str:
     return repr(text[:SHOWN_CHARS])
 
 
+def _at(field: str, message: str) -> str:
+    """``<field>: <message>``; a message that begins by naming its field already (a node's
+    description, ``nodes[3] 'n' ('Relu'): ...``) is not prefixed with it again."""
+    named = message.startswith(field) and message[len(field) : len(field) + 1] in (" ", ":")
+    return message if named else f"{field}: {message}"
+
+
 def invalid(field: str, rule: str, message: str) -> InvalidRequest:
-    return InvalidRequest(f"{field}: {message}", field=field, rule=rule)
+    return InvalidRequest(_at(field, message), field=field, rule=rule)
 
 
 def too_large(field: str, limit: str, message: str, bound: int) -> PayloadTooLarge:
     return PayloadTooLarge(
-        f"{field}: {message} (limit {bound}, GraphLimits.{limit})", field=field, rule=limit
+        f"{_at(field, message)} (limit {bound}, GraphLimits.{limit})", field=field, rule=limit
     )

@@ -144,6 +144,36 @@ def _located(
     return answered._replace(on_device=place.on_device)
 
 
+def check_batch(model: GraphModel, request: InferRequest) -> None:
+    """Triton's batch rule, for a model whose ``max_batch_size`` is above 0: each input's first
+    dimension is the request's batch, one size for every input, at most ``max_batch_size``."""
+    batch: tuple[str, int] | None = None
+    for tensor in request.inputs:
+        if not tensor.shape:
+            raise invalid(
+                tensor.name[:100],
+                "max_batch_size",
+                f"shape []: the model's max_batch_size is {model.max_batch_size}, so an input's "
+                "first dimension is its batch",
+            )
+        size = tensor.shape[0]
+        if size > model.max_batch_size:
+            raise invalid(
+                tensor.name[:100],
+                "max_batch_size",
+                f"a batch of {size} (its first dimension); the model's max_batch_size is "
+                f"{model.max_batch_size}",
+            )
+        if batch is not None and size != batch[1]:
+            raise invalid(
+                tensor.name[:100],
+                "batch_size",
+                f"a batch of {size} (its first dimension); input {batch[0][:100]!r} has a batch "
+                f"of {batch[1]}: one batch per request",
+            )
+        batch = batch or (tensor.name, size)
+
+
 def plan_request(
     model: GraphModel,
     request: InferRequest,
@@ -162,6 +192,8 @@ def plan_request(
                 "datatype",
                 f"{tensor.datatype.value}; the model takes {decl.datatype.value}",
             )
+    if model.max_batch_size > 0:
+        check_batch(model, request)
     requested = requested_outputs(model.name, [o.name for o in model.outputs], request)
     # Only the outputs asked for are planned, so only they (and what they read) are computed.
     plan = model.program.plan(

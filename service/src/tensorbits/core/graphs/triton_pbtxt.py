@@ -3,133 +3,42 @@ its ``ModelConfig``), as the document a JSON configuration is, so that one set o
 (``triton_config.read_config``, then ``check_config``) holds both forms.
 
 The text is bounded (``MAX_CONFIG_BYTES``) before it is parsed, then parsed by protobuf's own
-``text_format`` into a ``ModelConfig`` message and written as its protobuf JSON with
-``json_format.MessageToDict`` (field names as written, enums by name). Proto3 JSON writes 64-bit
-integers as strings (``"dims": ["-1", "4"]``): they are made numbers again here, as a Triton user
-writes them in JSON, so the JSON checks stay as strict as they are. A field at its default value
-(``max_batch_size: 0``, an empty ``dims``) is as if left out: protobuf does not tell them apart.
-
-The message class. The gRPC front end's generated ``ModelConfig`` (``tensorbits.grpc``) sits above
-this layer: the core imports no front end, and the repository folder's reader (which calls this)
-sits below both front ends. So the schema is here, as data: the part of Triton's ``ModelConfig``
-a graph model's configuration may hold (``triton_config.ACCEPTED_KEYS`` and ``IGNORED_KEYS``, an
-input's and an output's ``TENSOR_KEYS``), with Triton's names and field numbers, built into a
-descriptor pool of its own (no name shared with any other message of the process). A field it
-lacks, whether Triton has it (``dynamic_batching``, ``optimization``) or not (a typo), is refused
-as ``unsupported_config`` with protobuf's words, which name the field and its line and column,
-as the JSON form refuses a key it does not take.
+``text_format`` into Triton's ``ModelConfig`` (``model_config_pb2``, the one schema: the whole of
+``model_config.proto``, which the gRPC front end answers with too) and written as its protobuf
+JSON (``triton_config.as_document``: field names as written, enums by name, 64-bit integers as
+numbers, as a Triton user writes them in JSON). A field at its default value (``max_batch_size:
+0``, an empty ``dims``) is as if left out: protobuf does not tell them apart. A field the schema
+lacks (a typo) is refused as ``unsupported_config`` with protobuf's words, which name the field
+and its line and column, and the closest field of that message.
 
 Refused: past ``MAX_CONFIG_BYTES`` (``PayloadTooLarge``, ``max_config_bytes``), text that is not
 UTF-8 or not the text format (``text_format``), a field the schema lacks (``unsupported_config``);
-every refusal names the field ``config.pbtxt``."""
+every refusal names the field ``config.pbtxt``. What each field of the schema does here is
+``config_fields``' table, applied by ``read_config`` to both forms."""
 
 from __future__ import annotations
 
 import json
 import re
 import warnings
-from collections.abc import Mapping
 from typing import Any
 
-from google.protobuf import (
-    descriptor_pb2,
-    descriptor_pool,
-    json_format,
-    message_factory,
-    text_format,
-)
-from google.protobuf.message import Message
+from google.protobuf import text_format
 
+from tensorbits.core.graphs.model_config_pb2 import DESCRIPTOR as SCHEMA
+from tensorbits.core.graphs.model_config_pb2 import ModelConfig
 from tensorbits.core.graphs.refusals import invalid
-from tensorbits.core.graphs.triton_config import MAX_CONFIG_BYTES, TENSOR_KEYS, keys_taken
+from tensorbits.core.graphs.triton_config import MAX_CONFIG_BYTES, as_document
 from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
+from tensorbits_protocol.operators import did_you_mean
 
 FIELD = "config.pbtxt"
-PACKAGE = "inference"  # Triton's: protobuf's messages name "inference.ModelConfig" as Triton's do
+PACKAGE = SCHEMA.package
+MODEL_CONFIG = ModelConfig
 # Protobuf's message quotes the line it refused: cut to this many characters.
 MAX_MESSAGE_CHARS = 300
-
-# The enums, each value numbered by its place (as Triton numbers them).
-ENUMS: Mapping[str, tuple[str, ...]] = {
-    "DataType": (
-        "TYPE_INVALID", "TYPE_BOOL", "TYPE_UINT8", "TYPE_UINT16", "TYPE_UINT32", "TYPE_UINT64",
-        "TYPE_INT8", "TYPE_INT16", "TYPE_INT32", "TYPE_INT64", "TYPE_FP16", "TYPE_FP32",
-        "TYPE_FP64", "TYPE_STRING", "TYPE_BF16",
-    ),
-    "Kind": ("KIND_AUTO", "KIND_GPU", "KIND_CPU", "KIND_MODEL"),  # ModelInstanceGroup.Kind
-}  # fmt: skip
-
-# The messages: (field, number, type), a type "repeated T" for a list; T a scalar, an enum above
-# or a message here.
-MESSAGES: Mapping[str, tuple[tuple[str, int, str], ...]] = {
-    "ModelConfig": (
-        ("name", 1, "string"),
-        ("platform", 2, "string"),
-        ("backend", 17, "string"),
-        ("max_batch_size", 4, "int32"),
-        ("input", 5, "repeated ModelInput"),
-        ("output", 6, "repeated ModelOutput"),
-        ("instance_group", 7, "repeated ModelInstanceGroup"),
-    ),
-    "ModelInput": (("name", 1, "string"), ("data_type", 2, "DataType"), ("dims", 4, "repeated int64")),
-    "ModelOutput": (("name", 1, "string"), ("data_type", 2, "DataType"), ("dims", 3, "repeated int64")),
-    "ModelInstanceGroup": (
-        ("name", 1, "string"),
-        ("kind", 4, "Kind"),
-        ("count", 2, "int32"),
-        ("gpus", 3, "repeated int32"),
-        ("profile", 5, "repeated string"),
-        ("passive", 7, "bool"),
-        ("host_policy", 9, "string"),
-    ),
-}  # fmt: skip
-
-_FIELD = descriptor_pb2.FieldDescriptorProto
-_SCALARS = {
-    "string": _FIELD.TYPE_STRING,
-    "bool": _FIELD.TYPE_BOOL,
-    "int32": _FIELD.TYPE_INT32,
-    "int64": _FIELD.TYPE_INT64,
-}
-_INT64 = frozenset(
-    {
-        _FIELD.TYPE_INT64,
-        _FIELD.TYPE_UINT64,
-        _FIELD.TYPE_SINT64,
-        _FIELD.TYPE_FIXED64,
-        _FIELD.TYPE_SFIXED64,
-    }
-)
-# How protobuf's words begin to tell of a field the message lacks.
-_UNKNOWN_FIELD = re.compile(r'has no field named "')
-
-
-def _schema() -> descriptor_pb2.FileDescriptorProto:
-    """``ENUMS`` and ``MESSAGES`` as the descriptor of one proto3 file."""
-    proto = descriptor_pb2.FileDescriptorProto(
-        name="tensorbits/model_config.proto", package=PACKAGE, syntax="proto3"
-    )
-    for enum_name, values in ENUMS.items():
-        enum = proto.enum_type.add(name=enum_name)
-        for number, value in enumerate(values):
-            enum.value.add(name=value, number=number)
-    for message_name, fields in MESSAGES.items():
-        message = proto.message_type.add(name=message_name)
-        for field_name, number, kind in fields:
-            repeated, _, type_name = kind.rpartition(" ")
-            field = message.field.add(name=field_name, number=number)
-            field.label = _FIELD.LABEL_REPEATED if repeated else _FIELD.LABEL_OPTIONAL
-            if type_name in _SCALARS:
-                field.type = _SCALARS[type_name]
-            else:
-                field.type = _FIELD.TYPE_ENUM if type_name in ENUMS else _FIELD.TYPE_MESSAGE
-                field.type_name = f".{PACKAGE}.{type_name}"
-    return proto
-
-
-# The schema's messages, in a pool of their own; ModelConfig is what config.pbtxt holds.
-MESSAGE_CLASSES = message_factory.GetMessages([_schema()], descriptor_pool.DescriptorPool())
-MODEL_CONFIG = MESSAGE_CLASSES[f"{PACKAGE}.ModelConfig"]
+# How protobuf's words tell of a field the message lacks: the message's type and the field.
+_UNKNOWN_FIELD = re.compile(rf'"{re.escape(PACKAGE)}\.([\w.]+)" has no field named "([^"]*)"')
 
 
 def read_pbtxt(text: str | bytes) -> dict[str, Any]:
@@ -165,9 +74,7 @@ def read_pbtxt(text: str | bytes) -> dict[str, Any]:
         raise _refusal(f"in a string: {exc}") from None
     except ValueError as exc:  # an enum's number past int32 is refused by the message, unplaced
         raise _refusal(str(exc)) from None
-    document = json_format.MessageToDict(message, preserving_proto_field_name=True)
-    _integers(message, document)
-    return document
+    return as_document(message)
 
 
 def pbtxt_as_json(text: str | bytes) -> str:
@@ -188,31 +95,25 @@ def pbtxt_as_json(text: str | bytes) -> str:
 def _refusal(words: str) -> InvalidRequest:
     words = words.removesuffix(".")
     cut = words if len(words) <= MAX_MESSAGE_CHARS else words[:MAX_MESSAGE_CHARS] + "..."
-    if _UNKNOWN_FIELD.search(words):
+    unknown = _UNKNOWN_FIELD.search(words)
+    if unknown:
+        message, named = unknown.groups()
+        fields = _message_fields(message)
         return invalid(
             FIELD,
             "unsupported_config",
-            f"{cut}: not a setting this server takes for a graph model "
-            f"({keys_taken()}; an input or output takes: {', '.join(sorted(TENSOR_KEYS))})",
+            f"{cut}: not a field of Triton's ModelConfig{did_you_mean(named, fields)}",
         )
     return invalid(FIELD, "text_format", f"not protobuf's text format of ModelConfig: {cut}")
 
 
-def _integers(message: Message, document: dict[str, Any]) -> None:
-    """Each 64-bit integer field of ``message``, which ``document`` (its ``MessageToDict``) holds
-    as a string, made a number again, in place, at every depth."""
-    for field, value in message.ListFields():
-        if field.type in _INT64:
-            given = document[field.name]
-            document[field.name] = [int(v) for v in given] if field.is_repeated else int(given)
-        elif field.message_type is not None and not field.message_type.GetOptions().map_entry:
-            entries = document[field.name]
-            for sub, entry in zip(
-                value if field.is_repeated else [value],
-                entries if field.is_repeated else [entries],
-                strict=True,
-            ):
-                _integers(sub, entry)
+def _message_fields(name: str) -> list[str]:
+    """The fields of the schema's message ``name`` (``ModelInput``, ``ModelConfig.Foo``)."""
+    parts = name.split(".")
+    descriptor = SCHEMA.message_types_by_name.get(parts[0])
+    for part in parts[1:]:
+        descriptor = None if descriptor is None else descriptor.nested_types_by_name.get(part)
+    return [] if descriptor is None else [f.name for f in descriptor.fields]
 
 
 __all__ = ["FIELD", "MODEL_CONFIG", "pbtxt_as_json", "read_pbtxt"]
