@@ -5,7 +5,7 @@ UV := .tools/bin/uv
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install install-serve serve test check lint typecheck unit bench openapi proto clean images image-test device-prep gpu-check
+.PHONY: install install-serve serve test test-all check lint typecheck unit unit-all bench openapi proto clean images image-test device-prep gpu-check
 
 $(UV):
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check --target .tools uv==$(UV_VERSION)
@@ -66,15 +66,28 @@ GPU_TYPED := tests/gpu bench/gpu_ops.py bench/cuda_shared_memory.py scripts/gpu_
 typecheck: install
 	$(BIN)/mypy
 	MYPYPATH=tests:tests/fuzz:scripts $(BIN)/mypy --explicit-package-bases \
-		--exclude '^tests/client/' tests bench $(filter-out tests/% bench/%,$(GPU_TYPED))
+		--exclude '^tests/client/' tests bench examples $(filter-out tests/% bench/%,$(GPU_TYPED))
 	MYPYPATH=tests/client:tests $(BIN)/mypy --explicit-package-bases tests/client
 
+# Two lanes (tests/conftest.py marks them): the fast one, every test that needs no server process,
+# child interpreter, browser, container or fuzzer (`-m "not live"`), spread over the cores by
+# pytest-xdist (WORKERS=N to choose); and all of them, the live ones included, serially: those
+# measure memory and latency and must not compete with each other or with other tests.
+# PYTHONDONTWRITEBYTECODE cleared for the fast lane: pytest keeps the modules it rewrites (its
+# assertions) in __pycache__/ only where bytecode may be written; otherwise every worker compiles
+# every test module, the plugins and what they import again on every run (half its collection).
+WORKERS ?= auto
 unit: install
+	PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -m "not live" -n $(WORKERS)
+
+unit-all: install
 	$(BIN)/pytest
 
 check: lint typecheck
 
-test: check unit ## every check: lint, types, the whole test suite
+test: check unit ## lint, types and the fast lane: every test that starts no process (minutes)
+
+test-all: check unit-all ## lint, types and every test, the live ones too, serially (what CI runs)
 
 bench: install ## operator core on the CPU; bench/http_service.py, bench/small_request_in_process.py, bench/client.py and bench/load.py measure the rest
 	$(BIN)/python bench/ops.py
