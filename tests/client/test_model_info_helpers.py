@@ -30,11 +30,11 @@ def _server_documents(request: httpx.Request) -> httpx.Response:
     path = request.url.raw_path.decode()
     stats = STATS
     if path == "/v2/models/stats":
-        return httpx.Response(200, json=stats.response(op.name for op in OPERATORS))
+        return httpx.Response(200, json=stats.response(OPERATORS))
     _, _, _, quoted, what = path.split("/")
     model = httpx.URL("http://x/" + quoted).path[1:]
     if what == "stats":
-        return httpx.Response(200, json=stats.response([model]))
+        return httpx.Response(200, json=stats.response([get_operator(model)]))
     return httpx.Response(200, json=model_info.model_config(get_operator(model)))
 
 

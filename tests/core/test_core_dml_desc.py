@@ -333,6 +333,8 @@ def _corners(shape: tuple[int, ...]) -> list[tuple[int, ...]]:
 @example((TensorDesc(U32, (3, 5), (7, 1), total_size=60), 32, 96), 2)
 @example((TensorDesc(U16, (2, 2), (UINT32_MAX, 1)), 0, 1024), 3)
 @example((TensorDesc(U8, (2,), (2**63,)), 0, 1024), 3)
+# Sizes and strides implying more than a UINT64 of bytes, with a TotalTensorSizeInBytes below.
+@example((TensorDesc(U8, (3,), (2**63,), total_size=1024), 0, 1024), 3)
 @example((TensorDesc(U8, (4,), total_size=2**64), 0, 1024), 3)
 @example((TensorDesc(U8, (4,), total_size=2**64 - 1), 0, 1024), 3)
 @example((TensorDesc(F32, (4,), alignment=2**40), 0, 64), 3)

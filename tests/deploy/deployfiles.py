@@ -316,7 +316,7 @@ def load_yaml_documents(path: Path) -> list[dict[str, Any]]:
 # on any cluster; the variants built on it (they replace it); the add-ons applied beside one of
 # those; and KServe's alternative.
 K8S_BASE = "base"
-K8S_VARIANTS = ("cpu", "gpu-operator")
+K8S_VARIANTS = ("cpu", "gpu-operator", "repository-poll")
 K8S_ADD_ONS = ("prometheus-operator", "networkpolicy")
 K8S_KSERVE = "kserve"
 KUSTOMIZATIONS = (K8S_BASE, *K8S_VARIANTS, *K8S_ADD_ONS, K8S_KSERVE)

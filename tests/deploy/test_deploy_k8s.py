@@ -14,13 +14,17 @@ predictor_custom.go).
 from __future__ import annotations
 
 import json
+import re
 from functools import cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from deploy.deployfiles import (
+    K8S,
     K8S_BASE,
     K8S_CHECKED,
+    K8S_KSERVE,
     K8S_VARIANTS,
     KUSTOMIZATIONS,
     dockerfile,
@@ -30,6 +34,7 @@ from deploy.deployfiles import (
     k8s_resource,
     k8s_resources,
     kustomize,
+    load_yaml_documents,
 )
 
 jsonschema = pytest.importorskip("jsonschema", reason="jsonschema not installed (dev dependency)")
@@ -388,6 +393,103 @@ def test_the_stop_fits_the_grace_period(kustomization: str) -> None:
     assert prestop >= 5, "the endpoint removal takes seconds to reach every proxy"
     assert grace > prestop + delay + drain, (grace, prestop, delay, drain)
     assert drain >= 10, "the requests in flight need time to finish"
+
+
+# ---- memory: the limit is the sum of what the server may hold ------------------------------------
+
+# In a comment of the manifest (or of the kustomization it comes from), terms joined by " + ":
+#   limits.memory (4Gi) = TENSORBITS_MAX_INFLIGHT_BYTES (2Gi) + ... + base (1Gi) + headroom (768Mi)
+_TERM_PATTERN = r"[\w.]+ \([^)]+\)"
+_TERMS_PATTERN = rf"{_TERM_PATTERN}(?: \+ {_TERM_PATTERN})*"
+_MEMORY_SUM = re.compile(rf"limits\.memory \(([^)]+)\) = ({_TERMS_PATTERN})")
+_TERM = re.compile(r"([\w.]+) \(([^)]+)\)")
+_UNITS = {"": 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
+# The settings each backend's sum must name, in order (the pinned pool is CuPy's alone).
+_MEMORY_SETTINGS = {
+    "cupy": ["TENSORBITS_MAX_INFLIGHT_BYTES", "TENSORBITS_PINNED_POOL_BYTES"],
+    "numpy": ["TENSORBITS_MAX_INFLIGHT_BYTES"],
+}
+# The least base a sum may state: the server without requests (the interpreter and its
+# libraries; on CuPy, CUDA's context and CuPy too).
+_MIN_BASE = {"cupy": 1 << 30, "numpy": 512 << 20}
+
+
+def _quantity(text: object) -> int:
+    """A Kubernetes memory quantity in bytes (a plain number or a binary suffix)."""
+    match = re.fullmatch(r"(\d+)(Ki|Mi|Gi|Ti)?", str(text))
+    assert match, f"{text!r}: not a byte count or binary quantity"
+    return int(match[1]) * _UNITS[match[2] or ""]
+
+
+def _memory_sum(kustomization: str) -> tuple[Path, int, list[tuple[str, int]]]:
+    """The comment stating the memory sum that ``kustomization`` renders: in its own folder's
+    YAML files, else in the folders it builds on (``resources: [../x]``), nearest first."""
+    folder = K8S / kustomization
+    for path in sorted(folder.glob("*.yaml")):
+        comments = [
+            line.split("#", 1)[1]
+            for line in path.read_text().splitlines()
+            if line.lstrip().startswith("#")
+        ]
+        match = _MEMORY_SUM.search(" ".join(" ".join(comments).split()))
+        if match:
+            terms = [(name, _quantity(value)) for name, value in _TERM.findall(match[2])]
+            return path, _quantity(match[1]), terms
+    (kustomization_file,) = load_yaml_documents(folder / "kustomization.yaml")
+    for resource in kustomization_file["resources"]:
+        if resource.startswith("../") and (K8S / kustomization / resource).is_dir():
+            return _memory_sum(Path(resource).name)
+    raise AssertionError(f"docker/k8s/{kustomization}: no comment states the memory limit's sum")
+
+
+def _check_memory_sum(kustomization: str, container: dict[str, Any]) -> None:
+    from tensorbits.config import Settings
+
+    path, stated, terms = _memory_sum(kustomization)
+    where = path.relative_to(K8S.parent.parent)
+    env = env_list(container)
+    backend = env["TENSORBITS_BACKEND"]
+    limit = _quantity(container["resources"]["limits"]["memory"])
+    assert stated == limit, f"{where} states limits.memory {stated}, the limit is {limit}"
+    names = [name for name, _ in terms]
+    assert names == [*_MEMORY_SETTINGS[backend], "base", "headroom"], (where, names)
+    for name, value in terms[:-2]:
+        assert name in env, f"{name}: a term of the sum is set in the env, not left to a default"
+        assert _quantity(env[name]) == value, f"{where}: {name} is {env[name]} in the env"
+    if backend == "numpy":
+        assert "TENSORBITS_PINNED_POOL_BYTES" not in env, "no pinned pool without CuPy"
+    base, headroom = terms[-2][1], terms[-1][1]
+    assert base >= _MIN_BASE[backend], f"{where}: a base of {base} bytes is too little"
+    assert headroom >= 0
+    assert sum(value for _, value in terms) == limit, f"{where}: the terms do not add up"
+    # And the server accepts them together (the pool at most the bytes in flight).
+    Settings.model_validate(
+        {name.removeprefix("TENSORBITS_").lower(): env[name] for name in names[:-2]}
+    )
+
+
+@pytest.mark.parametrize("kustomization", DEPLOYMENTS)
+def test_the_memory_limit_is_the_sum_of_what_the_server_may_hold(kustomization: str) -> None:
+    """The container's memory limit is the sum its manifest's comment states: the bytes in
+    flight, on CuPy the pinned pool, a base and a headroom; each setting's term the value the
+    rendered env gives it, so changing one without the limit (or the comment) fails here."""
+    _check_memory_sum(kustomization, _container(kustomization))
+
+
+def test_the_inference_services_memory_limit_is_the_same_sum() -> None:
+    _check_memory_sum(K8S_KSERVE, _isvc_container())
+
+
+def test_the_memory_sum_is_read_from_the_comments() -> None:
+    """The reader itself: a sum over continuation lines, and the terms it finds."""
+    text = "limits.memory (4Gi) = A_B (2Gi) + C (256Mi) + base (1Gi) + headroom (768Mi) Then (x)"
+    match = _MEMORY_SUM.search(text)
+    assert match is not None
+    assert _quantity(match[1]) == 4 << 30
+    assert _TERM.findall(match[2]) == [
+        ("A_B", "2Gi"), ("C", "256Mi"), ("base", "1Gi"), ("headroom", "768Mi")
+    ]  # fmt: skip
+    assert _quantity("268435456") == 256 << 20
 
 
 def test_startup_probe_asks_the_grpc_health_service() -> None:

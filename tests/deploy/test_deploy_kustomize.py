@@ -32,6 +32,7 @@ RENDERS: dict[str, list[str]] = {
     K8S_BASE: WORKLOAD,
     "cpu": WORKLOAD,
     "gpu-operator": WORKLOAD,
+    "repository-poll": sorted(["ConfigMap", *WORKLOAD]),
     "prometheus-operator": ["ConfigMap", "ServiceMonitor"],
     "networkpolicy": ["NetworkPolicy"],
     K8S_KSERVE: ["InferenceService", "NetworkPolicy"],
@@ -138,8 +139,32 @@ def test_the_images_differ_by_tag_alone() -> None:
         K8S_BASE: "tensorbits:0.1.0-gpu",
         "cpu": "tensorbits:0.1.0-cpu",
         "gpu-operator": "tensorbits:0.1.0-gpu",
+        "repository-poll": "tensorbits:0.1.0-cpu",
         K8S_KSERVE: "tensorbits:0.1.0-gpu",
     }
+
+
+def test_the_repository_poll_variant_mounts_a_polled_repository_from_a_config_map() -> None:
+    """The cpu variant, with Triton's layout mounted from one ConfigMap updated in place (no
+    hash suffix: a change is polled, not rolled out), in poll mode; its model the example's."""
+    pod = _pod("repository-poll")
+    (container,) = pod["containers"]
+    env = env_list(container)
+    assert env["TENSORBITS_MODEL_CONTROL_MODE"] == "poll"
+    assert float(env["TENSORBITS_REPOSITORY_POLL_SECS"]) > 0
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "models"]
+    assert (mount["mountPath"], mount["readOnly"]) == (env["TENSORBITS_MODEL_REPOSITORY"], True)
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "models"]
+    (config_map,) = [d for d in kustomize("repository-poll") if d["kind"] == "ConfigMap"]
+    assert volume["configMap"]["name"] == config_map["metadata"]["name"] == "tensorbits-models"
+    paths = {item["key"]: item["path"] for item in volume["configMap"]["items"]}
+    assert paths == {"config.pbtxt": "masked/config.pbtxt", "model.onnx": "masked/1/model.onnx"}
+    example = DOCKER.parent / "examples" / "models" / "masked"
+    for key, path in paths.items():
+        shipped = (K8S / "repository-poll" / key).read_bytes()
+        assert shipped == (example / path.removeprefix("masked/")).read_bytes(), key
+        assert config_map["data"][key].encode("latin-1") == shipped, key
+    assert _others("repository-poll") == [config_map, *_others("cpu")]
 
 
 def _applied_folders(text: str) -> list[str]:

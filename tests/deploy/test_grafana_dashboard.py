@@ -43,22 +43,19 @@ from support.rawhttp import ask, one_reply, request
 from support.v2 import NOT, binary_input, bit_not_request
 from tritonclient.utils import InferenceServerException
 
-from tensorbits.config import Settings
 from tensorbits_protocol.v1 import BindingGraph
 
 DASHBOARD_FILE = DOCKER / "grafana" / "tensorbits.json"
 OVERLAY = "prometheus-operator"
 CONFIG_MAP = "tensorbits-grafana-dashboard"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
-# The dashboard's variables: the datasource, the Kubernetes scope, the model, and the admission
-# bounds the server does not export (set to the pods' settings; the server's defaults here).
+# The dashboard's variables: the datasource, the Kubernetes scope and the model (the admission
+# bounds are the server's own series, not variables to set).
 VARIABLES = {
     "datasource": "datasource",
     "namespace": "query",
     "pod": "query",
     "model": "query",
-    "max_inflight_bytes": "textbox",
-    "max_inflight_requests": "textbox",
 }
 # Grafana's own variables a query may use: its intervals, and the value "All" stands for.
 GRAFANA_INTERVALS = {"__rate_interval", "__interval", "__range"}
@@ -90,8 +87,9 @@ VARIABLE_TYPES = {"query", "adhoc", "constant", "datasource", "interval", "textb
 PANEL_TYPES = {"timeseries", "stat", "table"}
 # schemaVersion: Grafana 11 writes 39 and 40, Grafana 12 41 and 42.
 SCHEMA_VERSIONS = range(39, 43)
-# The live server's body limit: the 413 the refusals panel shows.
+# The live server's body limit: the 413 the refusals panel shows; its admission bound in bytes.
 BODY_LIMIT = 64 * 1024
+ADMISSION_BYTES = 1 << 20
 
 
 def dashboard() -> dict[str, Any]:
@@ -363,11 +361,6 @@ def test_the_variables_are_defined_and_every_one_used_is() -> None:
         assert variables[name]["includeAll"], name
         assert variables[name]["allValue"] == ".*", name
         assert variables[name]["query"].startswith("label_values("), name
-    # The admission bounds' defaults are the server's.
-    defaults = Settings.model_fields
-    for name in ("max_inflight_bytes", "max_inflight_requests"):
-        assert variables[name]["query"] == str(defaults[name].default), name
-        assert variables[name]["current"]["value"] == variables[name]["query"], name
     text = DASHBOARD_FILE.read_text(encoding="utf-8")
     used = set(re.findall(r"\$\{?(\w+)", text))
     assert used <= set(variables) | GRAFANA_VARIABLES, used - set(variables) - GRAFANA_VARIABLES
@@ -532,7 +525,7 @@ def traffic(tmp_path_factory: pytest.TempPathFactory) -> Traffic:
         "TENSORBITS_GRPC_PORT": str(grpc_port),
         "TENSORBITS_METRICS_PORT": str(metrics_port),
         "TENSORBITS_MAX_BODY_BYTES": str(BODY_LIMIT),
-        "TENSORBITS_MAX_INFLIGHT_BYTES": str(1 << 20),
+        "TENSORBITS_MAX_INFLIGHT_BYTES": str(ADMISSION_BYTES),
         "TENSORBITS_MAX_INFLIGHT_REQUESTS": "1",
         "TENSORBITS_MODEL_REPOSITORY": str(_repository(tmp_path_factory.mktemp("repository"))),
     }
@@ -570,15 +563,17 @@ def test_the_calls_made_every_series_the_dashboard_reads(traffic: Traffic) -> No
     assert {"hamming", NOT} <= exported.values("nv_inference_request_success", "model")
     assert traffic.held["tensorbits_inflight_requests"] == 1
     assert traffic.held["tensorbits_inflight_bytes"] > 0
+    # The bounds the in-flight panels plot them against: the server's settings.
+    assert traffic.held["tensorbits_inflight_requests_limit"] == 1
+    assert traffic.held["tensorbits_inflight_bytes_limit"] == ADMISSION_BYTES
+    # The refusals panel's rules: the body limit's 413, admission's 503.
+    rules = exported.values("tensorbits_refusals_total", "rule")
+    assert {"max_body_bytes", "max_inflight_requests"} <= rules, rules
+    assert exported.values("tensorbits_refusals_total", "protocol") == {"http", "grpc"}
     assert exported.values("tensorbits_backend_info", "backend") == {"numpy"}
 
 
 @pytest.mark.integration
-@pytest.mark.xfail(
-    reason="the statistics extension, and so Triton's series, give every model version 1 "
-    "(core/statistics.py: Statistics.model_stats' default), a graph model served at another "
-    "version too; the repository index and the model's metadata say its version",
-)
 def test_the_models_table_shows_the_version_each_model_serves(traffic: Traffic) -> None:
     """The "Loaded models and versions" table reads the version label of Triton's series."""
     series = traffic.exported.series["nv_inference_request_success"]
@@ -646,20 +641,20 @@ def test_every_variable_query_reads_a_label_the_server_exports(traffic: Traffic)
 
 
 @pytest.mark.integration
-def test_the_protocol_is_read_from_the_route_as_the_server_writes_it(traffic: Traffic) -> None:
-    """The dashboard splits by protocol with label_replace on the route: every route a gRPC
-    call was counted under must read grpc, every HTTP one http."""
-    rewrites = {
-        regex
-        for _, target in queries(dashboard())
-        for label, regex in parse(substituted(target["expr"], _textboxes(dashboard()))).rewrites
-        if label == "route" and regex != ".*"
-    }
-    (grpc,) = rewrites
+def test_the_protocol_label_says_each_calls_protocol(traffic: Traffic) -> None:
+    """The dashboard splits by protocol with the server's ``protocol`` label, not by reading
+    the route: every route a gRPC call was counted under is labelled grpc, every HTTP one
+    http, and no query rewrites a route."""
+    by_route: dict[str, set[str]] = {}
+    for labels in traffic.exported.series["tensorbits_requests_total"]:
+        by_route.setdefault(labels["route"], set()).add(labels["protocol"])
     assert traffic.grpc_routes
     assert traffic.http_routes
-    assert all(re.fullmatch(grpc, route) for route in traffic.grpc_routes), traffic.grpc_routes
-    assert not any(re.fullmatch(grpc, route) for route in traffic.http_routes)
+    assert all(by_route[route] == {"grpc"} for route in traffic.grpc_routes), by_route
+    assert all(by_route[route] == {"http"} for route in traffic.http_routes), by_route
+    textboxes = _textboxes(dashboard())
+    for title, target in queries(dashboard()):
+        assert not parse(substituted(target["expr"], textboxes)).rewrites, title
 
 
 # ---- (c) the ConfigMap Grafana's sidecar loads -----------------------------------------------------

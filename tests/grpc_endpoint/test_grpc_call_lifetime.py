@@ -27,6 +27,8 @@ from support.grpc_live import GrpcServer
 from support.live import free_port, metric_samples, serve
 from tritonclient.grpc import service_pb2
 
+from tensorbits.grpc.pools import CONTROL_SLOTS
+
 MiB = 1 << 20
 NOT = "DML_OPERATOR_ELEMENT_WISE_BIT_NOT"
 XOR = "onnx.BitwiseXor-18"
@@ -222,9 +224,9 @@ def test_unread_stream_answers_stay_admitted(server: GrpcServer) -> None:
 class Stalled:
     """``count`` ModelInfer calls on ``channel`` that open and send nothing until ``release``."""
 
-    def __init__(self, channel: grpc.Channel, count: int) -> None:
+    def __init__(self, channel: grpc.Channel, count: int, method: str = INFER) -> None:
         self.gate = threading.Event()
-        call: grpc.StreamUnaryMultiCallable[bytes, bytes] = channel.stream_unary(INFER)
+        call: grpc.StreamUnaryMultiCallable[bytes, bytes] = channel.stream_unary(method)
         self.futures = [call.future(self._never(), timeout=60) for _ in range(count)]
 
     def _never(self) -> Iterator[bytes]:
@@ -268,6 +270,32 @@ def test_one_connection_cannot_take_every_inference_slot(server: GrpcServer) -> 
                 for _ in range(3):
                     result = client.infer(NOT, [tensor], client_timeout=10)
                     assert result.as_numpy("OutputTensor").tolist() == [255, 254, 253, 252]
+            finally:
+                client.close()
+        finally:
+            stalled.release()
+
+
+def test_one_connection_cannot_take_every_control_slot(server: GrpcServer) -> None:
+    # Loads, unloads, configuration and shared-memory RPCs share the control pool: one
+    # connection holding loads open without sending takes at most half of it.
+    with grpc.insecure_channel(server.grpc_url) as attacker:
+        stalled = Stalled(attacker, 100, LOAD)
+        try:
+            refused = stalled.refused(timeout=3)
+            assert len(refused) == 100 - CONTROL_SLOTS // 2, len(refused)
+            for error in refused:
+                assert error.code() == grpc.StatusCode.UNAVAILABLE, error.details()
+                trailing = dict(error.trailing_metadata() or ())
+                assert trailing["tensorbits-error-field"] == "peer", trailing
+                assert trailing["tensorbits-error-rule"] == "connection_share", trailing
+            # Another client, the stock tritonclient on a connection of its own, is served.
+            client = triton.InferenceServerClient(server.grpc_url)
+            try:
+                for _ in range(3):
+                    names = {model.name for model in client.get_model_repository_index().models}
+                    assert NOT in names
+                    assert client.get_model_config(NOT).config.name == NOT
             finally:
                 client.close()
         finally:

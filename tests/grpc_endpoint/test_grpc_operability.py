@@ -18,6 +18,7 @@ import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 from google.protobuf import json_format
 from grpc_health.v1 import health_pb2
+from prometheus_client.parser import text_string_to_metric_families
 from support.grpc_live import GrpcServer, health_check, serve_grpc
 from support.inprocess import app_client
 from support.live import TENSORBITS, free_port
@@ -132,8 +133,13 @@ def test_busy_grpc_port_is_one_line() -> None:
 def _requests_counted(server: GrpcServer, route: str, status: int, model: str = "") -> float:
     with urllib.request.urlopen(f"{server.http.base_url}/metrics", timeout=10) as response:
         text = response.read().decode()
-    prefix = f'tensorbits_requests_total{{model="{model}",route="{route}",status="{status}"}} '
-    return sum(float(line[len(prefix) :]) for line in text.splitlines() if line.startswith(prefix))
+    labels = {"route": route, "model": model, "status": str(status), "protocol": "grpc"}
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "tensorbits_requests_total" and sample.labels == labels
+    )
 
 
 def test_calls_are_counted_in_metrics(grpc_server: GrpcServer) -> None:

@@ -23,6 +23,7 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as triton
+from prometheus_client.parser import text_string_to_metric_families
 from support.grpc_live import GrpcServer, serve_grpc
 from support.inprocess import app_client, runtime_of
 from tritonclient.grpc import service_pb2
@@ -252,29 +253,34 @@ def test_an_asked_for_empty_final_response_is_the_response_itself(
 # --- statistics and /metrics ----------------------------------------------------------------------
 
 
-def _sample(server: GrpcServer, line_start: str) -> float:
+def _sample(server: GrpcServer, name: str, **labels: str) -> float:
+    """The sample ``name`` of /metrics whose labels include ``labels`` (0 when none is)."""
     with urllib.request.urlopen(f"{server.http.base_url}/metrics", timeout=10) as response:
-        for line in response.read().decode().splitlines():
-            if line.startswith(line_start):
-                return float(line.rpartition(" ")[2])
-    return 0.0
+        text = response.read().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        # The parser names a counter's sample ``_total`` whether the text did or not (Triton's
+        # counters do not).
+        if sample.name in (name, f"{name}_total") and labels.items() <= sample.labels.items()
+    )
 
 
 @pytest.mark.integration
 def test_each_message_is_counted_as_a_call(grpc_server: GrpcServer) -> None:
     client = triton.InferenceServerClient(grpc_server.grpc_url)
 
+    calls = {"route": STREAM, "model": NOT, "protocol": "grpc"}
+
     def counts() -> tuple[int, int, float, float, float]:
         (stats,) = client.get_inference_statistics(NOT).model_stats
-        ok = f'tensorbits_requests_total{{model="{NOT}",route="{STREAM}",status="200"}}'
-        missing = f'tensorbits_requests_total{{model="{NOT}",route="{STREAM}",status="400"}}'
-        success = f'nv_inference_request_success{{model="{NOT}",version="1"}}'
         return (
             stats.inference_stats.success.count,
             stats.inference_stats.fail.count,
-            _sample(grpc_server, ok),
-            _sample(grpc_server, missing),
-            _sample(grpc_server, success),
+            _sample(grpc_server, "tensorbits_requests_total", **calls, status="200"),
+            _sample(grpc_server, "tensorbits_requests_total", **calls, status="400"),
+            _sample(grpc_server, "nv_inference_request_success", model=NOT, version="1"),
         )
 
     before = counts()
@@ -417,6 +423,65 @@ def test_a_message_past_the_bound_and_past_admission(bounded: GrpcServer) -> Non
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+def _stream_call(
+    server: GrpcServer, messages: Iterator[bytes], metadata: tuple[tuple[str, str], ...]
+) -> tuple[list[str], grpc.StatusCode, dict[str, str]]:
+    """A stream that sends ``messages``: its answers' ids, how it ended and its trailing
+    metadata."""
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        stream: grpc.StreamStreamMultiCallable[bytes, bytes] = channel.stream_stream(STREAM)
+        call = stream(messages, timeout=30, metadata=metadata)
+        ids: list[str] = []
+        try:
+            for answer in call:
+                ids.append(
+                    service_pb2.ModelStreamInferResponse.FromString(answer).infer_response.id
+                )
+            code, trailing = grpc.StatusCode.OK, dict(call.trailing_metadata() or ())
+        except grpc.RpcError as exc:
+            code = exc.code()
+            trailing = {item.key: item.value for item in exc.trailing_metadata() or ()}
+    return ids, code, {key: str(value) for key, value in trailing.items()}
+
+
+@pytest.mark.integration
+def test_a_stream_sends_back_the_request_id_of_its_call(bounded: GrpcServer) -> None:
+    def messages() -> Iterator[bytes]:
+        return (_request(i).SerializeToString() for i in (5, 6))
+
+    # Each message's own id is on its answer; the call's (its x-request-id) ends the stream.
+    ids, code, trailing = _stream_call(
+        bounded, messages(), (*KEY_METADATA, ("x-request-id", "stream-9"))
+    )
+    assert (ids, code) == (["5", "6"], grpc.StatusCode.OK)
+    assert trailing["x-request-id"] == "stream-9"
+    # Without one, the id the server made for the call, as a unary call's.
+    ids, code, trailing = _stream_call(bounded, messages(), KEY_METADATA)
+    assert (ids, code) == (["5", "6"], grpc.StatusCode.OK)
+    assert len(trailing["x-request-id"]) == 32, trailing
+    # A stream refused at its start, or ended by the read deadline, names it beside its refusal.
+    _, code, trailing = _stream_call(bounded, messages(), (("x-request-id", "stream-10"),))
+    assert code == grpc.StatusCode.UNAUTHENTICATED
+    assert (trailing["x-request-id"], trailing["tensorbits-error-rule"]) == ("stream-10", "api_key")
+    hold = threading.Event()
+
+    def silence() -> Iterator[bytes]:
+        yield from messages()
+        hold.wait(30)
+
+    try:
+        ids, code, trailing = _stream_call(
+            bounded, silence(), (*KEY_METADATA, ("x-request-id", "stream-11"))
+        )
+    finally:
+        hold.set()
+    assert (ids, code) == (["5", "6"], grpc.StatusCode.DEADLINE_EXCEEDED)
+    assert (trailing["x-request-id"], trailing["tensorbits-error-rule"]) == (
+        "stream-11",
+        "body_read_timeout",
+    )
+
+
 # --- in process: the bound on messages in flight -------------------------------------------------
 
 
@@ -435,6 +500,9 @@ class _Written:
 
     async def write(self, answer: bytes) -> None:
         self.answers.append(answer)
+
+    def set_trailing_metadata(self, metadata: tuple[tuple[str, str], ...]) -> None:
+        self.trailing = metadata
 
 
 def test_at_most_the_bound_in_flight_answered_in_order() -> None:

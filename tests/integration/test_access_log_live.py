@@ -148,7 +148,7 @@ def test_a_load_and_an_unload_through_the_api_leave_a_line_naming_the_model(
 
 def _requests_by_labels(text: str) -> dict[str, float]:
     """tensorbits_requests_total's samples of the inference routes, keyed by their labels
-    without the route (which names the protocol's own path)."""
+    without the route and the protocol (the route names the protocol's own path)."""
     found: dict[str, float] = {}
     for line in text.splitlines():
         if not line.startswith("tensorbits_requests_total{"):
@@ -157,7 +157,7 @@ def _requests_by_labels(text: str) -> dict[str, float]:
         if "infer" not in labels.lower():
             continue
         pairs = labels[len("tensorbits_requests_total{") : -1].split(",")
-        key = ",".join(pair for pair in pairs if not pair.startswith("route="))
+        key = ",".join(pair for pair in pairs if not pair.startswith(("route=", "protocol=")))
         found[key] = found.get(key, 0.0) + float(value)
     return found
 
@@ -184,7 +184,10 @@ def test_inferences_count_under_their_model_alike_on_both_protocols() -> None:
             client.infer(NOT, [tensor], model_version="1")
             with pytest.raises(InferenceServerException):
                 client.infer(NOT, [_refused_input(module)])
-            counted[side] = _requests_by_labels(_metrics(server.port))
+            text = _metrics(server.port)
+            counted[side] = _requests_by_labels(text)
+            infer = [x for x in text.splitlines() if x.startswith("tensorbits_requests_total{")]
+            assert all(f'protocol="{side}"' in x for x in infer if "nfer" in x), infer
     assert counted["grpc"] == counted["http"], counted
     assert counted["http"] == {
         f'model="{NOT}",status="200"': 2.0,

@@ -1,6 +1,6 @@
 """Graph models over real sockets with the stock clients: ONNX files built here with
 ``onnx.helper``, loaded with Triton's load parameters (gRPC: ``tritonclient.grpc.load_model``;
-HTTP: the same body ``tritonclient.http.load_model`` means to send), served over both
+HTTP: the same body ``tritonclient.http.load_model`` sends), served over both
 protocols and compared with ONNX Runtime byte for byte; hostile files refused with nothing
 loaded; the repository folder read at start, one broken model in it."""
 
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -308,28 +307,3 @@ def test_the_repository_folder_at_start(http: Any, grpc: Any) -> None:
     for via in PROTOCOLS:
         got = infer(via, http, grpc, "folder_xor", {"a": a, "b": b})
         assert_identical(got, expected(xor_model(), {"a": a, "b": b}))
-
-
-README = Path(__file__).resolve().parents[2] / "README.md"
-
-
-def test_the_readme_example_runs(server: GrpcServer, tmp_path: Path) -> None:
-    import re
-    import subprocess
-    import sys
-
-    match = re.search(r"^## Graph models\n.*?^```py\n(.*?)^```", README.read_text(), re.M | re.S)
-    assert match is not None
-    masked = model_bytes(
-        [helper.make_node("BitwiseAnd", ["x", "k"], ["z"])],
-        [tensor("x", U8, [4])],
-        [tensor("z", U8, [4])],
-        [constant("k", np.array([1, 3, 7, 15], np.uint8))],
-    )
-    (tmp_path / "masked.onnx").write_bytes(masked)
-    code = match.group(1).replace("localhost:8001", server.grpc_url)
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[0 1 2 3]"

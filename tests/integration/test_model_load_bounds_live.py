@@ -151,6 +151,9 @@ class Probes:
             thread.join(20)
 
 
+SCHEDULING_SLACK_S = 0.25
+
+
 def quiet_probes(server: GrpcServer, seconds: float) -> float:
     """The slowest probe answer of either port over ``seconds`` with no load running: what the
     machine's own load does to a probe now, the baseline a load's probes are judged against."""
@@ -164,11 +167,12 @@ def assert_answered_meanwhile(probes: Probes, took: float, quiet: float) -> None
     """The probes answered while a load of ``took`` seconds ran, none waiting for the whole of
     it: had its decoding held the event loop (or the interpreter's lock), the slowest probe
     would have waited most of ``took``. Judged against the load's own duration, beyond what a
-    quiet moment of the same run made a probe wait: no absolute time, which a loaded machine's
-    scheduling alone can pass."""
+    quiet moment of the same run made a probe wait (twice it, and a quarter second of the
+    scheduler's slack on a loaded machine: a load refused in a fraction of a second judges
+    little; a maximal one, seconds long, is what this catches)."""
     assert not probes.failures, probes.failures[:5]
-    assert min(probes.answers.values()) > 0, probes.answers
-    assert max(probes.slowest.values()) < took / 2 + quiet, (probes.slowest, took, quiet)
+    bar = took / 2 + 2 * quiet + SCHEDULING_SLACK_S
+    assert max(probes.slowest.values()) < bar, (probes.slowest, took, quiet)
 
 
 BOUND = max_load_bytes(MODEL_BYTES)
@@ -208,6 +212,7 @@ def test_a_maximal_load_is_decoded_off_the_loop_and_refused_within_the_memory_bo
             took = time.perf_counter() - began
         grew = server.http.peak_rss() - before
         assert grew < 4 * size + 48 * MiB, (grew / MiB, size / MiB)
+        assert min(probes.answers.values()) > 0, probes.answers
         assert_answered_meanwhile(probes, took, quiet)
     (status, error), (code, details) = answers
     assert status == 400, error

@@ -1,15 +1,17 @@
 """A Triton user's model repository served as Triton reads it, over HTTP and gRPC with the stock
 ``tritonclient``: a ``config.pbtxt`` with ``max_batch_size: 8``, ``dynamic_batching``,
-``instance_group`` and the rest of what Triton users write, beside a folder holding only
-``1/model.onnx`` (its configuration completed from the file), both READY; the batch dimension
-as Triton means it (a batch of 3 answered, of 9 refused naming max_batch_size, the same over both
-protocols); and the server's own configuration answer, from either protocol (gRPC's as
-``MessageToJson`` writes it: camelCase, 64-bit integers as strings), loading back unchanged over
-either protocol."""
+``instance_group`` and the rest of what Triton users write, and version folders 1 and 2, beside
+a folder holding only ``1/model.onnx`` (its configuration completed from the file), both READY;
+the batch dimension as Triton means it (a batch of 3 answered by version 2, of 9 refused naming
+max_batch_size, the same over both protocols; statistics and ``nv_inference_*`` name version 2);
+and the server's own configuration answer, from either protocol (gRPC's as ``MessageToJson``
+writes it: camelCase, 64-bit integers as strings), loading back unchanged over either protocol,
+with the stock clients' ``load_model(config=..., files=...)``."""
 
 from __future__ import annotations
 
 import json
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -47,9 +49,9 @@ response_cache { enable: true }
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GrpcServer]:
     root = tmp_path_factory.mktemp("triton_repository")
-    for name in ("batched", "plain"):
-        (root / name / "1").mkdir(parents=True)
-        (root / name / "1" / "model.onnx").write_bytes(masked_model())
+    for folder in ("batched/1", "batched/2", "plain/1"):
+        (root / folder).mkdir(parents=True)
+        (root / folder / "model.onnx").write_bytes(masked_model())
     (root / "batched" / "config.pbtxt").write_text(BATCHED_PBTXT)
     with serve_grpc({"TENSORBITS_MODEL_REPOSITORY": str(root)}) as live:
         yield live
@@ -85,7 +87,7 @@ def test_the_repository_is_served_ready_over_both_protocols(http: Any, grpc: Any
         assert grpc.is_model_ready(name)
 
 
-def test_the_batch_dimension_is_triton_s(http: Any, grpc: Any) -> None:
+def test_the_batch_dimension_is_triton_s(server: GrpcServer, http: Any, grpc: Any) -> None:
     from_http, from_grpc = _configs(http, grpc, "batched")
     assert from_http["max_batch_size"] == from_grpc["maxBatchSize"] == 8
     assert from_http["input"] == [{"name": "x", "data_type": "TYPE_UINT8", "dims": [4]}]
@@ -98,8 +100,10 @@ def test_the_batch_dimension_is_triton_s(http: Any, grpc: Any) -> None:
     for module, client in ((triton_http, http), (triton_grpc, grpc)):
         tensor = module.InferInput("x", [3, 4], "UINT8")
         tensor.set_data_from_numpy(x)
-        got = client.infer("batched", [tensor]).as_numpy("z")
-        assert got.tobytes() == (x & MASK).tobytes()
+        result = client.infer("batched", [tensor])
+        assert result.as_numpy("z").tobytes() == (x & MASK).tobytes()
+        answer = result.get_response()
+        assert (answer["model_version"] if module is triton_http else answer.model_version) == "2"
         nine = np.zeros((9, 4), np.uint8)
         tensor = module.InferInput("x", [9, 4], "UINT8")
         tensor.set_data_from_numpy(nine)
@@ -108,6 +112,14 @@ def test_the_batch_dimension_is_triton_s(http: Any, grpc: Any) -> None:
         assert "max_batch_size" in caught.value.message(), caught.value.message()
         assert "8" in caught.value.message()
         assert caught.value.status() in ("400", "StatusCode.INVALID_ARGUMENT")
+    # Statistics and Triton's metrics name the version served, as the answers do.
+    (over_http,) = http.get_inference_statistics("batched")["model_stats"]
+    (over_grpc,) = grpc.get_inference_statistics("batched").model_stats
+    assert over_http["version"] == over_grpc.version == "2"
+    assert over_http["inference_stats"]["success"]["count"] == 2  # a batch of 3 on each protocol
+    with urllib.request.urlopen(f"{server.http.base_url}/metrics", timeout=10) as response:
+        metrics = response.read().decode()
+    assert 'nv_inference_request_success{model="batched",version="2"} 2' in metrics
 
 
 def test_a_folder_with_only_the_onnx_file_is_completed_from_it(http: Any, grpc: Any) -> None:
@@ -131,12 +143,10 @@ def test_the_configuration_answered_loads_back_unchanged(
     for name in ("batched", "plain"):
         before = _configs(http, grpc, name)
         config = json.dumps(before[0] if answered_by == "http" else before[1])
-        if loaded_by == "grpc":
-            grpc.load_model(name, config=config, files={MODEL_FILE: masked_model()})
-        else:
-            parameters = load_parameters(config, {MODEL_FILE: masked_model()})
-            status, error = http_load(server.http.base_url, name, parameters)
-            assert status == 200, error
+        # The stock clients' own load calls (tritonclient.http sends the file as base64).
+        (grpc if loaded_by == "grpc" else http).load_model(
+            name, config=config, files={MODEL_FILE: masked_model()}
+        )
         assert _configs(http, grpc, name) == before
         assert grpc.is_model_ready(name)
 

@@ -142,7 +142,7 @@ def test_metrics_add_up_across_the_workers() -> None:
         assert len(served_by) == 2, "one worker served every connection"
         key = (
             'tensorbits_requests_total{model="DML_OPERATOR_ELEMENT_WISE_BIT_NOT",'
-            'route="/v2/models/{model}/infer",status="200"}'
+            'protocol="http",route="/v2/models/{model}/infer",status="200"}'
         )
         # Triton's per-model series too, from the workers' inference statistics.
         triton = f'nv_inference_request_success{{model="{NOT}",version="1"}}'
@@ -156,6 +156,9 @@ def test_metrics_add_up_across_the_workers() -> None:
         latency = 'tensorbits_request_duration_seconds_count{route="/v2/models/{model}/infer"}'
         assert samples[latency] == 40
         assert samples["tensorbits_inflight_requests"] == 0
+        # The admission bounds: each worker's share, summed as the in-flight figures are.
+        assert samples["tensorbits_inflight_bytes_limit"] == 2048 * MiB  # the default
+        assert samples["tensorbits_inflight_requests_limit"] == 64
 
 
 def test_sigterm_drains_every_worker() -> None:

@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from protocols.wires import SERVICE, TIMEOUT_S, Refused, Wires, message_json
 from support.grpc_live import GrpcServer, serve_grpc
 from support.rawhttp import read_response
@@ -208,8 +209,14 @@ def test_a_body_that_never_comes_is_refused_alike(keyed: GrpcServer, wires: Wire
 def _refused_count(wires: Wires, route: str) -> float:
     """The refusals for want of a key /metrics counts under ``route``."""
     text = wires.http.get("/metrics", headers={"X-API-Key": KEY}).text
-    prefix = f'tensorbits_requests_total{{model="",route="{route}",status="401"}} '
-    return sum(float(line[len(prefix) :]) for line in text.splitlines() if line.startswith(prefix))
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "tensorbits_requests_total"
+        and sample.labels["route"] == route
+        and sample.labels["status"] == "401"
+    )
 
 
 def test_a_refusal_is_counted_alike(wires: Wires) -> None:

@@ -138,9 +138,16 @@ def test_v2_unknown_model_far_from_any_gets_no_suggestion(v2: TestClient) -> Non
 
 
 def test_v2_long_value_is_described_not_echoed(v2: TestClient) -> None:
-    body = v2_refusal(v2, NOT, one(datatype="U" * 100_000))
-    assert f"(got {'U' * 80!r}... (a string of 100000 characters))" in body["error"]
+    # Within the text bound (past it, refused as max_text_bytes before its value is read).
+    body = v2_refusal(v2, NOT, one(datatype="U" * 4_000))
+    assert f"(got {'U' * 80!r}... (a string of 4000 characters))" in body["error"]
     assert len(body["error"]) < 500
+
+
+def test_v2_value_past_the_text_bound_is_refused_by_its_size(v2: TestClient) -> None:
+    body = v2_refusal(v2, NOT, one(datatype="U" * 100_000))
+    assert (body["field"], body["rule"]) == ("inputs[0].datatype", "max_text_bytes")
+    assert "U" * 80 not in body["error"]
 
 
 def test_v2_huge_integer_is_described_by_its_length(v2: TestClient) -> None:

@@ -40,7 +40,7 @@ def test_statistics_parse_as_triton_statistics_response() -> None:
     stats = Statistics()
     stats.record(NOT, 5, 10, 20, 30, 70)
     stats.record_failure(NOT, 9)
-    document = stats.response(NAMES)
+    document = stats.response(OPERATORS)
     message = json_format.ParseDict(
         document, service_pb2.ModelStatisticsResponse(), ignore_unknown_fields=False
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import numpy as np
@@ -12,7 +13,7 @@ from support.framing import framed
 from support.inprocess import TestClient
 from support.v2 import NOT, binary_input, v2_client
 
-from tensorbits.observability import RequestTally
+from tensorbits.observability import MAX_RULE_LABELS, RequestTally
 from tensorbits.runtime import Drain
 
 
@@ -50,7 +51,7 @@ def test_metrics_count_each_kind_of_request(client: TestClient) -> None:
     infer = "/v2/models/{model}/infer"
 
     def requests(route: str, model: str, status: str) -> float:
-        labels = (("model", model), ("route", route), ("status", status))
+        labels = (("model", model), ("protocol", "http"), ("route", route), ("status", status))
         return samples.get(("tensorbits_requests_total", labels), 0.0)
 
     assert requests(infer, NOT, "200") == 1
@@ -58,8 +59,8 @@ def test_metrics_count_each_kind_of_request(client: TestClient) -> None:
     assert requests(infer, "unknown", "404") == 1  # caller-chosen names never become labels
     assert requests("/v2/health/live", "", "200") == 1
     assert requests("/v1/operators", "", "200") == 1
-    received = samples[("tensorbits_request_bytes_total", (("route", infer),))]
-    sent = samples[("tensorbits_response_bytes_total", (("route", infer),))]
+    received = samples[("tensorbits_request_bytes_total", (("protocol", "http"), ("route", infer)))]
+    sent = samples[("tensorbits_response_bytes_total", (("protocol", "http"), ("route", infer)))]
     assert received > 3 * ok.nbytes
     assert sent > ok.nbytes
     assert samples[("tensorbits_request_duration_seconds_count", (("route", infer),))] == 3
@@ -111,12 +112,31 @@ def test_request_tally_exports_counters_and_a_cumulative_histogram() -> None:
         for s in family.samples
     }
     route = (("route", "/r"),)
-    assert samples[("tensorbits_requests_total", (("model", "m"), *route, ("status", "200")))] == 4
-    assert samples[("tensorbits_requests_total", (("model", "m"), *route, ("status", "400")))] == 1
-    assert samples[("tensorbits_request_bytes_total", route)] == 13
-    assert samples[("tensorbits_response_bytes_total", route)] == 21
+    by = (("model", "m"), ("protocol", "http"), *route)
+    assert samples[("tensorbits_requests_total", (*by, ("status", "200")))] == 4
+    assert samples[("tensorbits_requests_total", (*by, ("status", "400")))] == 1
+    assert samples[("tensorbits_request_bytes_total", (("protocol", "http"), *route))] == 13
+    assert samples[("tensorbits_response_bytes_total", (("protocol", "http"), *route))] == 21
     buckets = {le: samples[("tensorbits_request_duration_seconds_bucket", (("le", le), *route))]
                for le in ("0.1", "1.0", "+Inf")}  # fmt: skip
     assert buckets == {"0.1": 3, "1.0": 4, "+Inf": 5}
     assert samples[("tensorbits_request_duration_seconds_count", route)] == 5
     assert samples[("tensorbits_request_duration_seconds_sum", route)] == pytest.approx(2.66)
+
+
+def test_refusals_count_by_rule_under_bounded_label_values() -> None:
+    tally = RequestTally()
+    tally.refuse("http", "m", 413, "max_body_bytes")
+    tally.refuse("http", "m", 413, "max_body_bytes")
+    tally.refuse("grpc", "m", 400, 'not a rule name {"x"}')
+    tally.refuse("grpc", "", 404, None)
+    for i in range(MAX_RULE_LABELS + 10):
+        tally.refuse("http", "m", 400, f"rule_{i}")
+    assert tally.refusals[("http", "m", 413, "max_body_bytes")] == 2
+    assert tally.refusals[("grpc", "m", 400, "other")] == 1
+    assert tally.refusals[("grpc", "", 404, "")] == 1
+    rules = {rule for _, _, _, rule in tally.refusals}
+    assert len(rules) == MAX_RULE_LABELS + 2  # the names up to the bound, then "other"; ""
+    # Another worker's refusals add up in a scrape.
+    total = RequestTally().merged([json.loads(json.dumps(tally.snapshot()))])
+    assert total.refusals == tally.refusals

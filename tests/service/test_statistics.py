@@ -14,6 +14,7 @@ from support.v1 import bind, data, post, v1_client, zeros
 from support.v2 import AND, NOT, infer_binary, infer_json, statistics_counts
 
 from tensorbits.core.statistics import Statistics
+from tensorbits_protocol.operators import get_operator
 
 XOR = "DML_OPERATOR_ELEMENT_WISE_BIT_XOR"
 
@@ -61,9 +62,9 @@ def test_v2_durations_and_last_inference(v2: TestClient) -> None:
 
 
 def test_unknown_model_counts_nowhere(v2: TestClient) -> None:
-    before = _stats(v2).response([NOT, AND])
+    before = _stats(v2).response([get_operator(NOT), get_operator(AND)])
     assert v2.post("/v2/models/nope/infer", content=b"{}").status_code == 404
-    assert _stats(v2).response([NOT, AND]) == before
+    assert _stats(v2).response([get_operator(NOT), get_operator(AND)]) == before
 
 
 def _xor_then_not(repeat: int) -> tuple[dict[str, Any], bytes]:
@@ -122,7 +123,9 @@ def test_other_workers_snapshots_add_up() -> None:
     theirs.record(NOT, 0, 10, 20, 30, 100, inferences=2)
     theirs.record_failure(NOT, 7)
     published = json.loads(json.dumps(theirs.snapshot()))  # as a worker publishes it
-    (entry,) = mine.response([NOT], others=[published, {"unknown": [1]}])["model_stats"]
+    (entry,) = mine.response([get_operator(NOT)], others=[published, {"unknown": [1]}])[
+        "model_stats"
+    ]
     stats = entry["inference_stats"]
     assert stats["success"] == {"count": 3, "ns": 110}
     assert stats["fail"] == {"count": 1, "ns": 7}
@@ -131,4 +134,6 @@ def test_other_workers_snapshots_add_up() -> None:
     assert entry["last_inference"] == max(
         mine.model_stats(NOT)["last_inference"], theirs.model_stats(NOT)["last_inference"]
     )
-    assert mine.response([NOT]) != mine.response([NOT], others=[published])
+    assert mine.response([get_operator(NOT)]) != mine.response(
+        [get_operator(NOT)], others=[published]
+    )

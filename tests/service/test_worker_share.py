@@ -58,8 +58,9 @@ def test_a_scrape_adds_up_every_workers_tally(tmp_path: Path) -> None:
         text = generate_latest(metrics.registry).decode()
     finally:
         runtime.close()
-    assert _value(text, 'tensorbits_requests_total{model="",route="/r",status="200"}') == 8
-    assert _value(text, 'tensorbits_request_bytes_total{route="/r"}') == 1 + 70
+    requests = 'tensorbits_requests_total{model="",protocol="http",route="/r",status="200"}'
+    assert _value(text, requests) == 8
+    assert _value(text, 'tensorbits_request_bytes_total{protocol="http",route="/r"}') == 1 + 70
     count = 'tensorbits_request_duration_seconds_count{route="/r"}'
     assert _value(text, count) == 8
     # In flight: this worker's 1 and the live other's 2; the exited one's 5 do not count.
@@ -82,6 +83,6 @@ def test_a_worker_publishes_its_figures_atomically(tmp_path: Path) -> None:
     assert document["pid"] == os.getpid()
     assert document["gauges"] == {"inflight_requests": 4.0}
     assert document["statistics"] == {"m": [1, 2]}
-    assert document["tally"]["requests"] == [["/r", "m", 503, 1, 7, 9]]
+    assert document["tally"]["requests"] == [["/r", "m", 503, "http", 1, 7, 9]]
     assert not list(tmp_path.glob("*.partial"))
     assert share.others() == []  # its own file is not another worker's

@@ -1,6 +1,6 @@
-"""Triton's load over HTTP as ``tritonclient.http.load_model(name, config=..., files=...)``
-means to send it: its 2.x releases base64 each file into bytes that ``json.dumps`` then refuses,
-so the live tests send the same body, the base64 as text, themselves."""
+"""Triton's load over HTTP, the body ``tritonclient.http.load_model(name, config=..., files=...)``
+sends, built here with the standard library (the base64 as text): the live tests send any
+parameters with it, those the stock client would not build included."""
 
 from __future__ import annotations
 

@@ -142,6 +142,14 @@ def check_desc(name: str, desc: TensorDesc) -> int:
             rule="alignment",
         )
     minimum = minimum_implied_size(desc.datatype, desc.sizes, desc.effective_strides())
+    if minimum > UINT64_MAX:
+        # No TotalTensorSizeInBytes can be right: say so, not a range whose ends cross.
+        raise InvalidRequest(
+            f"{name}: the sizes and strides imply at least {minimum} bytes (allowed: at most "
+            f"{UINT64_MAX}, TotalTensorSizeInBytes being a UINT64)",
+            field=f"{name}.total_size",
+            rule="total_size",
+        )
     total = minimum if desc.total_size is None else desc.total_size
     if not minimum <= total <= UINT64_MAX:
         why = f"is below the minimum implied size {minimum}" if total < minimum else "is too large"

@@ -209,7 +209,7 @@ class InferRequest(NamedTuple):
             raise InvalidRequest(
                 exc.message + HEADER_LENGTH_HINT, field=exc.field, rule=exc.rule
             ) from None
-        texts.check_document(document)  # the id and parameter strings, as gRPC's wire bounds them
+        texts.check_document(document)  # every string, as gRPC's wire bounds them
         request = validate_document(InferenceRequest, document, what)
         check_parameters(request)
         frames = [_frame(tensor) for tensor in request.inputs]

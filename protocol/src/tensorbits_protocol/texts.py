@@ -1,10 +1,16 @@
 """The bound of a request's strings, the same on every protocol, and its one refusal.
 
-A request's ``id`` and its parameters' string values are the caller's words, echoed or looked
-up, never computed on: the server holds each to ``MAX_TEXT_BYTES`` of UTF-8, over HTTP (checked
-on the parsed document, before the REST model reads it: ``check_document``) and over gRPC (on
-the wire, before protobuf builds the string: ``grpc/wire.py``), refused alike by ``too_long``.
-A parameter's value is named by its key (``shown_key``), as every other parameter refusal is.
+Every string of an inference request is the caller's words, echoed or looked up, never computed
+on: the model's name and version, the request's ``id``, each tensor's name and data type, each
+parameter's key and string value. The server holds each to ``MAX_TEXT_BYTES`` of UTF-8, over
+HTTP (the model and version of the URL's path before anything is looked up: ``check_model``;
+the rest on the parsed document, before the REST model reads it: ``check_document``) and over
+gRPC (on the wire, before protobuf builds the string: ``grpc/wire.py``), refused alike by
+``too_long`` at the same field: ``model_name`` and ``model_version`` (gRPC's fields; HTTP's path
+and body name them so too), ``id``, ``inputs[i].name``, ``inputs[i].datatype``,
+``outputs[i].name``. A parameter's key and its value are named by the key (``shown_key``), as
+every other parameter refusal is. A URL past ``TENSORBITS_MAX_HEAD_BYTES`` is refused before
+its path is read (414).
 """
 
 from __future__ import annotations
@@ -50,27 +56,51 @@ def check_text(field: str, text: object) -> None:
             raise too_long(field, nbytes)
 
 
+def check_model(name: str, version: str | None) -> None:
+    """The model's name and version a request names outside its document (HTTP's URL path),
+    held to ``MAX_TEXT_BYTES`` as gRPC's ``model_name`` and ``model_version`` are."""
+    check_text("model_name", name)
+    check_text("model_version", version)
+
+
 def _check_parameters(at: str, parameters: object) -> None:
     if isinstance(parameters, Mapping):
         for key, value in parameters.items():
-            check_text(f"{at}parameters.{shown_key(str(key))}", value)
+            field = f"{at}parameters.{shown_key(str(key))}"
+            check_text(field, key)
+            check_text(field, value)
+
+
+# The strings of each kind of tensor entry, in the order of their fields on the gRPC wire.
+_TENSOR_TEXTS = {"inputs": ("name", "datatype"), "outputs": ("name",)}
 
 
 def check_document(document: object) -> None:
     """The strings of a parsed v2 request document (HTTP) against ``MAX_TEXT_BYTES``, in the
-    order the gRPC wire meets them in a message a client wrote (the id, the request's
-    parameters, each input's, each output's): the id and every parameter's string value. What
-    is not the document's shape is left to the REST model's refusals."""
+    order the gRPC wire meets them in a message a client wrote (the model and version, the id,
+    the request's parameters, each input's name, data type and parameters, each output's name
+    and parameters). What is not the document's shape is left to the REST model's refusals."""
     if not isinstance(document, Mapping):
         return
-    check_text("id", document.get("id"))
+    for name in ("model_name", "model_version", "id"):
+        check_text(name, document.get(name))
     _check_parameters("", document.get("parameters"))
-    for items in ("inputs", "outputs"):
+    for items, names in _TENSOR_TEXTS.items():
         tensors = document.get(items)
         if isinstance(tensors, list):
             for index, tensor in enumerate(tensors):
                 if isinstance(tensor, Mapping):
+                    for name in names:
+                        check_text(f"{items}[{index}].{name}", tensor.get(name))
                     _check_parameters(f"{items}[{index}].", tensor.get("parameters"))
 
 
-__all__ = ["MAX_TEXT_BYTES", "RULE", "check_document", "check_text", "shown_key", "too_long"]
+__all__ = [
+    "MAX_TEXT_BYTES",
+    "RULE",
+    "check_document",
+    "check_model",
+    "check_text",
+    "shown_key",
+    "too_long",
+]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
@@ -16,7 +17,7 @@ from tensorbits.api.errors import register_exception_handlers
 from tensorbits.api.head import HeadAsGetMiddleware
 from tensorbits.api.metrics import router as metrics_router
 from tensorbits.config import Settings
-from tensorbits.observability import Metrics, ObservabilityMiddleware
+from tensorbits.observability import METRICS_STATE, Metrics, ObservabilityMiddleware
 from tensorbits.runtime import Drain
 
 
@@ -31,10 +32,12 @@ def create_app(settings: Settings | None = None, *, drain: Drain | None = None) 
     settings = settings or Settings()
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
         async with assembly.assembled(settings, metrics, drain) as runtime:
             app.state.runtime = runtime
-            yield
+            # The lifespan's state reaches uvicorn's protocols too: the HTTP layer counts and
+            # logs the requests it refuses before the app in these metrics.
+            yield {METRICS_STATE: metrics}
 
     app = FastAPIOffline(
         title="tensorbits",

@@ -137,8 +137,29 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("debug", "info", "warning", "error", "critical"),
         help="least severe log record written (TENSORBITS_LOG_LEVEL)",
     )
+    # Triton's flags for its model repository, under Triton's names.
+    serve.add_argument(
+        "--model-repository",
+        metavar="DIR",
+        help="folder of graph models in Triton's layout (TENSORBITS_MODEL_REPOSITORY)",
+    )
+    serve.add_argument(
+        "--model-control-mode",
+        choices=("none", "poll", "explicit"),
+        help="none: the repository at start, no load API; poll: followed while serving; "
+        "explicit: the load API (TENSORBITS_MODEL_CONTROL_MODE)",
+    )
+    serve.add_argument(
+        "--repository-poll-secs",
+        metavar="SECONDS",
+        help="seconds between two reads of the repository in poll mode "
+        "(TENSORBITS_REPOSITORY_POLL_SECS)",
+    )
     return parser
 
+
+# The flags of the model repository's settings: each sets its TENSORBITS_ variable.
+REPOSITORY_FLAGS = ("model_repository", "model_control_mode", "repository_poll_secs")
 
 PORT_CHOICE = "choose another port with TENSORBITS_PORT=<port> or --port <port>"
 GRPC_PORT_CHOICE = "choose another port with TENSORBITS_GRPC_PORT=<port> (0 switches gRPC off)"
@@ -189,7 +210,11 @@ def _backend_problem(settings: Settings) -> str | None:
     from tensorbits.backends import BackendUnavailable, select_backend
 
     try:
-        selection = select_backend("cupy", device_id=settings.device_id)
+        selection = select_backend(
+            "cupy",
+            device_id=settings.device_id,
+            pinned_pool_bytes=settings.worker_pinned_pool_bytes,
+        )
     except BackendUnavailable as exc:
         return f"tensorbits: {exc}"
     selection.backend.close()  # the app builds its own at start-up
@@ -216,7 +241,7 @@ def _serve(args: argparse.Namespace) -> int:
     from tensorbits.memory import tune_allocator
     from tensorbits.runtime import Drain
 
-    flags = ("host", "port", "workers", "backend", "log_level")
+    flags = ("host", "port", "workers", "backend", "log_level", *REPOSITORY_FLAGS)
     overrides = {k: v for k in flags if (v := getattr(args, k)) is not None}
     for key, value in overrides.items():
         # Worker processes build their own Settings from the environment: pass the flags on.

@@ -26,6 +26,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from tensorbits.api_keys import key_problem, read_key_file
+from tensorbits.backends.pinned_pool import DEFAULT_POOL_BYTES as DEFAULT_PINNED_POOL_BYTES
 from tensorbits.certificates import check_certificate
 from tensorbits.core.graphs.limits import GraphLimits
 from tensorbits.core.limits import CoreLimits
@@ -164,6 +165,20 @@ class Settings(BaseSettings):
         "<name>/config.pbtxt (or config.json) and <name>/1/model.onnx (or model.json) (none: no "
         "folder)",
     )
+    model_control_mode: Literal["none", "poll", "explicit"] = Field(
+        "explicit",
+        description="Triton's model control: none (the repository loaded at start, the load and "
+        "unload API refused), poll (loaded at start, then read again every "
+        "repository_poll_secs: folders added, changed and removed followed; the API refused), "
+        "explicit (loaded at start, the API loads and unloads)",
+    )
+    repository_poll_secs: float = Field(
+        15.0,
+        ge=0.1,
+        le=86400,
+        description="seconds between two reads of the model repository in poll mode (a model "
+        "is taken once its folder is unchanged across two reads)",
+    )
     max_model_bytes: int = Field(
         64 * MiB, ge=1024, description="bytes of one graph model's file (413 past it)"
     )
@@ -179,6 +194,15 @@ class Settings(BaseSettings):
         2 * GiB, ge=MiB, description="bytes of the requests in flight (503 past it)"
     )
     max_inflight_requests: int = Field(64, ge=1, description="requests in flight (503 past it)")
+    # Not a request's bytes: a fixed addition to the memory bound (backends/pinned_pool.py says
+    # why), which the Kubernetes manifests size their memory limit by.
+    pinned_pool_bytes: int = Field(
+        DEFAULT_PINNED_POOL_BYTES,
+        ge=0,
+        description="pinned host memory the cupy backend stages host-to-device copies in, at "
+        "most (a copy that does not fit is made from pageable memory, slower, never refused; "
+        "0: none; split between workers)",
+    )
 
     # Connections.
     timeout_keep_alive: int = Field(65, ge=1, description="seconds an idle connection is kept")
@@ -279,6 +303,14 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _polling_needs_a_repository(self) -> Settings:
+        if self.model_control_mode == "poll" and self.model_repository is None:
+            raise ValueError(
+                "model_control_mode poll reads a model repository: set model_repository too"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _shared_memory_in_one_process(self) -> Settings:
         if self.shared_memory and self.workers > 1:
             raise ValueError(
@@ -336,6 +368,14 @@ class Settings(BaseSettings):
         """What one worker process admits of ``max_inflight_bytes``: its 1/``workers`` share,
         so that the bound holds for the whole server."""
         return self.max_inflight_bytes // self.workers
+
+    @property
+    def worker_pinned_pool_bytes(self) -> int:
+        """One worker's share of ``pinned_pool_bytes`` (each has its own CuPy and pool), never
+        more than its share of ``max_inflight_bytes``: the pool stages the inputs of the requests
+        in flight, so more could never be used (a server run with a small in-flight bound and
+        the default pool gets a pool of that bound, not a refusal)."""
+        return min(self.pinned_pool_bytes, self.max_inflight_bytes) // self.workers
 
     @property
     def worker_inflight_requests(self) -> int:

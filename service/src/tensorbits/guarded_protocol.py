@@ -54,9 +54,10 @@ import json
 import logging
 import urllib.parse
 from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import httptools
+from starlette.types import Scope
 from uvicorn._types import ASGI3Application, ASGISendEvent
 from uvicorn.config import Config
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, service_unavailable
@@ -71,7 +72,15 @@ from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 from uvicorn.server import ServerState
 
 from tensorbits.config import Settings
-from tensorbits_protocol.errors import HeadTooLarge, InvalidRequest, TensorbitsError, UriTooLong
+from tensorbits.logs import bounded
+from tensorbits.observability import METRICS_STATE, NO_ROUTE, record_http_layer_refusal, route_label
+from tensorbits_protocol.errors import (
+    HeadTooLarge,
+    InvalidRequest,
+    RequestTimeout,
+    TensorbitsError,
+    UriTooLong,
+)
 
 logger = logging.getLogger("tensorbits.http")
 
@@ -100,6 +109,30 @@ def parser_error(reason: str) -> InvalidRequest:
     )
 
 
+# The most characters of a refused request's target its access-log line carries.
+MAX_LOGGED_TARGET = 200
+
+
+def head_read_timeout(seconds: float) -> RequestTimeout:
+    """A request whose head began and did not end within ``seconds``: closed unanswered (the
+    client is gone or stalling), logged and counted as 408, as nginx logs it."""
+    return RequestTimeout(
+        f"request head did not arrive within {seconds:g} s (TENSORBITS_TIMEOUT_HEADER_READ)",
+        field="headers",
+        rule="header_read_timeout",
+    )
+
+
+def linger_timeout(bound: str) -> RequestTimeout:
+    """A body answered before it was read that did not end within the lingering close's
+    ``bound`` ("idle" or "total", ``LingerBounds``): its connection is closed."""
+    return RequestTimeout(
+        f"the body answered before it was read did not end within the {bound} bound",
+        field="body",
+        rule=f"linger_{bound}",
+    )
+
+
 def head_too_large(received: int, limit: int, *, target_only: bool) -> TensorbitsError:
     """414 when the request target alone is past the limit, 431 otherwise."""
     what = "request target (URL)" if target_only else "request head (request line and headers)"
@@ -125,6 +158,11 @@ JOINED_BODY_MAX_BYTES = 64 << 10
 # slow link needs the first; the second ends a client that stopped sending without closing.
 LINGER_TOTAL_S = 30.0
 LINGER_IDLE_S = 5.0
+# Bodies' worth of bytes discarded at most after an early refusal. One is not enough: a client
+# past the body limit by a little more than its socket buffers hold would be cut off (RST) and
+# read a broken pipe instead of its 413; twice the limit lets a client that overshoots by up to
+# the limit itself read its answer, and still bounds the reading by the limit, not by the body.
+LINGER_BODIES = 2
 
 
 class LingerBounds(NamedTuple):
@@ -139,13 +177,13 @@ class LingerBounds(NamedTuple):
 def linger_bounds(settings: Settings) -> LingerBounds:
     """The bounds of ``settings``: nginx's times, or the server's own where shorter (the body
     read deadline: a body is never read for longer; the keep-alive timeout: a connection is
-    never idle for longer); in bytes, a legal request's body and head (a refused request costs
-    no more reading than a served one)."""
+    never idle for longer); in bytes, ``LINGER_BODIES`` legal requests' bodies and a head (a
+    refused request costs reading in proportion to the limit, not to what is sent)."""
     total = min(LINGER_TOTAL_S, settings.timeout_body_read)
     return LingerBounds(
         idle_s=min(LINGER_IDLE_S, settings.timeout_keep_alive, total),
         total_s=total,
-        max_bytes=settings.max_body_bytes + settings.max_head_bytes,
+        max_bytes=LINGER_BODIES * settings.max_body_bytes + settings.max_head_bytes,
         skip_bytes=settings.max_body_bytes,
     )
 
@@ -302,6 +340,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     count is kept in the parser's callbacks and per chunk read (``data_received``)."""
 
     _head_started: float | None = None  # loop time the pending request head began; None: none
+    _message_started: float | None = None  # loop time the newest request began; None: ended
     _head_timer: asyncio.TimerHandle | None = None
     _messages = 0  # requests begun on this connection: tells a head begun within a chunk
     _head_parsed = 0  # bytes of the pending head's target and complete headers
@@ -398,6 +437,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._head_parsed = self._head_fed = self._url_bytes = self._body_bytes = 0
         self._in_body = False
         self._head_begins()  # a new request has begun: its head must now arrive in time
+        self._message_started = self._head_started
 
     # on_url and on_header do what uvicorn's do, inline: they run for every header of every
     # request, and a call to the parent's would cost as much again. They only count; the limit
@@ -494,6 +534,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         self._in_body = False
+        self._message_started = None
         if self._discard_timer is not None:
             # The body answered already is all skipped. The reads of it cancelled uvicorn's
             # keep-alive timer: the next request's head is timed from now instead, as on a new
@@ -572,10 +613,13 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._discard_timer = self.loop.call_at(due, self._discard_check)
             return
         self._discard_timer = None
-        logger.info(
-            "closing a connection whose body, answered before it was read, did not end in time",
-            extra={"rule": "idle" if due < self._discard_until else "total"},
-        )
+        refusal = linger_timeout("idle" if due < self._discard_until else "total")
+        # Its request was answered and counted already: this is logged under its route.
+        scope = cast(Scope, self.cycle.scope)
+        self._record(
+            refusal, 0, request=False, method=scope["method"],
+            target=bounded(scope["path"], MAX_LOGGED_TARGET), route=route_label(scope),
+        )  # fmt: skip
         self.transport.close()
 
     def _discard_ends(self) -> None:
@@ -592,14 +636,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         """Answer ``error`` once every response owed on this connection is sent, then close."""
         self._refusal = error
         self._head_started = None
-        logger.info(
-            "refusing a request at the HTTP layer: %s",
-            error.message,
-            extra={"status": error.status_code, "rule": error.rule, "field": error.field},
-        )
         if self._in_body and self.cycle is not None:
             self._abandon(self.cycle)  # the refused bytes are this request's body: it is the one
         self._refusal_owed = self._error_response(error)
+        self._record(error, len(self._refusal_owed))
         if self._responses_owed():
             self.flow.pause_reading()
         else:
@@ -623,6 +663,34 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             return True
         cycle = self._running
         return cycle is not None and not cycle.response_complete and not cycle.disconnected
+
+    def _record(
+        self,
+        error: TensorbitsError,
+        size_out: int,
+        *,
+        request: bool = True,
+        method: str | None = None,
+        target: str | None = None,
+        route: str = NO_ROUTE,
+    ) -> None:
+        """Log and count ``error``, refused here, as the app's refusals are
+        (``observability.record_http_layer_refusal``): the newest request's method and target
+        where its request line was read ("-" where not), its bytes, its time since it began."""
+        if method is None or target is None:
+            method = target = "-"
+            if self.url:  # the target is read, so the method before it is
+                method = self.parser.get_method().decode("ascii", "replace")
+                target = bounded(self.url.decode("latin-1"), MAX_LOGGED_TARGET)
+        began = self._message_started
+        seconds = 0.0 if began is None else max(self.loop.time() - began, 0.0)
+        client = f"{self.client[0]}:{self.client[1]}" if self.client else ""
+        size_in = max(self._head_parsed, self._head_fed) + self._body_bytes
+        metrics = self.app_state.get(METRICS_STATE)
+        record_http_layer_refusal(
+            metrics, client, method, target, error, seconds, size_in, size_out,
+            route=route, request=request,
+        )  # fmt: skip
 
     def _write_refusal(self) -> None:
         response, self._refusal_owed = self._refusal_owed, None
@@ -668,7 +736,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             # The head pending now began after the one the timer was armed for.
             self._head_timer = self.loop.call_later(remaining, self._check)
             return
-        logger.info("closing a connection whose request head did not arrive in time")
+        if self._message_started is None:  # not a byte of a request: an idle connection
+            logger.info("closing a connection whose request head did not arrive in time")
+        else:
+            self._record(head_read_timeout(self._header_timeout), 0)
         self.transport.close()
 
 

@@ -91,6 +91,14 @@ def note_model(name: str, version: str = "") -> None:
         note.model, note.version = bounded(name), bounded(version, 40)
 
 
+def note_version(version: str) -> None:
+    """The version the call's model is served at, once the model is resolved: the line says it
+    rather than the one the call named (the same, or none for the server's choice)."""
+    note = call_var.get()
+    if note is not None:
+        note.version = bounded(version, 40)
+
+
 def note_refusal(code: str, grpc_status: str, rule: str | None, field: str | None) -> None:
     """The call was refused: the refusal's class, gRPC code name, rule and field."""
     note = call_var.get()

@@ -25,7 +25,12 @@ from tensorbits.core.graphs.models import MODEL_FILES
 from tensorbits.core.models import MODEL_VERSION, ModelStates
 from tensorbits.logs import bounded
 from tensorbits.runtime import Runtime
-from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge, TensorbitsError
+from tensorbits_protocol.errors import (
+    InvalidRequest,
+    ModelUnavailable,
+    PayloadTooLarge,
+    TensorbitsError,
+)
 from tensorbits_protocol.operators import get_operator
 
 logger = logging.getLogger("tensorbits.models")
@@ -63,6 +68,24 @@ def check_file_size(name: str, size: int, runtime: Runtime) -> None:
             "model may have (TENSORBITS_MAX_MODEL_BYTES)",
             field=f"parameters.{name[:100]}",
             rule="max_model_bytes",
+        )
+
+
+# Triton's words for a load or unload in a mode other than explicit.
+NOT_EXPLICIT = "explicit model load / unload is not allowed if polling is enabled"
+
+
+def check_explicit(runtime: Runtime) -> None:
+    """Loads and unloads through the API are the ``explicit`` model control mode's only
+    (Triton's rule): in ``none`` the repository's models are fixed at start, in ``poll`` the
+    folder decides. Refused as a state of the server (FAILED_PRECONDITION over gRPC)."""
+    mode = runtime.settings.model_control_mode
+    if mode != "explicit":
+        raise ModelUnavailable(
+            f"{NOT_EXPLICIT} (the model control mode is {mode!r}: "
+            "TENSORBITS_MODEL_CONTROL_MODE=explicit allows them)",
+            field="model_control_mode",
+            rule="model_control_mode",
         )
 
 
@@ -126,6 +149,7 @@ async def load_model(
 ) -> None:
     """``POST /v2/repository/models/{name}/load`` and RepositoryModelLoad, decoded."""
     plane = runtime.plane
+    check_explicit(runtime)
     if files:
         if config is None:
             raise InvalidRequest(
@@ -177,6 +201,7 @@ async def load_model(
 def unload_model(runtime: Runtime, name: str) -> None:
     """``POST /v2/repository/models/{name}/unload`` and RepositoryModelUnload."""
     plane = runtime.plane
+    check_explicit(runtime)
     if not plane.unload_graph(name):
         name = get_operator(name).name
         plane.models.unload(name)
@@ -185,6 +210,7 @@ def unload_model(runtime: Runtime, name: str) -> None:
 
 
 __all__ = [
+    "check_explicit",
     "check_file_size",
     "check_parameter_names",
     "load_model",

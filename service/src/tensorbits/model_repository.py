@@ -1,5 +1,5 @@
-"""The model repository folder (``TENSORBITS_MODEL_REPOSITORY``), read once at start, in
-Triton's layout::
+"""The model repository folder (``TENSORBITS_MODEL_REPOSITORY``), read at start (and followed
+while serving in poll mode, ``repository_poll.py``), in Triton's layout::
 
     <folder>/<name>/config.pbtxt         the configuration, Triton's protobuf text format
     <folder>/<name>/config.json          ... or the same configuration as JSON
@@ -21,9 +21,10 @@ graph refused) stays listed UNAVAILABLE in the repository index with the reason,
 why, and the others are served. Sizes are checked on the files' metadata before they are read,
 and no read takes more than the bound and a byte.
 
-The folder's names are hostile too (``core/graphs/names.py``, the rule the load API checks): a
-model folder's name that is not a model's name (not UTF-8, a route's segment such as ``stats``,
-a built-in model's) is refused, listed under its name with the bytes that are not UTF-8 written
+A folder whose name starts with ``.`` is not read (a folder being copied in, then renamed; the
+``..data`` of a Kubernetes ConfigMap volume). The folder's names are hostile too
+(``core/graphs/names.py``, the rule the load API checks): a model folder's name that is not a
+model's name (not UTF-8, a route's segment such as ``stats``, a built-in model's) is refused, listed under its name with the bytes that are not UTF-8 written
 ``\\xNN``; a folder named in digits is a version, which is ASCII digits, no leading zero, within
 int64, or the model is refused naming it; and every path read (the model's folder, its
 configuration, its file), resolved through its links, is inside the repository folder, or the
@@ -31,11 +32,20 @@ model is refused without a byte of it read."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from tensorbits.core.dataplane import DataPlane
-from tensorbits.core.graphs.models import Configuration, build, check_name, configuration
+from tensorbits.core.graphs.models import (
+    Configuration,
+    GraphModel,
+    build,
+    check_name,
+    configuration,
+)
 from tensorbits.core.graphs.names import check_version, displayed, looks_like_version
 from tensorbits.core.graphs.triton_config import (
     COMPLETED_ONNX_CONFIG,
@@ -134,7 +144,26 @@ def _config(root: Path, folder: Path) -> str | bytes:
     )
 
 
-def _load_one(plane: DataPlane, root: Path, folder: Path) -> str:
+@dataclass(frozen=True, slots=True)
+class FolderModel:
+    """A model folder read (not built): its configuration, the version served and its file."""
+
+    name: str
+    read: Configuration
+    version: str
+    data: bytes
+
+    @property
+    def digest(self) -> str:
+        """The SHA-256 of what the model is built from: its configuration, version and file."""
+        digest = hashlib.sha256(json.dumps(self.read.document, sort_keys=True).encode())
+        digest.update(f"\0{self.version}\0".encode())
+        digest.update(self.data)
+        return digest.hexdigest()
+
+
+def read_folder(plane: DataPlane, root: Path, folder: Path) -> FolderModel:
+    """Model folder ``folder`` of repository ``root`` (resolved) read under every bound."""
     name = folder.name
     check_name(name, REGISTRY.__contains__)
     _inside(root, folder)
@@ -145,31 +174,66 @@ def _load_one(plane: DataPlane, root: Path, folder: Path) -> str:
     data = _read(
         version / model_file, limits.max_model_bytes, model_file, "TENSORBITS_MAX_MODEL_BYTES"
     )
-    plane.add_graph(build(name, read, data, limits, plane.batch_limits, version.name))
-    return version.name
+    return FolderModel(name, read, version.name, data)
 
 
-def load_repository(plane: DataPlane, root: Path) -> None:
-    """Load every model folder of ``root`` into ``plane``, each on its own (see the module)."""
+def build_folder(plane: DataPlane, read: FolderModel) -> GraphModel:
+    """The graph model of a folder read, built (not served)."""
+    limits, batch_limits = plane.graphs.limits, plane.batch_limits
+    return build(read.name, read.read, read.data, limits, batch_limits, read.version)
+
+
+# What a model folder that cannot be loaded raises: reported, the other models served.
+LOAD_ERRORS = (TensorbitsError, OSError, ValueError)
+
+
+def failure(name: str, exc: Exception) -> str:
+    """Why model ``name`` (as ``displayed``) could not be loaded, in the index's words."""
+    reason = exc.message if isinstance(exc, TensorbitsError) else str(exc)
+    return displayed(f"failed to load '{name}': {reason}")
+
+
+def model_folders(root: Path) -> list[Path]:
+    """The model folders of ``root`` (resolved), by name; a hidden one (``.`` first: a copy
+    under way, Kubernetes' ``..data`` of a ConfigMap volume) is no model's."""
+    return sorted(e for e in root.iterdir() if e.is_dir() and not e.name.startswith("."))
+
+
+def load_repository(plane: DataPlane, root: Path) -> dict[str, str]:
+    """Load every model folder of ``root`` into ``plane``, each on its own (see the module);
+    the ``FolderModel.digest`` of each loaded, by its folder's name."""
     shown = displayed(str(root))
     try:
         root = root.resolve()
-        folders = sorted(entry for entry in root.iterdir() if entry.is_dir())
+        folders = model_folders(root)
     except OSError as exc:
         logger.error("model repository %s cannot be read: %s; no graph model loaded", shown, exc)
-        return
+        return {}
+    loaded = {}
     for folder in folders:
         # Reported under a name every encoder takes (the index's JSON and protobuf, the logs).
         name = displayed(folder.name)
         try:
-            version = _load_one(plane, root, folder)
-        except (TensorbitsError, OSError, ValueError) as exc:
-            reason = exc.message if isinstance(exc, TensorbitsError) else str(exc)
-            reason = displayed(f"failed to load '{name}': {reason}")
+            read = read_folder(plane, root, folder)
+            plane.add_graph(build_folder(plane, read))
+        except LOAD_ERRORS as exc:
+            reason = failure(name, exc)
             plane.graphs.fail(name, reason)
             logger.warning("model repository %s: %s", shown, reason)
             continue
-        logger.info("model repository %s: loaded graph model '%s' version %s", shown, name, version)
+        loaded[folder.name] = read.digest
+        logger.info(
+            "model repository %s: loaded graph model '%s' version %s", shown, name, read.version
+        )
+    return loaded
 
 
-__all__ = ["load_repository"]
+__all__ = [
+    "LOAD_ERRORS",
+    "FolderModel",
+    "build_folder",
+    "failure",
+    "load_repository",
+    "model_folders",
+    "read_folder",
+]

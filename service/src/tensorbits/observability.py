@@ -21,6 +21,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -34,11 +35,19 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 from starlette.routing import Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tensorbits.logs import CallNote, begin_call, call_var, note_model
+from tensorbits.core.models import Model
+from tensorbits.logs import CallNote, begin_call, call_var, note_model, note_refusal
 from tensorbits.runtime import Runtime
+from tensorbits_protocol.errors import TensorbitsError
 from tensorbits_protocol.operators import OPERATORS, REGISTRY
 
 logger = logging.getLogger("tensorbits.access")
+
+# A refusal's rule as the server names its rules (``max_body_bytes``, ``http_syntax``): only
+# such names become label values, at most MAX_RULE_LABELS of them ("other" past it), so the
+# refusals' series stay bounded whatever a rule name were made of.
+RULE_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
+MAX_RULE_LABELS = 256
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
@@ -63,13 +72,16 @@ class RequestTally:
         self.bounds = buckets
         # The exposition's "le" labels: Prometheus writes bucket bounds as floats, then +Inf.
         self.le = [*(str(float(b)) for b in buckets), "+Inf"]
-        # (route, model, status) -> [requests, bytes in, bytes out]
-        self.requests: dict[tuple[str, str, int], list[int]] = {}
+        # (route, model, status, protocol) -> [requests, bytes in, bytes out]
+        self.requests: dict[tuple[str, str, int, str], list[int]] = {}
+        # (protocol, model, status, rule) -> refusals (``refuse``)
+        self.refusals: dict[tuple[str, str, int, str], int] = {}
         self.latency: dict[str, _RouteTally] = {}
         self.share: WorkerShare | None = None  # set by Metrics.create in a worker process
         # Whether a name is a model this server serves (graph models too, once the runtime is
         # bound): only those become label values, so a caller cannot blow up cardinality.
         self.served: Callable[[str], bool] = REGISTRY.__contains__
+        self.rules: set[str] = set()  # the rule label values given so far (``rule_label``)
 
     def model_label(self, name: str) -> str:
         """The ``model`` label of a call naming ``name`` ("" when it names none)."""
@@ -77,10 +89,20 @@ class RequestTally:
             return ""
         return name if self.served(name) else "unknown"
 
-    def add(self, route: str, model: str, status: int, seconds: float, nin: int, nout: int) -> None:
-        counts = self.requests.get((route, model, status))
+    def add(
+        self,
+        route: str,
+        model: str,
+        status: int,
+        seconds: float,
+        nin: int,
+        nout: int,
+        protocol: str = "http",
+    ) -> None:
+        key = (route, model, status, protocol)
+        counts = self.requests.get(key)
         if counts is None:
-            counts = self.requests[(route, model, status)] = [0, 0, 0]
+            counts = self.requests[key] = [0, 0, 0]
         counts[0] += 1
         counts[1] += nin
         counts[2] += nout
@@ -90,10 +112,29 @@ class RequestTally:
         tally.buckets[bisect_left(self.bounds, seconds)] += 1  # le: a bound is inclusive
         tally.seconds += seconds
 
+    def refuse(self, protocol: str, model: str, status: int, rule: str | None) -> None:
+        """Count one refusal (a ``model`` label, ``model_label``'s) under its ``rule``
+        (``rule_label``: the server's own names, bounded)."""
+        key = (protocol, model, status, self.rule_label(rule))
+        self.refusals[key] = self.refusals.get(key, 0) + 1
+
+    def rule_label(self, rule: str | None) -> str:
+        """The ``rule`` label of a refusal's rule: "" for none; a name of the server's own rules
+        (``RULE_NAME``) as it is, up to ``MAX_RULE_LABELS`` of them; anything else "other"."""
+        if rule is None:
+            return ""
+        if rule in self.rules:
+            return rule
+        if len(self.rules) >= MAX_RULE_LABELS or RULE_NAME.fullmatch(rule) is None:
+            return "other"
+        self.rules.add(rule)
+        return rule
+
     def snapshot(self) -> dict[str, Any]:
         """The counts as JSON: what a worker publishes for the others (``WorkerShare``)."""
         return {
             "requests": [[*key, *counts] for key, counts in list(self.requests.items())],
+            "refusals": [[*key, count] for key, count in list(self.refusals.items())],
             "latency": [
                 [route, tally.buckets, tally.seconds] for route, tally in list(self.latency.items())
             ],
@@ -103,15 +144,19 @@ class RequestTally:
         """This tally plus the ``others``' snapshots: a new tally, for one exposition."""
         total = RequestTally(self.bounds)
         total.requests = {key: list(counts) for key, counts in list(self.requests.items())}
+        total.refusals = dict(self.refusals)
         total.latency = {
             route: _RouteTally(list(t.buckets), t.seconds)
             for route, t in list(self.latency.items())
         }
         for snapshot in others:
-            for route, model, status, *counts in snapshot["requests"]:
-                row = total.requests.setdefault((route, model, status), [0, 0, 0])
+            for route, model, status, protocol, *counts in snapshot["requests"]:
+                row = total.requests.setdefault((route, model, status, protocol), [0, 0, 0])
                 for i, count in enumerate(counts):
                     row[i] += count
+            for protocol, model, status, rule, count in snapshot.get("refusals", ()):
+                key = (protocol, model, status, rule)
+                total.refusals[key] = total.refusals.get(key, 0) + count
             for route, buckets, seconds in snapshot["latency"]:
                 tally = total.latency.setdefault(route, _RouteTally([0] * len(buckets)))
                 tally.buckets = [a + b for a, b in zip(tally.buckets, buckets, strict=True)]
@@ -127,24 +172,30 @@ class RequestTally:
 
     def exposition(self) -> Iterator[Metric]:
         requests = CounterMetricFamily(
-            "tensorbits_requests", "requests (HTTP) and calls (gRPC) by route, model and status",
-            labels=["route", "model", "status"],
+            "tensorbits_requests", "requests (HTTP) and calls (gRPC) by route, model, status "
+            "and protocol", labels=["route", "model", "status", "protocol"],
         )  # fmt: skip
         bytes_in = CounterMetricFamily(
-            "tensorbits_request_bytes", "request body bytes received", labels=["route"]
+            "tensorbits_request_bytes", "request body bytes received", labels=["route", "protocol"]
         )
         bytes_out = CounterMetricFamily(
-            "tensorbits_response_bytes", "response body bytes sent", labels=["route"]
+            "tensorbits_response_bytes", "response body bytes sent", labels=["route", "protocol"]
         )
-        per_route: dict[str, list[int]] = {}
-        for (route, model, status), (count, nin, nout) in list(self.requests.items()):
-            requests.add_metric([route, model, str(status)], count)
-            sums = per_route.setdefault(route, [0, 0])
+        refused = CounterMetricFamily(
+            "tensorbits_refusals", "refused requests and calls by protocol, model, status and "
+            "the rule they broke", labels=["protocol", "model", "status", "rule"],
+        )  # fmt: skip
+        per_route: dict[tuple[str, str], list[int]] = {}
+        for (route, model, status, protocol), (count, nin, nout) in list(self.requests.items()):
+            requests.add_metric([route, model, str(status), protocol], count)
+            sums = per_route.setdefault((route, protocol), [0, 0])
             sums[0] += nin
             sums[1] += nout
-        for route, (nin, nout) in per_route.items():
-            bytes_in.add_metric([route], nin)
-            bytes_out.add_metric([route], nout)
+        for (route, protocol), (nin, nout) in per_route.items():
+            bytes_in.add_metric([route, protocol], nin)
+            bytes_out.add_metric([route, protocol], nout)
+        for (protocol, model, status, rule), count in list(self.refusals.items()):
+            refused.add_metric([protocol, model, str(status), rule], count)
         latency = HistogramMetricFamily(
             "tensorbits_request_duration_seconds", "time from request start to last byte",
             labels=["route"],
@@ -152,7 +203,7 @@ class RequestTally:
         for route, tally in list(self.latency.items()):
             cumulative = accumulate(tally.buckets)
             latency.add_metric([route], list(zip(self.le, cumulative, strict=True)), tally.seconds)
-        yield from (requests, latency, bytes_in, bytes_out)
+        yield from (requests, latency, bytes_in, bytes_out, refused)
 
 
 # Set in a worker process before its app is built (``share_with_workers``): where the workers
@@ -248,6 +299,8 @@ class Metrics:
     tally: RequestTally
     inflight_requests: Gauge
     inflight_bytes: Gauge
+    inflight_requests_limit: Gauge
+    inflight_bytes_limit: Gauge
     backend: Gauge
     device_memory: Gauge
     workers: Gauge
@@ -269,6 +322,16 @@ class Metrics:
             inflight_bytes=Gauge(
                 "tensorbits_inflight_bytes", "bytes reserved by admitted requests",
                 registry=registry,
+            ),
+            inflight_requests_limit=Gauge(
+                "tensorbits_inflight_requests_limit", "requests admission lets in flight at "
+                "once (TENSORBITS_MAX_INFLIGHT_REQUESTS: with workers, the sum of their shares)",
+                registry=registry,
+            ),
+            inflight_bytes_limit=Gauge(
+                "tensorbits_inflight_bytes_limit", "bytes admission lets admitted requests "
+                "reserve at once (TENSORBITS_MAX_INFLIGHT_BYTES: with workers, the sum of "
+                "their shares)", registry=registry,
             ),
             backend=Gauge(
                 "tensorbits_backend_info", "the compute backend in use (value 1)",
@@ -302,22 +365,30 @@ class Metrics:
         own: dict[str, Callable[[], float]] = {
             "inflight_requests": lambda: admission.requests_in_flight,
             "inflight_bytes": lambda: admission.bytes_in_flight,
+            # Each worker admits its share of the bounds (``Admission.workers``): summed like
+            # the in-flight figures, the bound those figures are held to.
+            "inflight_requests_limit": lambda: admission.max_requests,
+            "inflight_bytes_limit": lambda: admission.max_bytes,
             "device_memory": lambda: float(backend.memory_in_use() or 0),
         }
         share = self.tally.share
         if share is None:
             self.inflight_requests.set_function(own["inflight_requests"])
             self.inflight_bytes.set_function(own["inflight_bytes"])
+            self.inflight_requests_limit.set_function(own["inflight_requests_limit"])
+            self.inflight_bytes_limit.set_function(own["inflight_bytes_limit"])
             self.device_memory.set_function(own["device_memory"])
             self.workers.set(1)
             return
 
         def summed(name: str) -> Callable[[], float]:
             mine = own[name]
-            return lambda: mine() + sum(d["gauges"][name] for d in share.live_others())
+            return lambda: mine() + sum(d["gauges"].get(name, 0) for d in share.live_others())
 
         self.inflight_requests.set_function(summed("inflight_requests"))
         self.inflight_bytes.set_function(summed("inflight_bytes"))
+        self.inflight_requests_limit.set_function(summed("inflight_requests_limit"))
+        self.inflight_bytes_limit.set_function(summed("inflight_bytes_limit"))
         self.device_memory.set_function(summed("device_memory"))
         self.workers.set_function(lambda: 1 + len(share.live_others()))
         share.start(self.tally, own, runtime.plane.statistics.snapshot)
@@ -343,8 +414,7 @@ class Metrics:
         text = generate_latest(self.registry)
         if runtime is None:
             return text
-        models = [op.name for op in OPERATORS]
-        models += [model.name for model in runtime.plane.graphs.models()]
+        models: list[Model] = [*OPERATORS, *runtime.plane.graphs.models()]
         document = runtime.plane.statistics.response(models, self.other_workers_statistics())
         return text + triton_exposition(document["model_stats"])
 
@@ -410,7 +480,10 @@ def _note_path_model(scope: Scope) -> None:
     model = path.get("model")
     if isinstance(model, str):
         version = path.get("version")
-        note_model(model, version if isinstance(version, str) else "")
+        # The version the model is served at, where the endpoint resolved it (logs.note_version).
+        note = call_var.get()
+        served = note.version if note is not None else ""
+        note_model(model, served or (version if isinstance(version, str) else ""))
 
 
 def _client(scope: Scope) -> str:
@@ -489,6 +562,8 @@ def record_call(
     seconds: float,
     size_in: int,
     size_out: int,
+    *,
+    request: bool = True,
 ) -> None:
     """Count one answered request in ``metrics`` (None: none yet) and write its access-log line,
     whatever its ``protocol`` ("http": this module's middleware; "grpc": a call, or a stream's
@@ -497,13 +572,19 @@ def record_call(
     ("": the one the call in hand noted, ``logs.note_model``) and ``status`` (an HTTP status: a
     gRPC refusal's is its error's, ``errors.STATUSES``) are its labels in /metrics, ``size_in``
     and ``size_out`` its bytes each way. The line says the rest of what the call noted
-    (``logs.CallNote``): its id, client, model, and the refusal's class, rule and field."""
+    (``logs.CallNote``): its id, client, model, and the refusal's class, rule and field; a
+    refusal is counted by its rule too (``tensorbits_refusals_total``). ``request`` False: no
+    request of its own, counted already (a connection cut after its request was answered,
+    ``record_http_layer_refusal``): its refusal is counted and logged, not another request."""
     note = call_var.get()
     if not model and note is not None:
         model = note.model
     if metrics is not None:
         label = metrics.tally.model_label(model)
-        metrics.tally.add(route, label, status, seconds, size_in, size_out)
+        if request:
+            metrics.tally.add(route, label, status, seconds, size_in, size_out, protocol)
+        if note is not None and note.refusal is not None:
+            metrics.tally.refuse(protocol, label, status, note.rule)
     if logger.isEnabledFor(logging.INFO):  # the fields cost a dict per request: only if logged
         shown = protocol_status(protocol, status, note)
         logger.info(
@@ -513,6 +594,47 @@ def record_call(
             shown,
             extra=access_fields(protocol, route, shown, seconds, size_in, size_out, note),
         )
+
+
+# Where a request's route is unknown: the HTTP layer refused it before the app routed it.
+NO_ROUTE = ""
+# The lifespan state key (``app.py``) under which the app hands its metrics to the HTTP layer:
+# uvicorn gives each connection's protocol the lifespan's state (``guarded_protocol.py``).
+METRICS_STATE = "tensorbits.metrics"
+
+
+def record_http_layer_refusal(
+    metrics: Metrics | None,
+    client: str,
+    method: str,
+    target: str,
+    refusal: TensorbitsError,
+    seconds: float,
+    size_in: int,
+    size_out: int,
+    *,
+    route: str = NO_ROUTE,
+    request: bool = True,
+) -> None:
+    """Count and log, as ``record_call`` does the app's, a request the HTTP layer refused
+    before the app saw it (``guarded_protocol.py``: a malformed or oversized head, a head not
+    in time, a body not in time after its answer): a request id of its own, ``client``
+    ("host:port"), ``method`` and ``target`` ("-" where not read), ``refusal``'s class, rule
+    and field. ``request`` False: its request was answered and counted already."""
+    end_call = begin_call(new_request_id(), client)
+    try:
+        note_refusal(refusal.code, refusal.grpc_code, refusal.rule, refusal.field)
+        record_call(
+            metrics, "http", method, target, route, "", refusal.status_code, seconds, size_in,
+            size_out, request=request,
+        )  # fmt: skip
+    finally:
+        end_call()
+
+
+def route_label(scope: Scope) -> str:
+    """The route label of the request ``scope`` is (``_route_label``)."""
+    return _route_label(scope)
 
 
 # A gRPC call's code name by the HTTP status it is counted under, where no refusal was noted

@@ -18,6 +18,7 @@ from tensorbits.core.models import ModelStates
 from tensorbits.header_cache import HeaderCache, PlanT
 from tensorbits.model_repository import load_repository
 from tensorbits.model_store import MODELS, FollowingGraphModels, FollowingModelStates, ModelStore
+from tensorbits.repository_poll import RepositoryPoller
 from tensorbits.shared_memory import SharedMemoryRegions
 from tensorbits_protocol.operators import REGISTRY
 
@@ -72,6 +73,7 @@ class Runtime:
     started: bool = True
     drain: Drain = field(default_factory=Drain)  # the server's: begun when it is told to stop
     store: ModelStore | None = None
+    poller: RepositoryPoller | None = None  # the repository's, in poll mode
 
     @property
     def ready(self) -> bool:
@@ -99,7 +101,10 @@ class Runtime:
         shared = workers_folder is not None
         graphs = FollowingGraphModels if shared else GraphModels
         selection = select_backend(
-            settings.backend, device_id=settings.device_id, cpu_threads=settings.cpu_threads
+            settings.backend,
+            device_id=settings.device_id,
+            cpu_threads=settings.cpu_threads,
+            pinned_pool_bytes=settings.worker_pinned_pool_bytes,
         )
         backend = selection.backend
         limits = settings.core_limits
@@ -134,16 +139,29 @@ class Runtime:
             ),
             models=FollowingModelStates() if shared else ModelStates(),
         )
-        if settings.model_repository is not None:
+        poller = None
+        if settings.model_repository is not None and settings.model_control_mode == "poll":
+            poller = RepositoryPoller.started(
+                plane, settings.model_repository, settings.repository_poll_secs
+            )
+            poller.start()  # on the running event loop (the lifespan's)
+        elif settings.model_repository is not None:
             load_repository(plane, settings.model_repository)
         # The repository folder first, then what the other workers loaded and unloaded since.
         store = ModelStore.join(workers_folder / MODELS, plane) if workers_folder else None
         return cls(
-            settings=settings, selection=selection, plane=plane, drain=drain or Drain(), store=store
+            settings=settings,
+            selection=selection,
+            plane=plane,
+            drain=drain or Drain(),
+            store=store,
+            poller=poller,
         )
 
     def close(self) -> None:
         self.started = False
+        if self.poller is not None:
+            self.poller.close()
         if self.store is not None:
             self.store.close()
         if self.plane.regions is not None:

@@ -27,7 +27,15 @@ from tensorbits.api.body import declared_length, read_body
 from tensorbits.api.deps import RuntimeDep
 from tensorbits.api.load_body import read_load_body
 from tensorbits.api.v2_openapi import ModelName, ModelVersion
-from tensorbits.core.models import MODEL_VERSION, Model, ModelStates, resolve_model, resolve_served
+from tensorbits.core.models import (
+    MODEL_VERSION,
+    Model,
+    ModelStates,
+    resolve_model,
+    resolve_served,
+    version_of,
+)
+from tensorbits.logs import note_version
 from tensorbits.offload import JSON_INLINE_MAX_BYTES, offload
 from tensorbits.runtime import Runtime
 from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
@@ -68,7 +76,9 @@ def _resolve(request: Request, model: str, version: str | None) -> Model:
     runtime = _runtime(request)
     if runtime is None:
         return resolve_model(model, version)
-    return resolve_served(runtime.plane.graphs, model, version)
+    served = resolve_served(runtime.plane.graphs, model, version)
+    note_version(version_of(served))
+    return served
 
 
 # Each path's model, as an endpoint's default for ``op`` (FastAPI's ``Depends`` marker): the
@@ -260,7 +270,8 @@ _UNLOADED: dict[int | str, dict[str, Any]] = {
 # through v2 (model_lifecycle.py), which is what Triton clients see of a model's lifecycle.
 _LIFECYCLE: dict[str, Any] = {
     "response_class": Response,
-    "responses": {**_DONE, **v2_openapi.errors(404, 503)},
+    # 400: loads and unloads refused where the model control mode is not explicit.
+    "responses": {**_DONE, **v2_openapi.errors(400, 404, 503)},
 }
 
 
@@ -281,6 +292,7 @@ _LIFECYCLE: dict[str, Any] = {
 async def repository_model_load(
     model: ModelName, request: Request, runtime: RuntimeDep
 ) -> Response:
+    model_lifecycle.check_explicit(runtime)  # before a byte of the body is read
     bound = load_bounds.max_load_bytes(runtime.settings.max_model_bytes)
     async with runtime.plane.call() as call:
         # Admitted as an inference is: for the body it declares before a byte is read (past the
@@ -350,9 +362,7 @@ _STATS: dict[str, Any] = {
 def _statistics(request: Request, runtime: Runtime, models: list[Model]) -> ModelStatisticsResponse:
     # With several workers, each counts its own: the others' published counts are added in.
     others = request.app.state.metrics.other_workers_statistics()
-    return ModelStatisticsResponse.model_validate(
-        runtime.plane.statistics.response((op.name for op in models), others)
-    )
+    return ModelStatisticsResponse.model_validate(runtime.plane.statistics.response(models, others))
 
 
 @router.get(

@@ -25,9 +25,10 @@ from tensorbits.api import rest_graph, rest_infer, v2_openapi
 from tensorbits.api.admitted import AdmittedRequest
 from tensorbits.api.deps import runtime_of_app
 from tensorbits.api.fastpath import FastRoute
-from tensorbits.core.models import resolve_model, resolve_served
+from tensorbits.core.models import resolve_model, resolve_served, version_of
+from tensorbits.logs import note_version
 from tensorbits.runtime import Runtime
-from tensorbits_protocol import codec
+from tensorbits_protocol import codec, texts
 
 
 class _Planned(Protocol):
@@ -73,11 +74,13 @@ class InferEndpoint:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path_params"]
         version = path.get("version")
+        texts.check_model(path["model"], version)  # as gRPC's wire bounds its fields
         runtime = runtime_of_app(scope["app"])
         plane = runtime.plane
         graph = plane.graphs.get(path["model"])
         if graph is not None:  # a graph model: its own codec, any number of outputs
             resolve_served(plane.graphs, graph.name, version)
+            note_version(graph.version)
             await _through_the_plane(
                 runtime, scope, receive, send, graph.name,
                 partial(
@@ -90,6 +93,7 @@ class InferEndpoint:
             )  # fmt: skip
             return
         op = resolve_model(path["model"], version, plane.graphs)
+        note_version(version_of(op))
         # Before the body is read or admitted: an unloaded model costs the server nothing. Here
         # and not in the planner, whose cached plans would skip the check.
         plane.models.check_loaded(op.name)

@@ -8,6 +8,7 @@ from typing import Literal
 
 from tensorbits.backends.base import Backend, BackendUnavailable
 from tensorbits.backends.numpy_backend import NumpyBackend
+from tensorbits.backends.pinned_pool import DEFAULT_POOL_BYTES
 
 BackendChoice = Literal["auto", "numpy", "cupy"]
 
@@ -33,17 +34,24 @@ def _cupy_hint(exc: BackendUnavailable) -> str:
 
 
 def select_backend(
-    choice: BackendChoice, *, device_id: int = 0, cpu_threads: int | None = None
+    choice: BackendChoice,
+    *,
+    device_id: int = 0,
+    cpu_threads: int | None = None,
+    pinned_pool_bytes: int = DEFAULT_POOL_BYTES,
 ) -> Selection:
     """Build the backend ``choice`` asks for. ``cupy`` fails loudly (BackendUnavailable) when
-    CuPy cannot run; ``auto`` falls back to NumPy and says why."""
+    CuPy cannot run; ``auto`` falls back to NumPy and says why. ``pinned_pool_bytes``: CuPy's
+    host staging (backends/pinned_pool.py)."""
     if choice == "numpy":
         selection = Selection(NumpyBackend(cpu_threads), "numpy backend requested")
     else:
         from tensorbits.backends.cupy_backend import CupyBackend
 
         try:
-            selection = Selection(CupyBackend(device_id), f"{choice}: CUDA device works")
+            selection = Selection(
+                CupyBackend(device_id, pinned_pool_bytes), f"{choice}: CUDA device works"
+            )
         except BackendUnavailable as exc:
             if choice == "cupy":
                 raise BackendUnavailable(_cupy_hint(exc)) from exc

@@ -16,6 +16,7 @@ import numpy as np
 from tensorbits.backends.base import BackendUnavailable
 from tensorbits.backends.cupy_graphs import FusedChain, GraphKernels
 from tensorbits.backends.cupy_wide import WideKernels
+from tensorbits.backends.pinned_pool import DEFAULT_POOL_BYTES, PinnedPool, install
 from tensorbits.cuda_ipc import CupyDeviceMemory
 from tensorbits.kernels import BitOps, DeviceArray, as_kernel_operands, run_kernel
 from tensorbits.shared_memory import DeviceMemory
@@ -58,7 +59,7 @@ class CupyBackend:
     name = "cupy"
     host_memory = False
 
-    def __init__(self, device_id: int = 0) -> None:
+    def __init__(self, device_id: int = 0, pinned_pool_bytes: int = DEFAULT_POOL_BYTES) -> None:
         try:
             cupy = importlib.import_module("cupy")
         except Exception as exc:  # ImportError, or a broken CUDA library raising anything
@@ -71,6 +72,9 @@ class CupyBackend:
             # too (device 0 unless told): every call that allocates or launches enters this.
             self._device = cupy.cuda.Device(device_id)
             self._device.use()
+            # Host-to-device copies stage in a bounded pinned pool, pageable past it (even the
+            # probe's: installed before any copy).
+            self.pinned: PinnedPool = install(cupy, pinned_pool_bytes)
             props = cupy.cuda.runtime.getDeviceProperties(device_id)
             name = props["name"]
             name = name.decode() if isinstance(name, bytes) else str(name)
@@ -171,3 +175,4 @@ class CupyBackend:
 
     def close(self) -> None:
         self._cupy.get_default_memory_pool().free_all_blocks()
+        self.pinned.trim()

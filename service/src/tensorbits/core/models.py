@@ -16,6 +16,13 @@ MODEL_VERSION = "1"
 MODEL_VERSIONS = (MODEL_VERSION,)
 
 
+def version_of(model: Model) -> str:
+    """The version ``model`` is served at: a graph model's own (its repository folder's, as its
+    version policy chose it), a built-in model's ``MODEL_VERSION``. What every answer, the
+    statistics extension, Triton's metric labels and the access log say of it."""
+    return model.version if isinstance(model, GraphModel) else MODEL_VERSION
+
+
 def unserved(name: str, graphs: GraphModels | None) -> OperatorNotFound:
     """The 404 of a name this server does not serve: a graph model unloaded is told so, with
     the way back; any other name is counted against what exists, the graph models too."""
@@ -108,4 +115,5 @@ __all__ = [
     "resolve_model",
     "resolve_served",
     "unserved",
+    "version_of",
 ]

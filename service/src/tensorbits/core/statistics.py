@@ -51,7 +51,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from tensorbits.core.models import MODEL_VERSION
+from tensorbits.core.models import MODEL_VERSION, Model, version_of
 from tensorbits_protocol.operators import OPERATORS
 
 # Slots of one model's tally list (a list of ints, indexed: cheaper than attributes to update).
@@ -199,14 +199,19 @@ class Statistics:
         return tally
 
     def response(
-        self, models: Iterable[str], others: Iterable[Mapping[str, Sequence[int]]] = ()
+        self, models: Iterable[Model], others: Iterable[Mapping[str, Sequence[int]]] = ()
     ) -> dict[str, Any]:
-        """The statistics extension's answer for ``models``, in Triton's JSON form: the protobuf
-        JSON of ``inference.ModelStatisticsResponse`` (gRPC ParseDicts it as it is). ``others``:
-        the ``snapshot``s of the server's other worker processes, added in (a server of one
-        process has none)."""
+        """The statistics extension's answer for ``models`` (each at the version it is served
+        at, ``core.models.version_of``), in Triton's JSON form: the protobuf JSON of
+        ``inference.ModelStatisticsResponse`` (gRPC ParseDicts it as it is). ``others``: the
+        ``snapshot``s of the server's other worker processes, added in (a server of one process
+        has none)."""
         others = list(others)
-        return {"model_stats": [self.model_stats(model, others=others) for model in models]}
+        return {
+            "model_stats": [
+                self.model_stats(model.name, version_of(model), others) for model in models
+            ]
+        }
 
 
 __all__ = ["PHASES", "Statistics"]

@@ -5,8 +5,8 @@ Every call's capacity is bounded before its message is read, and probes share no
 TENSORBITS_MAX_INFLIGHT_REQUESTS), ModelStreamInfer streams one of a stream pool of the same
 size, the other RPCs but the probes one of a small control pool, and each holds it until its
 answer (a stream: until its end); past any, UNAVAILABLE at once. One connection holds at most
-half of the inference pool and half of the stream pool (``connection_share``): a client holding
-calls open without sending them leaves the others slots. ServerLive, ServerReady and
+half of each pool (``connection_share``): a client holding calls open without sending them
+leaves the others slots, for inferences as for RepositoryIndex or ModelConfig. ServerLive, ServerReady and
 ModelReady take no slot: a flood of stalled or oversized calls cannot make a liveness probe
 fail. Every RPC but ModelInfer and ModelStreamInfer takes a message of at most
 ``SMALL_MESSAGE_BYTES`` (protobuf parses it on the event loop).
@@ -31,7 +31,7 @@ SMALL_MESSAGE_BYTES = 64 << 10
 # Calls of the control RPCs (metadata, configuration, statistics, repository, shared memory) in
 # progress at once, stalled ones included.
 CONTROL_SLOTS = 32
-# How much of the inference and stream pools one connection may hold (``connection_share``).
+# How much of each pool one connection may hold (``connection_share``).
 CONNECTION_SHARE_WORDS = "half the pool, rounded up"
 
 
@@ -64,7 +64,9 @@ RPC_RULES: Mapping[str, RpcRule] = {
     "ModelInfer": RpcRule(Pool.INFERENCE, None),
     # One slot for the stream's life, however many messages it carries (``stream``).
     "ModelStreamInfer": RpcRule(Pool.STREAMS, None, streaming=True),
-    # A graph model's file comes with it: TENSORBITS_MAX_BODY_BYTES bounds it, as HTTP's body.
+    # A graph model's file comes with it: bounded by the load's bound as HTTP's load body is
+    # (``load_bounds.max_load_bytes``, from TENSORBITS_MAX_MODEL_BYTES), checked on the message
+    # before anything of it is read; grpcio's receive bound (None here) only caps it.
     "RepositoryModelLoad": RpcRule(Pool.CONTROL, None),
     **{
         rpc: _CONTROL
@@ -141,7 +143,9 @@ def worker_pools(settings: Settings) -> dict[Pool, Slots]:
     return {
         Pool.INFERENCE: Slots(inference, "ModelInfer", inflight, share),
         Pool.STREAMS: Slots(inference, "ModelStreamInfer", inflight, share),
-        Pool.CONTROL: Slots(CONTROL_SLOTS, "metadata and control", "the server's"),
+        Pool.CONTROL: Slots(
+            CONTROL_SLOTS, "metadata and control", "the server's", connection_share(CONTROL_SLOTS)
+        ),
     }
 
 

@@ -22,6 +22,7 @@ protobuf's words, not the INTERNAL that grpcio answers when its own deserializer
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -33,22 +34,23 @@ from google.protobuf.message import DecodeError, Message
 from starlette.concurrency import run_in_threadpool
 
 from tensorbits import auth, load_bounds, model_info, model_lifecycle, refusals
+from tensorbits.core.admission import Admission
 from tensorbits.core.graphs.model_config_pb2 import ModelConfig
 from tensorbits.core.graphs.models import GraphModel
-from tensorbits.core.models import MODEL_VERSION, Model, resolve_model, resolve_served
+from tensorbits.core.models import MODEL_VERSION, Model, resolve_model, resolve_served, version_of
 from tensorbits.deadlines import within_read_deadline
 from tensorbits.grpc import graph_messages, load_wire, messages, streams, wire
 from tensorbits.grpc import inference_pb2 as pb
 from tensorbits.grpc.pools import RPC_RULES, Pool, Slots, worker_pools
 from tensorbits.grpc.status import (
-    REQUEST_ID_KEY,
     Context,
     call_request_id,
     error_metadata,
+    request_id_metadata,
     status_code,
 )
 from tensorbits.grpc.streams import StreamBehaviour
-from tensorbits.logs import begin_call, call_var, note_model, note_request_id
+from tensorbits.logs import begin_call, call_var, note_model, note_request_id, note_version
 from tensorbits.observability import Metrics, record_call
 from tensorbits.offload import JSON_INLINE_MAX_BYTES, offload
 from tensorbits.runtime import Runtime
@@ -81,6 +83,10 @@ RPCS = tuple(
     (method.name, re.sub(r"(?<!^)(?=[A-Z])", "_", method.name).lower())
     for method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods
 )
+
+# The unary RPCs whose answers are made under an admission grant (an inference's output): each
+# stays counted in admission until grpc has sent it (``_carry_until_sent``), as a stream's does.
+CARRIED = frozenset({"ModelInfer"})
 
 M = TypeVar("M", bound=Message)
 Handler = Callable[[bytes], Awaitable[bytes]]
@@ -136,6 +142,7 @@ class InferenceService:
         route = f"/{SERVICE_NAME}/{name}"
         rule = RPC_RULES[name]
         slots = self.pools.get(rule.pool)
+        carried = name in CARRIED
 
         async def answer(
             requests: AsyncIterator[bytes], context: Context, sizes: list[int]
@@ -175,6 +182,8 @@ class InferenceService:
             end_call = begin_call(call_request_id(context), context.peer())
             try:
                 outcome = await answer(requests, context, sizes)
+                if carried and isinstance(outcome, bytes):  # as its grant let go of them
+                    _carry_until_sent(self.runtime.plane.admission, len(outcome))
                 status = 200 if isinstance(outcome, bytes) else outcome.status_code
                 id_metadata = _request_id_metadata()  # the id the call's line names
             finally:
@@ -239,7 +248,9 @@ class InferenceService:
 
     def _resolve(self, name: str, version: str) -> Model:
         note_model(name, version)
-        return resolve_served(self.runtime.plane.graphs, name, _version(version))
+        served = resolve_served(self.runtime.plane.graphs, name, _version(version))
+        note_version(version_of(served))
+        return served
 
     # --- health and metadata ------------------------------------------------------------------
 
@@ -290,7 +301,7 @@ class InferenceService:
             )
         # With several workers, each counts its own: the others' published counts are added in.
         others = self.metrics.other_workers_statistics() if self.metrics is not None else []
-        document = self.runtime.plane.statistics.response((op.name for op in models), others)
+        document = self.runtime.plane.statistics.response(models, others)
         return _message(pb.ModelStatisticsResponse, document).SerializeToString()
 
     # --- model repository ---------------------------------------------------------------------
@@ -320,6 +331,7 @@ class InferenceService:
     async def repository_model_load(self, data: bytes) -> bytes:
         # The load's bound first (HTTP's, api/v2.py), then admitted as HTTP's load is: the
         # message and the copies its decoding makes, held until the answer is sent.
+        model_lifecycle.check_explicit(self.runtime)  # before the message is read
         load_bounds.check_load_size(len(data), self.max_load_bytes)
         async with self.runtime.plane.call() as call:
             call.admit(len(data))
@@ -445,6 +457,7 @@ class InferenceService:
                     graph, message, split, len(data), message_state, streamed=streamed
                 )
             op = resolve_model(message.model_name, _version(message.model_version), plane.graphs)
+        note_version(version_of(op))
         plane.models.check_loaded(op.name)  # every call: a template skips no state
         async with plane.call((op.name,)) as call:
             call.admit(len(data))
@@ -483,6 +496,7 @@ class InferenceService:
         message, then for what its plan holds (``GraphPlan.needed_bytes``)."""
         plane = self.runtime.plane
         resolve_served(plane.graphs, model.name, _version(message.model_version))
+        note_version(model.version)
         async with plane.call((model.name,)) as call:
             call.admit(size)
             request = await call.plan(
@@ -496,12 +510,24 @@ class InferenceService:
             )
 
 
+def _carry_until_sent(admission: Admission, nbytes: int) -> None:
+    """Count a unary call's answer of ``nbytes`` in admission until grpc has sent it, twice
+    (``streams.SENT_COPIES``). The handler returns the answer and grpcio sends it, with the call's
+    status, in one batch that its call's task awaits: the task this handler runs in, whose end
+    (the answer sent, or the call cancelled) lets go of the bytes. Called in the step of the
+    event loop in which the inference's grant was released (``Admission.carry``)."""
+    grant = admission.carry(streams.SENT_COPIES * nbytes)
+    task = asyncio.current_task()
+    if task is None:  # not run by grpcio: nothing holds the answer
+        grant.release()
+    else:
+        task.add_done_callback(lambda _: grant.release())
+
+
 def _request_id_metadata() -> tuple[tuple[str, str], ...]:
     """The trailing metadata that tells the client the id its call was logged under."""
     note = call_var.get()
-    if note is None or not note.request_id.isascii():
-        return ()
-    return ((REQUEST_ID_KEY, note.request_id),)
+    return () if note is None else request_id_metadata(note.request_id)
 
 
 def _load_parts(data: bytes, runtime: Runtime) -> tuple[str, str | None, dict[str, bytes]]:

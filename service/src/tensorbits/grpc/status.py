@@ -8,7 +8,9 @@ percent-encoded UTF-8 as grpc-message is, a plain ASCII name unchanged. ``Contex
 call's context a refusal is aborted through.
 
 Also the call's request id as metadata carries it (``x-request-id``, as HTTP's header), read
-as a call begins and sent back in its trailing metadata.
+as a call begins and sent back in its trailing metadata: a unary call's is the id its line
+names (its request's ``id`` once read), a stream's the id of its call (each message's own id is
+on its answer and its line).
 
 Its own module because both ways a call ends with a refusal read it: a unary call's
 (``service.py``) and a whole stream's (``streams.py``).
@@ -64,4 +66,19 @@ def call_request_id(context: Context) -> str:
     return new_request_id()
 
 
-__all__ = ["REQUEST_ID_KEY", "Context", "call_request_id", "error_metadata", "status_code"]
+def request_id_metadata(request_id: str) -> tuple[tuple[str, str], ...]:
+    """The trailing metadata that tells the client the id its call was logged under (none for
+    an id metadata cannot carry: a request's own ``id`` may be any text)."""
+    if not request_id or not request_id.isascii():
+        return ()
+    return ((REQUEST_ID_KEY, request_id),)
+
+
+__all__ = [
+    "REQUEST_ID_KEY",
+    "Context",
+    "call_request_id",
+    "error_metadata",
+    "request_id_metadata",
+    "status_code",
+]

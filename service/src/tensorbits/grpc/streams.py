@@ -28,7 +28,13 @@ from tensorbits.core.admission import Admission, Grant
 from tensorbits.deadlines import read_deadline_passed
 from tensorbits.grpc import inference_pb2 as pb
 from tensorbits.grpc.pools import Slots
-from tensorbits.grpc.status import Context, call_request_id, error_metadata, status_code
+from tensorbits.grpc.status import (
+    Context,
+    call_request_id,
+    error_metadata,
+    request_id_metadata,
+    status_code,
+)
 from tensorbits.logs import begin_call, begin_part, note_refusal
 from tensorbits.runtime import Runtime
 from tensorbits_protocol.errors import (
@@ -51,6 +57,12 @@ StreamBehaviour = Callable[[AsyncIterator[bytes], Context], Awaitable[None]]
 _WRITE_FAILED: type[Exception] = cygrpc.ExecuteBatchError
 
 
+# The copies of an answer while grpc sends it: the bytes the handler returned, which grpcio
+# holds until its send completes, and the copy grpc's core made of them to send (a unary
+# answer's; a stream's, ``Message.hold``).
+SENT_COPIES = 2
+
+
 class Message:
     """One message of a stream, in flight: its request's id once read (an error's answer
     carries it), whether it is admitted yet (the stream reads no further until then), its
@@ -67,7 +79,9 @@ class Message:
 
     def hold(self, admission: Admission, nbytes: int) -> None:
         """Count the answer's ``nbytes`` in admission until ``end``; not once ended (the
-        stream is gone: the answer is dropped)."""
+        stream is gone: the answer is dropped). Once, not ``SENT_COPIES`` times: a stream's
+        answers wait unsent by the dozen (8 a stream), and counting each twice would carry the
+        count past the bound that admitted them."""
         if not self.ended:
             self.carried = admission.carry(nbytes)
 
@@ -174,12 +188,16 @@ def stream_behaviour(
         started = time.perf_counter()
         peer = context.peer()
         # The stream's id and client, for its lines; each message notes its own (answer_message).
-        # Not reset: the call's task, whose context this is, ends with the stream.
-        begin_call(call_request_id(context), peer)
+        # Not reset: the call's task, whose context this is, ends with the stream. The id is
+        # the call's trailing metadata, however it ends (a refusal's beside its own).
+        call_id = call_request_id(context)
+        begin_call(call_id, peer)
+        id_metadata = request_id_metadata(call_id)
+        context.set_trailing_metadata(id_metadata)
         try:
             slots.take(peer)
         except Overloaded as exc:
-            await _refuse_call(service, context, route, exc, started)
+            await _refuse_call(service, context, route, exc, started, id_metadata)
         flight = _Flight(STREAM_MAX_IN_FLIGHT)
         reader: asyncio.Task[None] | None = None
         try:
@@ -187,7 +205,7 @@ def stream_behaviour(
                 try:
                     service._authenticate(context, route)
                 except Unauthorized as exc:
-                    await _refuse_call(service, context, route, exc, started)
+                    await _refuse_call(service, context, route, exc, started, id_metadata)
             reader = asyncio.create_task(_read_stream(service, name, route, requests, flight))
             while (message := await flight.answers.get()) is not None:
                 assert message.answer is not None
@@ -196,7 +214,7 @@ def stream_behaviour(
             try:
                 await reader  # its end: the client's, or the read deadline's
             except RequestTimeout as exc:
-                await _refuse_call(service, context, route, exc, started)
+                await _refuse_call(service, context, route, exc, started, id_metadata)
         finally:
             flight.end()
             if reader is not None:
@@ -301,13 +319,21 @@ async def answer_message(service: Servicer, route: str, data: bytes, message: Me
 
 
 async def _refuse_call(
-    service: Servicer, context: Context, route: str, refusal: TensorbitsError, started: float
+    service: Servicer,
+    context: Context,
+    route: str,
+    refusal: TensorbitsError,
+    started: float,
+    id_metadata: tuple[tuple[str, str], ...],
 ) -> NoReturn:
-    """End a whole call with ``refusal``'s status, counted and logged as a call."""
+    """End a whole call with ``refusal``'s status, counted and logged as a call, its trailing
+    metadata naming the refusal and the call's id."""
     note_refusal(refusal.code, refusal.grpc_code, refusal.rule, refusal.field)
     service._account(route, refusal.status_code, time.perf_counter() - started, 0, 0)
     await context.abort(
-        status_code(refusal), refusal.message, trailing_metadata=error_metadata(refusal)
+        status_code(refusal),
+        refusal.message,
+        trailing_metadata=error_metadata(refusal) + id_metadata,
     )
     raise AssertionError("context.abort returned")  # it raises
 

@@ -248,6 +248,16 @@ def _varint(
     raise _malformed(root, f"a varint at byte {at} is longer than 10 bytes", root)
 
 
+def _shown_key(view: memoryview, at: int, length: int) -> str:
+    """A parameter's key of ``length`` bytes at ``at`` as a refusal names it (``shown_key``):
+    decoded no further than its shown characters need (4 bytes each at most)."""
+    shown = min(length, 4 * _KEY_CHARS_READ)
+    return shown_key(bytes(view[at : at + shown]).decode(errors="replace"))
+
+
+_KEY_CHARS_READ = 101  # one more than ``shown_key`` keeps: a longer key is shown cut ("...")
+
+
 # The bytes that end a varint: a packed run's values are counted as those bytes, in C.
 _CONTINUATION_BYTES = bytes(range(0x80, 0x100))
 
@@ -402,10 +412,12 @@ class Walk:
                     count = _packed_count(view, rule.form, at, length, most)
                 else:
                     count = 1
+                    if message.keyed and number == MAP_KEY:
+                        key = _shown_key(view, at, length)
+                        if length > MAX_TEXT_BYTES:  # named by its key, as its value would be
+                            raise too_long(f"{path.rpartition('[')[0]}.{key}", length)
                     if rule.form is Form.TEXT and length > MAX_TEXT_BYTES:
                         raise too_long(_named(message, path, rule), length)
-                    if message.keyed and number == MAP_KEY:
-                        key = shown_key(bytes(view[at : at + length]).decode(errors="replace"))
             elif rule.form is Form.VARINTS and wire_type == VARINT:
                 _, at = _varint(view, at, end)
                 length, count = 0, 1

@@ -81,7 +81,9 @@ MODEL_FIELDS: Mapping[str, FieldRule] = MappingProxyType(
             "on the server's own backend"
         ),
         "dynamic_batching": _ignored(
-            f"{NO_MERGING}; merging would change when an answer comes, not what it is"
+            f"{NO_MERGING}; merging would change when an answer comes, not what it is, and "
+            "would not pay: one launch for 16 or 64 small requests saves 4-8% of a request's "
+            "server CPU, the rest being HTTP, parsing and answering (bench/dynamic_batching.py)"
         ),
         "sequence_batching": _refused(
             "a sequence batcher routes a sequence's requests to one instance, feeds the model "

@@ -118,7 +118,7 @@ def build(
     served_version(read.document, [int(version)])  # its version policy serves this version
     program = READERS[read.form](data, limits, batch_limits)
     check_config(read.document, program)
-    answer = model_config(name, program, version, read.form, read.document)
+    answer = model_config(name, program, read.form, read.document)
     return GraphModel(name, program, answer, version)
 
 

@@ -240,6 +240,10 @@ def _integers(message: Message, document: dict[str, Any]) -> None:
                 _integers(sub, entry)
 
 
+# Triton's default version policy, as its configuration answer writes it where none was given.
+DEFAULT_VERSION_POLICY: dict[str, Any] = {"latest": {"num_versions": 1}}
+
+
 def served_version(document: Mapping[str, Any], versions: Sequence[int]) -> int:
     """The version ``document``'s ``version_policy`` serves among ``versions`` (those present,
     at least one): latest (the highest; by default), specific, all; refused where it selects
@@ -424,21 +428,24 @@ def _config_tensor(decl: ValueDecl, batched: bool) -> dict[str, Any]:
 def model_config(
     name: str,
     spec: Declared,
-    version: str,
     form: GraphFormat = ONNX,
     document: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The protobuf JSON of Triton's ModelConfig for the graph model (what the configuration
     routes answer): the honoured fields of its configuration (``document``), completed from the
     file as Triton completes one (its inputs and outputs, its format's platform and backend),
-    and the version served. It loads back as it is."""
+    and its version policy as written (Triton's default, the latest one, where none is): the
+    version served is the answers' and the statistics', not the configuration's, so that the
+    configuration loads back as it is (a load carries its file as version 1: a policy naming
+    the version served would select nothing there)."""
     batch = int((document or {}).get("max_batch_size", 0))
+    policy = (document or {}).get("version_policy") or DEFAULT_VERSION_POLICY
     return {
         "name": name,
         "platform": form.platform,
         "backend": form.backend,
         "max_batch_size": batch,
-        "version_policy": {"specific": {"versions": [int(version)]}},
+        "version_policy": policy,
         "input": [_config_tensor(d, batch > 0) for d in spec.inputs],
         "output": [_config_tensor(d, batch > 0) for d in spec.outputs],
         "parameters": {},
