@@ -21,6 +21,7 @@ import grpc
 import pytest
 from google.protobuf.message import DecodeError
 from support.grpc_live import GrpcServer, serve_grpc
+from support.protobuf_wire import group, nested_groups, tag
 from support.rawhttp import bystander, start_warmed_up
 
 from tensorbits.grpc import inference_pb2 as pb
@@ -106,20 +107,6 @@ def tensor(*parts: bytes) -> bytes:
 
 def repeated(unit: bytes, size: int) -> bytes:
     return unit * (size // len(unit))
-
-
-def tag(number: int, wire_type: int) -> bytes:
-    return wire.encode_varint(number << 3 | wire_type)
-
-
-def group(number: int, fields: bytes) -> bytes:
-    """An unknown group (wire types 3 and 4, proto2's) of field ``number`` holding ``fields``."""
-    return tag(number, wire.START_GROUP) + fields + tag(number, wire.END_GROUP)
-
-
-def nested_groups(depth: int) -> bytes:
-    """Groups of field 99, ``depth`` of them each inside the one before, the innermost empty."""
-    return tag(99, wire.START_GROUP) * depth + tag(99, wire.END_GROUP) * depth
 
 
 # name -> (message of about ``size`` bytes, code, field, rule)

@@ -5,39 +5,18 @@ refuses what breaks a bound or the encoding."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-from typing import cast
-
 import pytest
 from google.protobuf.message import DecodeError
+from support.protobuf_wire import group, nested_groups, tag
+from support.repository_load import load_runtime
 
 from tensorbits.grpc import inference_pb2 as pb
 from tensorbits.grpc import load_wire, wire
-from tensorbits.runtime import Runtime
 from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
 
-RUNTIME = cast(
-    Runtime,
-    SimpleNamespace(
-        plane=SimpleNamespace(
-            graphs=SimpleNamespace(limits=SimpleNamespace(max_model_bytes=1 << 20))
-        )
-    ),
-)
+RUNTIME = load_runtime(1 << 20)
 FILE = "file:1/model.onnx"
 field = wire.len_field
-
-
-def tag(number: int, wire_type: int) -> bytes:
-    return wire.encode_varint(number << 3 | wire_type)
-
-
-def group(number: int, fields: bytes) -> bytes:
-    return tag(number, wire.START_GROUP) + fields + tag(number, wire.END_GROUP)
-
-
-def nested_groups(depth: int) -> bytes:
-    return tag(99, wire.START_GROUP) * depth + tag(99, wire.END_GROUP) * depth
 
 
 # One unknown field of each wire type, groups holding fields, groups nested to the bound.

@@ -5,24 +5,15 @@ from __future__ import annotations
 
 import base64
 import json
-from types import SimpleNamespace
-from typing import cast
 
 import pytest
+from support.repository_load import load_runtime
 
 from tensorbits.api import load_body
 from tensorbits.grpc import load_wire
-from tensorbits.runtime import Runtime
 from tensorbits_protocol import jsondata
 
-RUNTIME = cast(
-    Runtime,
-    SimpleNamespace(
-        plane=SimpleNamespace(
-            graphs=SimpleNamespace(limits=SimpleNamespace(max_model_bytes=1 << 20))
-        )
-    ),
-)
+RUNTIME = load_runtime(1 << 20)
 FILE = "file:1/model.onnx"
 DATA = bytes(range(256)) * 40  # its base64 holds "/" and "+"
 CONFIG = json.dumps({"backend": "onnxruntime", "name": 'a\\"b'})

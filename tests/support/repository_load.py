@@ -9,7 +9,10 @@ import json
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
+
+from tensorbits.runtime import Runtime
 
 
 def load_parameters(config: str, files: Mapping[str, bytes]) -> dict[str, str]:
@@ -33,3 +36,12 @@ def http_load(
             return response.status, {}
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read() or b"{}")
+
+
+def load_runtime(max_model_bytes: int) -> Runtime:
+    """A stand-in of the runtime a load's reading consults, in process: its model-file bound
+    (``TENSORBITS_MAX_MODEL_BYTES``) and nothing else."""
+    limits = SimpleNamespace(max_model_bytes=max_model_bytes)
+    return cast(
+        Runtime, SimpleNamespace(plane=SimpleNamespace(graphs=SimpleNamespace(limits=limits)))
+    )
