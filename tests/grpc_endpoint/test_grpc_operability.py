@@ -133,7 +133,14 @@ def test_busy_grpc_port_is_one_line() -> None:
 def _requests_counted(server: GrpcServer, route: str, status: int, model: str = "") -> float:
     with urllib.request.urlopen(f"{server.http.base_url}/metrics", timeout=10) as response:
         text = response.read().decode()
-    labels = {"route": route, "model": model, "status": str(status), "protocol": "grpc"}
+    version = "1" if model not in ("", "unknown") else ""  # the version served, if any
+    labels = {
+        "route": route,
+        "model": model,
+        "version": version,
+        "status": str(status),
+        "protocol": "grpc",
+    }
     return sum(
         sample.value
         for family in text_string_to_metric_families(text)

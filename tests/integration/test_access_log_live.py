@@ -190,8 +190,8 @@ def test_inferences_count_under_their_model_alike_on_both_protocols() -> None:
             assert all(f'protocol="{side}"' in x for x in infer if "nfer" in x), infer
     assert counted["grpc"] == counted["http"], counted
     assert counted["http"] == {
-        f'model="{NOT}",status="200"': 2.0,
-        f'model="{NOT}",status="400"': 1.0,
+        f'model="{NOT}",status="200",version="1"': 2.0,
+        f'model="{NOT}",status="400",version="1"': 1.0,
     }
 
 

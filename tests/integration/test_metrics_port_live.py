@@ -58,7 +58,7 @@ def test_metrics_port_serves_metrics_without_a_key(workers: int) -> None:
             assert reply.status == 200, reply.body[:300]
         key = (
             f'tensorbits_requests_total{{model="{NOT}",'
-            'protocol="http",route="/v2/models/{model}/infer",status="200"}'
+            'protocol="http",route="/v2/models/{model}/infer",status="200",version="1"}'
         )
         metrics_url = f"http://127.0.0.1:{metrics_port}"
         samples = settled_metric_samples(metrics_url, lambda s: s.get(key) == 6, 15)

@@ -79,6 +79,12 @@ def test_statistics_metrics_and_answers_say_the_version_served(
     assert f'nv_inference_request_success{{model="{MODEL}",version="2"}}' in success, success
     assert not [k for k in success if f'model="{MODEL}"' in k and 'version="2"' not in k]
     assert f'nv_inference_request_success{{model="{NOT}",version="1"}}' in success
+    # The server's own series name it too, on both protocols.
+    counted = {k for k in samples if k.startswith("tensorbits_requests_total{") and MODEL in k}
+    assert {('protocol="http"' in k, 'version="2"' in k) for k in counted} == {
+        (True, True),
+        (False, True),
+    }, counted
 
     lines = _access_lines(log, {"v-http", "v-grpc"})
     assert {lines[i]["version"] for i in ("v-http", "v-grpc")} == {"2"}, lines

@@ -142,7 +142,7 @@ def test_metrics_add_up_across_the_workers() -> None:
         assert len(served_by) == 2, "one worker served every connection"
         key = (
             'tensorbits_requests_total{model="DML_OPERATOR_ELEMENT_WISE_BIT_NOT",'
-            'protocol="http",route="/v2/models/{model}/infer",status="200"}'
+            'protocol="http",route="/v2/models/{model}/infer",status="200",version="1"}'
         )
         # Triton's per-model series too, from the workers' inference statistics.
         triton = f'nv_inference_request_success{{model="{NOT}",version="1"}}'

@@ -95,10 +95,10 @@ def test_one_call_is_counted_and_logged_once_whatever_the_protocol(
         note_refusal("unauthorized", "UNAUTHENTICATED", "api_key", "authorization")
         record_call(metrics, "grpc", "gRPC", "/svc/X", "/svc/X", "", 401, 0.001, 0, 0)
         end()
-    assert metrics.tally.requests[("/v2", "", 200, "http")] == [1, 0, 10]
-    assert metrics.tally.requests[("/svc/X", "", 401, "grpc")] == [1, 0, 0]
+    assert metrics.tally.requests[("/v2", "", 200, "http", "")] == [1, 0, 10]
+    assert metrics.tally.requests[("/svc/X", "", 401, "grpc", "")] == [1, 0, 0]
     # The refused call counted by its rule too; the answered one is no refusal.
-    assert metrics.tally.refusals == {("grpc", "", 401, "api_key"): 1}
+    assert metrics.tally.refusals == {("grpc", "", 401, "api_key", ""): 1}
     lines = [r for r in caplog.records if r.name == "tensorbits.access"]
     # Each status as its protocol says it: HTTP's code, gRPC's code name.
     assert [r.getMessage() for r in lines] == ["GET /v2 200", "gRPC /svc/X UNAUTHENTICATED"]

@@ -50,13 +50,21 @@ def test_metrics_count_each_kind_of_request(client: TestClient) -> None:
     samples = _samples(client)
     infer = "/v2/models/{model}/infer"
 
-    def requests(route: str, model: str, status: str) -> float:
-        labels = (("model", model), ("protocol", "http"), ("route", route), ("status", status))
+    def requests(route: str, model: str, status: str, version: str = "") -> float:
+        labels = (
+            ("model", model),
+            ("protocol", "http"),
+            ("route", route),
+            ("status", status),
+            ("version", version),
+        )
         return samples.get(("tensorbits_requests_total", labels), 0.0)
 
-    assert requests(infer, NOT, "200") == 1
-    assert requests(infer, NOT, "400") == 1
-    assert requests(infer, "unknown", "404") == 1  # caller-chosen names never become labels
+    # A served model's calls under the version it is served at; caller-chosen names never
+    # become labels (nor versions).
+    assert requests(infer, NOT, "200", "1") == 1
+    assert requests(infer, NOT, "400", "1") == 1
+    assert requests(infer, "unknown", "404") == 1
     assert requests("/v2/health/live", "", "200") == 1
     assert requests("/v1/operators", "", "200") == 1
     received = samples[("tensorbits_request_bytes_total", (("protocol", "http"), ("route", infer)))]
@@ -102,8 +110,8 @@ def test_a_drain_is_the_apps_own() -> None:
 def test_request_tally_exports_counters_and_a_cumulative_histogram() -> None:
     tally = RequestTally(buckets=(0.1, 1.0))
     for seconds in (0.05, 0.1, 0.5, 2.0):  # a bound is inclusive ("le"): 0.1 is in the first
-        tally.add("/r", "m", 200, seconds, 3, 5)
-    tally.add("/r", "m", 400, 0.01, 1, 1)
+        tally.add("/r", "m", 200, seconds, 3, 5, version="2")
+    tally.add("/r", "m", 400, 0.01, 1, 1, version="2")
     registry = CollectorRegistry()
     registry.register(tally)
     samples = {
@@ -113,8 +121,8 @@ def test_request_tally_exports_counters_and_a_cumulative_histogram() -> None:
     }
     route = (("route", "/r"),)
     by = (("model", "m"), ("protocol", "http"), *route)
-    assert samples[("tensorbits_requests_total", (*by, ("status", "200")))] == 4
-    assert samples[("tensorbits_requests_total", (*by, ("status", "400")))] == 1
+    assert samples[("tensorbits_requests_total", (*by, ("status", "200"), ("version", "2")))] == 4
+    assert samples[("tensorbits_requests_total", (*by, ("status", "400"), ("version", "2")))] == 1
     assert samples[("tensorbits_request_bytes_total", (("protocol", "http"), *route))] == 13
     assert samples[("tensorbits_response_bytes_total", (("protocol", "http"), *route))] == 21
     buckets = {le: samples[("tensorbits_request_duration_seconds_bucket", (("le", le), *route))]
@@ -126,16 +134,16 @@ def test_request_tally_exports_counters_and_a_cumulative_histogram() -> None:
 
 def test_refusals_count_by_rule_under_bounded_label_values() -> None:
     tally = RequestTally()
-    tally.refuse("http", "m", 413, "max_body_bytes")
-    tally.refuse("http", "m", 413, "max_body_bytes")
-    tally.refuse("grpc", "m", 400, 'not a rule name {"x"}')
+    tally.refuse("http", "m", 413, "max_body_bytes", "1")
+    tally.refuse("http", "m", 413, "max_body_bytes", "1")
+    tally.refuse("grpc", "m", 400, 'not a rule name {"x"}', "1")
     tally.refuse("grpc", "", 404, None)
     for i in range(MAX_RULE_LABELS + 10):
-        tally.refuse("http", "m", 400, f"rule_{i}")
-    assert tally.refusals[("http", "m", 413, "max_body_bytes")] == 2
-    assert tally.refusals[("grpc", "m", 400, "other")] == 1
-    assert tally.refusals[("grpc", "", 404, "")] == 1
-    rules = {rule for _, _, _, rule in tally.refusals}
+        tally.refuse("http", "m", 400, f"rule_{i}", "1")
+    assert tally.refusals[("http", "m", 413, "max_body_bytes", "1")] == 2
+    assert tally.refusals[("grpc", "m", 400, "other", "1")] == 1
+    assert tally.refusals[("grpc", "", 404, "", "")] == 1
+    rules = {rule for _, _, _, rule, _ in tally.refusals}
     assert len(rules) == MAX_RULE_LABELS + 2  # the names up to the bound, then "other"; ""
     # Another worker's refusals add up in a scrape.
     total = RequestTally().merged([json.loads(json.dumps(tally.snapshot()))])

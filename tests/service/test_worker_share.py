@@ -58,7 +58,9 @@ def test_a_scrape_adds_up_every_workers_tally(tmp_path: Path) -> None:
         text = generate_latest(metrics.registry).decode()
     finally:
         runtime.close()
-    requests = 'tensorbits_requests_total{model="",protocol="http",route="/r",status="200"}'
+    requests = (
+        'tensorbits_requests_total{model="",protocol="http",route="/r",status="200",version=""}'
+    )
     assert _value(text, requests) == 8
     assert _value(text, 'tensorbits_request_bytes_total{protocol="http",route="/r"}') == 1 + 70
     count = 'tensorbits_request_duration_seconds_count{route="/r"}'
@@ -83,6 +85,6 @@ def test_a_worker_publishes_its_figures_atomically(tmp_path: Path) -> None:
     assert document["pid"] == os.getpid()
     assert document["gauges"] == {"inflight_requests": 4.0}
     assert document["statistics"] == {"m": [1, 2]}
-    assert document["tally"]["requests"] == [["/r", "m", 503, "http", 1, 7, 9]]
+    assert document["tally"]["requests"] == [["/r", "m", 503, "http", "", 1, 7, 9]]
     assert not list(tmp_path.glob("*.partial"))
     assert share.others() == []  # its own file is not another worker's

@@ -35,7 +35,7 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 from starlette.routing import Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tensorbits.core.models import Model
+from tensorbits.core.models import MODEL_VERSION, Model
 from tensorbits.logs import CallNote, begin_call, call_var, note_model, note_refusal
 from tensorbits.runtime import Runtime
 from tensorbits_protocol.errors import TensorbitsError
@@ -60,6 +60,11 @@ class _RouteTally:
     seconds: float = 0.0
 
 
+def _builtin_version(name: str) -> str | None:
+    """The version a built-in model (an operator) is served at; None for any other name."""
+    return MODEL_VERSION if name in REGISTRY else None
+
+
 class RequestTally:
     """Per-request counts as plain ints and floats, exported by ``collect`` at scrape time.
 
@@ -72,22 +77,25 @@ class RequestTally:
         self.bounds = buckets
         # The exposition's "le" labels: Prometheus writes bucket bounds as floats, then +Inf.
         self.le = [*(str(float(b)) for b in buckets), "+Inf"]
-        # (route, model, status, protocol) -> [requests, bytes in, bytes out]
-        self.requests: dict[tuple[str, str, int, str], list[int]] = {}
-        # (protocol, model, status, rule) -> refusals (``refuse``)
-        self.refusals: dict[tuple[str, str, int, str], int] = {}
+        # (route, model, status, protocol, version) -> [requests, bytes in, bytes out]
+        self.requests: dict[tuple[str, str, int, str, str], list[int]] = {}
+        # (protocol, model, status, rule, version) -> refusals (``refuse``)
+        self.refusals: dict[tuple[str, str, int, str, str], int] = {}
         self.latency: dict[str, _RouteTally] = {}
         self.share: WorkerShare | None = None  # set by Metrics.create in a worker process
-        # Whether a name is a model this server serves (graph models too, once the runtime is
-        # bound): only those become label values, so a caller cannot blow up cardinality.
-        self.served: Callable[[str], bool] = REGISTRY.__contains__
+        # The version a name's model is served at, None where it names no model this server
+        # serves (graph models too, once the runtime is bound): only served models and their
+        # versions become label values, so a caller cannot blow up cardinality.
+        self.served_version: Callable[[str], str | None] = _builtin_version
         self.rules: set[str] = set()  # the rule label values given so far (``rule_label``)
 
-    def model_label(self, name: str) -> str:
-        """The ``model`` label of a call naming ``name`` ("" when it names none)."""
+    def model_label(self, name: str) -> tuple[str, str]:
+        """The ``model`` and ``version`` labels of a call naming ``name``: the model and the
+        version it is served at; ("", "") when it names none, ("unknown", "") one not served."""
         if not name:
-            return ""
-        return name if self.served(name) else "unknown"
+            return "", ""
+        version = self.served_version(name)
+        return (name, version) if version is not None else ("unknown", "")
 
     def add(
         self,
@@ -98,8 +106,9 @@ class RequestTally:
         nin: int,
         nout: int,
         protocol: str = "http",
+        version: str = "",
     ) -> None:
-        key = (route, model, status, protocol)
+        key = (route, model, status, protocol, version)
         counts = self.requests.get(key)
         if counts is None:
             counts = self.requests[key] = [0, 0, 0]
@@ -112,10 +121,12 @@ class RequestTally:
         tally.buckets[bisect_left(self.bounds, seconds)] += 1  # le: a bound is inclusive
         tally.seconds += seconds
 
-    def refuse(self, protocol: str, model: str, status: int, rule: str | None) -> None:
-        """Count one refusal (a ``model`` label, ``model_label``'s) under its ``rule``
-        (``rule_label``: the server's own names, bounded)."""
-        key = (protocol, model, status, self.rule_label(rule))
+    def refuse(
+        self, protocol: str, model: str, status: int, rule: str | None, version: str = ""
+    ) -> None:
+        """Count one refusal (``model`` and ``version`` labels, ``model_label``'s) under its
+        ``rule`` (``rule_label``: the server's own names, bounded)."""
+        key = (protocol, model, status, self.rule_label(rule), version)
         self.refusals[key] = self.refusals.get(key, 0) + 1
 
     def rule_label(self, rule: str | None) -> str:
@@ -150,12 +161,14 @@ class RequestTally:
             for route, t in list(self.latency.items())
         }
         for snapshot in others:
-            for route, model, status, protocol, *counts in snapshot["requests"]:
-                row = total.requests.setdefault((route, model, status, protocol), [0, 0, 0])
+            for route, model, status, protocol, version, *counts in snapshot["requests"]:
+                row = total.requests.setdefault(
+                    (route, model, status, protocol, version), [0, 0, 0]
+                )
                 for i, count in enumerate(counts):
                     row[i] += count
-            for protocol, model, status, rule, count in snapshot.get("refusals", ()):
-                key = (protocol, model, status, rule)
+            for protocol, model, status, rule, version, count in snapshot.get("refusals", ()):
+                key = (protocol, model, status, rule, version)
                 total.refusals[key] = total.refusals.get(key, 0) + count
             for route, buckets, seconds in snapshot["latency"]:
                 tally = total.latency.setdefault(route, _RouteTally([0] * len(buckets)))
@@ -172,8 +185,9 @@ class RequestTally:
 
     def exposition(self) -> Iterator[Metric]:
         requests = CounterMetricFamily(
-            "tensorbits_requests", "requests (HTTP) and calls (gRPC) by route, model, status "
-            "and protocol", labels=["route", "model", "status", "protocol"],
+            "tensorbits_requests", "requests (HTTP) and calls (gRPC) by route, model, the "
+            "version served, status and protocol",
+            labels=["route", "model", "version", "status", "protocol"],
         )  # fmt: skip
         bytes_in = CounterMetricFamily(
             "tensorbits_request_bytes", "request body bytes received", labels=["route", "protocol"]
@@ -182,20 +196,23 @@ class RequestTally:
             "tensorbits_response_bytes", "response body bytes sent", labels=["route", "protocol"]
         )
         refused = CounterMetricFamily(
-            "tensorbits_refusals", "refused requests and calls by protocol, model, status and "
-            "the rule they broke", labels=["protocol", "model", "status", "rule"],
+            "tensorbits_refusals", "refused requests and calls by protocol, model, the version "
+            "served, status and the rule they broke",
+            labels=["protocol", "model", "version", "status", "rule"],
         )  # fmt: skip
         per_route: dict[tuple[str, str], list[int]] = {}
-        for (route, model, status, protocol), (count, nin, nout) in list(self.requests.items()):
-            requests.add_metric([route, model, str(status), protocol], count)
+        for (route, model, status, protocol, version), (count, nin, nout) in list(
+            self.requests.items()
+        ):
+            requests.add_metric([route, model, version, str(status), protocol], count)
             sums = per_route.setdefault((route, protocol), [0, 0])
             sums[0] += nin
             sums[1] += nout
         for (route, protocol), (nin, nout) in per_route.items():
             bytes_in.add_metric([route, protocol], nin)
             bytes_out.add_metric([route, protocol], nout)
-        for (protocol, model, status, rule), count in list(self.refusals.items()):
-            refused.add_metric([protocol, model, str(status), rule], count)
+        for (protocol, model, status, rule, version), count in list(self.refusals.items()):
+            refused.add_metric([protocol, model, version, str(status), rule], count)
         latency = HistogramMetricFamily(
             "tensorbits_request_duration_seconds", "time from request start to last byte",
             labels=["route"],
@@ -359,7 +376,12 @@ class Metrics:
         """Gauges read live from the runtime at scrape time."""
         backend = runtime.selection.backend
         graphs = runtime.plane.graphs
-        self.tally.served = lambda name: name in REGISTRY or graphs.get(name) is not None
+
+        def served_version(name: str) -> str | None:
+            graph = graphs.get(name)
+            return graph.version if graph is not None else _builtin_version(name)
+
+        self.tally.served_version = served_version
         self.backend.labels(backend.name, backend.device, runtime.selection.reason).set(1)
         admission = runtime.plane.admission
         own: dict[str, Callable[[], float]] = {
@@ -580,11 +602,11 @@ def record_call(
     if not model and note is not None:
         model = note.model
     if metrics is not None:
-        label = metrics.tally.model_label(model)
+        label, version = metrics.tally.model_label(model)
         if request:
-            metrics.tally.add(route, label, status, seconds, size_in, size_out, protocol)
+            metrics.tally.add(route, label, status, seconds, size_in, size_out, protocol, version)
         if note is not None and note.refusal is not None:
-            metrics.tally.refuse(protocol, label, status, note.rule)
+            metrics.tally.refuse(protocol, label, status, note.rule, version)
     if logger.isEnabledFor(logging.INFO):  # the fields cost a dict per request: only if logged
         shown = protocol_status(protocol, status, note)
         logger.info(
