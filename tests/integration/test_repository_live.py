@@ -131,8 +131,12 @@ def test_a_hostile_repository_folder_is_listed_and_the_server_serves_on(
             assert state == "UNAVAILABLE"
             assert reason.startswith(f"failed to load '{name}': "), reason
             assert rule in reason, reason
-        config = client.get_model_config(LARGEST).config
-        assert list(config.version_policy.specific.versions) == [(1 << 63) - 1]
+        # The largest version a folder may have: served, and answered as an int64 everywhere.
+        largest = str((1 << 63) - 1)
+        assert client.get_model_config(LARGEST).config.name == LARGEST  # no INTERNAL
+        assert list(client.get_model_metadata(LARGEST).versions) == [largest]
+        (stats,) = client.get_inference_statistics(LARGEST).model_stats
+        assert stats.version == largest
         assert client.get_inference_statistics().model_stats  # every model's, no INTERNAL
         assert client.is_model_ready(GOOD)
     finally:
