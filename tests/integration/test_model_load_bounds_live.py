@@ -180,6 +180,36 @@ BOUND = max_load_bytes(MODEL_BYTES)
 MAXIMAL_FILE = bytes(range(256)) * (MODEL_BYTES // 256)
 
 
+def sent_under_probes(
+    server: GrpcServer,
+    load: grpc.UnaryUnaryMultiCallable[bytes, bytes],
+    body: bytes,
+    message: bytes,
+    *,
+    probes_answered: bool = False,
+) -> list[Any]:
+    """The same load sent as HTTP ``body`` then as gRPC ``message``, each while both ports are
+    probed: the answers, each load's memory held within 4 x its size + 48 MiB, and the probes
+    answered meanwhile (``probes_answered``: at least once on each port, during a long load)."""
+    answers = []
+    for send, size in (
+        (lambda: http_raw(server.http, body), len(body)),
+        (lambda: grpc_call(load, message), len(message)),
+    ):
+        quiet = quiet_probes(server, 2)
+        before = server.http.reset_peak_rss()
+        with Probes(server) as probes:
+            began = time.perf_counter()
+            answers.append(send())
+            took = time.perf_counter() - began
+        grew = server.http.peak_rss() - before
+        assert grew < 4 * size + 48 * MiB, (grew / MiB, size / MiB)
+        if probes_answered:
+            assert min(probes.answers.values()) > 0, probes.answers
+        assert_answered_meanwhile(probes, took, quiet)
+    return answers
+
+
 def test_a_load_past_the_bound_is_refused_alike_before_it_is_read(
     server: GrpcServer, load: grpc.UnaryUnaryMultiCallable[bytes, bytes]
 ) -> None:
@@ -199,21 +229,7 @@ def test_a_maximal_load_is_decoded_off_the_loop_and_refused_within_the_memory_bo
     body = http_body({"config": CONFIG, FILE: base64.b64encode(MAXIMAL_FILE).decode()})
     assert len(body) <= BOUND
     message = grpc_message({"config": CONFIG, FILE: MAXIMAL_FILE})
-    answers = []
-    for send, size in (
-        (lambda: http_raw(server.http, body), len(body)),
-        (lambda: grpc_call(load, message), len(message)),
-    ):
-        quiet = quiet_probes(server, 2)
-        before = server.http.reset_peak_rss()
-        with Probes(server) as probes:
-            began = time.perf_counter()
-            answers.append(send())
-            took = time.perf_counter() - began
-        grew = server.http.peak_rss() - before
-        assert grew < 4 * size + 48 * MiB, (grew / MiB, size / MiB)
-        assert min(probes.answers.values()) > 0, probes.answers
-        assert_answered_meanwhile(probes, took, quiet)
+    answers = sent_under_probes(server, load, body, message, probes_answered=True)
     (status, error), (code, details) = answers
     assert status == 400, error
     assert code == grpc.StatusCode.INVALID_ARGUMENT, details
@@ -263,20 +279,7 @@ def test_a_flood_of_parameters_is_refused_alike_on_the_bytes(
     entries = b"".join(field(3, field(1, b"k%d" % i) + field(2, b"")) for i in range(FLOOD_KEYS))
     message = field(2, b"chained") + entries
     body = b'{"parameters": {' + b",".join(b'"k%d": ""' % i for i in range(FLOOD_KEYS)) + b"}}"
-    answers = []
-    for send, size in (
-        (lambda: http_raw(server.http, body), len(body)),
-        (lambda: grpc_call(load, message), len(message)),
-    ):
-        quiet = quiet_probes(server, 2)
-        before = server.http.reset_peak_rss()
-        with Probes(server) as probes:
-            began = time.perf_counter()
-            answers.append(send())
-            took = time.perf_counter() - began
-        grew = server.http.peak_rss() - before
-        assert grew < 4 * size + 48 * MiB, (grew / MiB, size / MiB)
-        assert_answered_meanwhile(probes, took, quiet)
+    answers = sent_under_probes(server, load, body, message)
     (status, error), (code, details) = answers
     assert status == 413, error
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
