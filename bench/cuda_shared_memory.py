@@ -82,7 +82,7 @@ def unavailable() -> str | None:
 @contextlib.contextmanager
 def cupy_server(n: int) -> Iterator[tuple[str, str]]:
     """``tensorbits serve`` on the CuPy backend with CUDA shared memory; (HTTP, gRPC) as
-    ``host:port``. Started with this interpreter (``-m tensorbits.cli``): a GPU machine given
+    ``host:port``. Started with this interpreter (``-m tensorbits.server.cli``): a GPU machine given
     the source tree on PYTHONPATH has no ``tensorbits`` script."""
     port, grpc_port = free_port(), free_port()
     env = {
@@ -95,7 +95,7 @@ def cupy_server(n: int) -> Iterator[tuple[str, str]]:
         "TENSORBITS_MAX_BODY_BYTES": str(n + MiB),
         "TENSORBITS_MAX_INFLIGHT_BYTES": str(max(2 * GiB, 4 * n)),
     }
-    argv = [sys.executable, "-m", "tensorbits.cli", "serve", "--port", str(port)]
+    argv = [sys.executable, "-m", "tensorbits.server.cli", "serve", "--port", str(port)]
     with server(argv, f"http://127.0.0.1:{port}/v2/health/ready", env, START_TIMEOUT_S):
         yield f"127.0.0.1:{port}", f"127.0.0.1:{grpc_port}"
 
@@ -131,7 +131,7 @@ class Contestants:
         self.x.set(self.x_host)
         self.staged = self.x.copy()  # d2d-in-out copies it in: the input region keeps its bytes
         self.copied_out = cupy.empty_like(self.y)
-        from tensorbits.backends import select_backend
+        from tensorbits.core.backends import select_backend
         from tensorbits.core.engine import validate_arrays
 
         self.core = select_backend("cupy", device_id=DEVICE).backend

@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.harness import ROOT, best_per_call, free_port, wait_until_up
 from bench.http_service import NOT, v2_binary_request
-from tensorbits.backends.numpy_backend import NumpyBackend
+from tensorbits.core.backends.numpy_backend import NumpyBackend
 from tensorbits.core.engine import run_call, validate_arrays
 from tensorbits.core.graphs import read_onnx
 from tensorbits.core.graphs.program import OnnxGraph
@@ -81,7 +81,7 @@ def server() -> Iterator[tuple[int, int]]:
         "TENSORBITS_GRPC_PORT": "0",
         "TENSORBITS_MODEL_REPOSITORY": str(ROOT / "examples" / "models"),
     }
-    argv = [sys.executable, "-m", "tensorbits.cli", "serve", "--port", str(port)]
+    argv = [sys.executable, "-m", "tensorbits.server.cli", "serve", "--port", str(port)]
     proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
     try:
         wait_until_up(f"http://127.0.0.1:{port}/v2/models/{MASKED}/ready", 60, proc)

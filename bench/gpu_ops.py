@@ -84,9 +84,9 @@ from bench.ops import (  # noqa: E402
     selected_cases,
     target_lines,
 )
-from tensorbits.backends import Backend, BackendUnavailable, select_backend  # noqa: E402
+from tensorbits.core.backends import Backend, BackendUnavailable, select_backend  # noqa: E402
 from tensorbits.core.engine import validate_arrays  # noqa: E402
-from tensorbits.kernels import as_kernel_operands  # noqa: E402
+from tensorbits.core.kernels import as_kernel_operands  # noqa: E402
 from tensorbits_protocol.dtypes import DTYPES  # noqa: E402
 from tensorbits_protocol.operators import Function  # noqa: E402
 

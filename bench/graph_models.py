@@ -405,7 +405,7 @@ def maybe_triton(wanted: bool) -> Iterator[TritonPeer | None]:
 def run(args: argparse.Namespace) -> None:
     import onnxruntime as ort  # type: ignore[import-untyped]
 
-    from tensorbits.backends.numpy_backend import NumpyBackend
+    from tensorbits.core.backends.numpy_backend import NumpyBackend
     from tensorbits.core.graphs import plan_graph, read_onnx, run_graph
 
     n = args.mib * MiB // 4

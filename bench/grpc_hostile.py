@@ -148,7 +148,7 @@ def main() -> None:
         "TENSORBITS_LOG_LEVEL": "warning",
         "TENSORBITS_GRPC_PORT": str(grpc_port),
     }
-    argv = [sys.executable, "-m", "tensorbits.cli", "serve", "--port", str(http_port)]
+    argv = [sys.executable, "-m", "tensorbits.server.cli", "serve", "--port", str(http_port)]
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL)
     try:
         wait_until_up(f"http://127.0.0.1:{http_port}/v2/health/ready", 60, proc)

@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.harness import best_per_call, in_process_rounds
 from bench.http_service import NOT, v2_binary_request
 from tensorbits.api.compression import WBITS, compress
-from tensorbits.app import create_app
-from tensorbits.config import Settings
+from tensorbits.config.settings import Settings
 from tensorbits.core.statistics import Statistics
+from tensorbits.server.app import create_app
 
 MiB = 1 << 20
 Scope = dict[str, Any]

@@ -19,7 +19,7 @@ which also samples what malloc holds (in use, free, per arena), the objects the 
 tracks and the header caches' and metrics' sizes (``--probe-tracemalloc``: and the bytes Python
 and NumPy hold; ``--probe-collect``: and what a ``gc.collect()`` before each sample frees): that
 tells a leak from allocator slack, and both from memory held by reference cycles. ``--server-env NAME=VALUE`` sets more
-server environment (``TENSORBITS_MALLOC_TUNING=0`` runs without ``tensorbits.memory``'s
+server environment (``TENSORBITS_MALLOC_TUNING=0`` runs without ``tensorbits.server.memory``'s
 allocator settings).
 
 Reports: requests served, answers by status, p50/p99 latency by kind and by window (calm,
@@ -73,7 +73,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.harness import free_port
 from bench.harness.abuse import KINDS, AbuseProcess, failed
 from bench.harness.memory import MiB, RssSampler, vm
-from tensorbits.memory import tune_allocator
+from tensorbits.server.memory import tune_allocator
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADER = "Inference-Header-Content-Length"

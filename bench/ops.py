@@ -47,9 +47,9 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from tensorbits.backends.numpy_backend import NumpyBackend
+from tensorbits.core.backends.numpy_backend import NumpyBackend
 from tensorbits.core.engine import validate_arrays
-from tensorbits.kernels import as_kernel_operands
+from tensorbits.core.kernels import as_kernel_operands
 from tensorbits_protocol.dtypes import DTYPES, DataType
 from tensorbits_protocol.operators import OPERATORS, Function, OperatorSpec
 from tensorbits_protocol.validation import resolve_parameters, support_row

@@ -29,12 +29,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.harness import best_per_call, in_process_rounds
 from bench.harness.baselines import app as bare_app
 from bench.http_service import NOT, row_xor_batch, row_xors, v2_binary_request
-from tensorbits.app import create_app
 from tensorbits.auth import ApiKeyMiddleware
-from tensorbits.backends.numpy_backend import NumpyBackend
-from tensorbits.config import Settings
+from tensorbits.config.settings import Settings
 from tensorbits.core import batch as planner
-from tensorbits.header_cache import HeaderCache
+from tensorbits.core.backends.numpy_backend import NumpyBackend
+from tensorbits.core.header_cache import HeaderCache
+from tensorbits.server.app import create_app
 from tensorbits_client import Client
 
 MiB = 1 << 20

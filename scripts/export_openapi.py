@@ -11,8 +11,8 @@ import json
 import sys
 from pathlib import Path
 
-from tensorbits.app import create_app
-from tensorbits.config import Settings
+from tensorbits.config.settings import Settings
+from tensorbits.server.app import create_app
 
 SPEC = Path(__file__).resolve().parent.parent / "openapi" / "openapi.json"
 

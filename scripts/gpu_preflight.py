@@ -97,8 +97,8 @@ class Exporter:
 
 class DeviceExporter(Exporter):
     def __init__(self) -> None:
-        from tensorbits.backends import select_backend
-        from tensorbits.cuda_ipc import SIZE_QUERIES, bytes_from, load_driver
+        from tensorbits.core.backends import select_backend
+        from tensorbits.core.cuda_ipc import SIZE_QUERIES, bytes_from, load_driver
 
         started = time.perf_counter()
         self.backend = select_backend("cupy", device_id=DEVICE).backend
@@ -173,8 +173,8 @@ class StandInExporter(Exporter):
 
 def opener(stand_in: bool, refuse: list[str]) -> int:
     """Answer each handle read from stdin (one JSON line each) with one JSON line on stdout."""
+    from tensorbits.core.cuda_ipc import CupyDeviceMemory
     from tensorbits.core.engine import run_into
-    from tensorbits.cuda_ipc import CupyDeviceMemory
     from tensorbits_protocol.dtypes import DataType
     from tensorbits_protocol.errors import InvalidRequest
     from tensorbits_protocol.operators import get_operator
@@ -184,13 +184,13 @@ def opener(stand_in: bool, refuse: list[str]) -> int:
     if stand_in:
         from support.cuda_stand_in import CudaStandIn
 
-        from tensorbits.backends.numpy_backend import NumpyBackend
+        from tensorbits.core.backends.numpy_backend import NumpyBackend
 
         cuda = CudaStandIn(DEVICE, refuse)
         backend = NumpyBackend(1)
         memory = CupyDeviceMemory(cuda.cupy, DEVICE, driver=cuda.driver)
     else:
-        from tensorbits.backends import select_backend
+        from tensorbits.core.backends import select_backend
 
         backend = select_backend("cupy", device_id=DEVICE).backend
         if not isinstance(backend.device_memory, CupyDeviceMemory):

@@ -2,7 +2,7 @@
 machine without a GPU: what the CuPy backend needs besides the device and its driver.
 
 - CuPy imports, and NVRTC loads from the virtual environment (cuda-pathfinder finds the wheel);
-- NVRTC compiles the service's own kernel bodies (tensorbits.backends.cupy_backend) for every
+- NVRTC compiles the service's own kernel bodies (tensorbits.core.backends.cupy_backend) for every
   integer type, against CuPy's headers and the CUDA runtime headers the wheel brings: NVRTC
   compiles on the CPU, so this needs no device;
 - the kernel cache (CUPY_CACHE_DIR) is writable by this user.
@@ -16,7 +16,7 @@ import cupy
 from cuda import pathfinder  # type: ignore[import-not-found]
 from cupy.cuda import nvrtc
 
-from tensorbits.backends.cupy_backend import POPCOUNT_BODY, SHIFT_BODY
+from tensorbits.core.backends.cupy_backend import POPCOUNT_BODY, SHIFT_BODY
 
 TYPES = (
     "signed char",

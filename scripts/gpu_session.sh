@@ -195,7 +195,7 @@ PY
 # starts here (as the other benchmarks say it), instead of a server that exits at start-up.
 shared_memory_on_cupy() {
     local reason
-    if ! reason=$("$PYTHON" -c 'from tensorbits.backends import select_backend
+    if ! reason=$("$PYTHON" -c 'from tensorbits.core.backends import select_backend
 select_backend("cupy").backend.close()' 2>&1); then
         echo "skipped: no CuPy backend: ${reason##*$'\n'}"
         return 0

@@ -80,10 +80,10 @@ PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in range(39, 4, -1)] + [
 
 # What the GPU check imports (the server, its gRPC side, the tests' clients and tools).
 SESSION_IMPORTS = (
-    "tensorbits.cli",
-    "tensorbits.app",
+    "tensorbits.server.cli",
+    "tensorbits.server.app",
     "tensorbits.grpc.server",
-    "tensorbits.backends.cupy_backend",
+    "tensorbits.core.backends.cupy_backend",
     "tensorbits_client",
     "tensorbits_protocol",
     "fastapi.testclient",

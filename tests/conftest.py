@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tensorbits.backends import Backend, select_backend
+from tensorbits.core.backends import Backend, select_backend
 
 # No gRPC endpoint and no metrics listener unless a test asks for one (on a free port): in-process
 # apps and the live servers the tests start inherit this. Set, not defaulted: a shell that

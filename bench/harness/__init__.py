@@ -86,7 +86,7 @@ def server(
 @contextlib.contextmanager
 def tensorbits_server(**env: str) -> Iterator[int]:
     """``tensorbits serve`` on a free port, NumPy backend unless ``env`` says otherwise. Started
-    with this interpreter (``-m tensorbits.cli``): a GPU machine given the source tree on
+    with this interpreter (``-m tensorbits.server.cli``): a GPU machine given the source tree on
     PYTHONPATH has no .venv and no ``tensorbits`` script; a CuPy server there may compile its
     probe kernels first (START_TIMEOUT_S). Its gRPC endpoint gets a free port too (the default
     one may be taken by another server on the machine)."""
@@ -97,7 +97,7 @@ def tensorbits_server(**env: str) -> Iterator[int]:
         "TENSORBITS_GRPC_PORT": str(free_port()),
         **env,
     }
-    argv = [sys.executable, "-m", "tensorbits.cli", "serve", "--port", str(port)]
+    argv = [sys.executable, "-m", "tensorbits.server.cli", "serve", "--port", str(port)]
     with server(argv, f"http://127.0.0.1:{port}/v2/health/live", settings, START_TIMEOUT_S):
         yield port
 

@@ -46,8 +46,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tensorbits import cli, observability
-from tensorbits.header_cache import HeaderCache
+from tensorbits import observability
+from tensorbits.core.header_cache import HeaderCache
+from tensorbits.server import cli
 
 MiB = 1 << 20
 # A sample taken up to this many seconds after its time still counts as taken at that time.

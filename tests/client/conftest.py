@@ -16,7 +16,7 @@ from tensorbits_client import Client
 @pytest.fixture(scope="session")
 def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``http://127.0.0.1:<port>`` of ``tensorbits serve`` with the NumPy backend."""
-    argv = [sys.executable, "-m", "tensorbits.cli", "serve"]
+    argv = [sys.executable, "-m", "tensorbits.server.cli", "serve"]
     stderr_path = tmp_path_factory.mktemp("server") / "stderr.log"
     with stderr_path.open("wb") as stderr, contextlib.ExitStack() as stack:
         try:

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from tensorbits.config import Settings
+from tensorbits.config.settings import Settings
 from tensorbits.core.batch import BatchLimits
 from tensorbits_protocol.v1 import BindingGraph
 

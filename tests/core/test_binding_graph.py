@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from core.graph_models import binding_example
 
-from tensorbits.backends.numpy_backend import NumpyBackend
+from tensorbits.core.backends.numpy_backend import NumpyBackend
 from tensorbits.core.batch import BatchLimits, plan_rest, run_batch
 from tensorbits.core.graphs.binding_graph import BindingGraph, BindingPlan, read_binding_graph
 from tensorbits.core.limits import CoreLimits

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tensorbits.backends import BackendUnavailable, Selection, select_backend
-from tensorbits.backends.numpy_backend import NumpyBackend
+from tensorbits.core.backends import BackendUnavailable, Selection, select_backend
+from tensorbits.core.backends.numpy_backend import NumpyBackend
 from tensorbits.core.engine import compute
 
 
@@ -177,7 +177,7 @@ class _DeviceArray:
 
 
 def _bare_cupy_backend() -> Any:
-    from tensorbits.backends.cupy_backend import CupyBackend
+    from tensorbits.core.backends.cupy_backend import CupyBackend
 
     backend = object.__new__(CupyBackend)  # no device: only the host-transfer methods are used
     cupy: Any = types.SimpleNamespace(asarray=lambda host: _DeviceArray(np.array(host)))

@@ -13,13 +13,14 @@ import pytest
 import uvicorn
 from support.inprocess import TestClient
 
-from tensorbits import __version__, cli
-from tensorbits.app import create_app
-from tensorbits.cli import main
-from tensorbits.config import Settings
-from tensorbits.guarded_protocol import GuardedHttpProtocol, linger_bounds
+from tensorbits import __version__
+from tensorbits.api.guarded_protocol import GuardedHttpProtocol, linger_bounds
+from tensorbits.config.settings import Settings
 from tensorbits.runtime import Drain
-from tensorbits.serving import uvicorn_kwargs
+from tensorbits.server import cli
+from tensorbits.server.app import create_app
+from tensorbits.server.cli import main
+from tensorbits.server.serving import uvicorn_kwargs
 from tensorbits_protocol.catalog import listing
 from tensorbits_protocol.operators import OPERATORS, REGISTRY
 
@@ -102,7 +103,7 @@ def test_an_unknown_operator_is_refused_with_the_closest_name(
 
 def _modules_after(code: str) -> set[str]:
     """The heavy modules loaded by ``code``, run in a fresh interpreter."""
-    heavy = ("uvicorn", "fastapi", "pydantic", "numpy", "httpx", "tensorbits.app")
+    heavy = ("uvicorn", "fastapi", "pydantic", "numpy", "httpx", "tensorbits.server.app")
     probe = f"{code}\nimport sys\nprint('\\n' + ' '.join(m for m in {heavy!r} if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     return set(done.stdout.splitlines()[-1].split())
@@ -112,7 +113,7 @@ def test_help_and_version_import_no_server_or_models() -> None:
     """`tensorbits --help` is argparse alone: no uvicorn, FastAPI, pydantic or NumPy (start-up
     time: bench/cli_startup.py)."""
     for flag in ("--help", "--version"):
-        code = f"from tensorbits.cli import main\ntry:\n    main([{flag!r}])\nexcept SystemExit:\n    pass"
+        code = f"from tensorbits.server.cli import main\ntry:\n    main([{flag!r}])\nexcept SystemExit:\n    pass"
         assert _modules_after(code) == set()
 
 
@@ -207,7 +208,7 @@ def test_the_protocol_gets_the_head_limits_from_the_settings() -> None:
 def test_operators_to_a_reader_that_stops_early_exits_quietly(json_flag: list[str]) -> None:
     """``tensorbits operators | head -1``: the reader closes the pipe after one line; the command
     exits 0 with nothing on stderr (it once ended in a BrokenPipeError traceback)."""
-    command = [sys.executable, "-m", "tensorbits.cli", "operators", *json_flag]
+    command = [sys.executable, "-m", "tensorbits.server.cli", "operators", *json_flag]
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as writer:
         assert writer.stdout is not None
         assert writer.stderr is not None

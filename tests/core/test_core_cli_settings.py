@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
-from tensorbits import cli, logs, memory
-from tensorbits.backends import BackendUnavailable, select_backend
-from tensorbits.cli import main
-from tensorbits.config import Settings, unknown_variables
+from tensorbits import logs
+from tensorbits.config.settings import Settings, unknown_variables
+from tensorbits.core.backends import BackendUnavailable, select_backend
+from tensorbits.server import cli, memory
+from tensorbits.server.cli import main
 
 SECRET = "s3cret-key"
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from core.bitref import assert_bits_equal, reference
 
-from tensorbits.backends import Backend
+from tensorbits.core.backends import Backend
 from tensorbits.core.engine import compute
 from tensorbits_protocol.dtypes import DataType
 from tensorbits_protocol.errors import InvalidRequest

@@ -46,7 +46,7 @@ def _importers(prefix: str) -> list[str]:
 @pytest.mark.parametrize(
     ("layer", "forbidden"),
     [
-        ("tensorbits.core", ("tensorbits.api", "tensorbits.grpc", "tensorbits.config",
+        ("tensorbits.core", ("tensorbits.api", "tensorbits.grpc", "tensorbits.config.settings",
                              "tensorbits.runtime", "starlette", "fastapi", "grpc", "uvicorn")),
         ("tensorbits.grpc", ("tensorbits.api",)),
         ("tensorbits.api", ("tensorbits.grpc",)),
@@ -98,7 +98,7 @@ def test_the_core_loads_without_any_front_end_or_the_settings() -> None:
         name
         for name in loaded
         if name.split(".")[0] in roots
-        or name == "tensorbits.config"
+        or name == "tensorbits.config.settings"
         or name.startswith(("tensorbits.api", "tensorbits.grpc"))
     ]
     assert not found, found

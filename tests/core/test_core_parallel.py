@@ -22,8 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from tensorbits.backends import numpy_backend as nb
-from tensorbits.backends.numpy_backend import NumpyBackend
+from tensorbits.core.backends import numpy_backend as nb
+from tensorbits.core.backends.numpy_backend import NumpyBackend
 from tensorbits.core.engine import compute, run_call, validate_arrays
 from tensorbits_protocol.dtypes import itemsize
 from tensorbits_protocol.operators import get_operator

@@ -26,7 +26,7 @@ from core.bitref import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tensorbits.backends import Backend
+from tensorbits.core.backends import Backend
 from tensorbits.core.engine import compute
 from tensorbits_protocol.dtypes import DataType
 from tensorbits_protocol.operators import OPERATORS, get_operator

@@ -37,7 +37,7 @@ from tensorbits.core.graphs.triton_config import (
 )
 from tensorbits.core.graphs.triton_pbtxt import MODEL_CONFIG, pbtxt_as_json, read_pbtxt
 from tensorbits.grpc import inference_pb2
-from tensorbits.model_repository import load_repository
+from tensorbits.repository.folder import load_repository
 from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge, TensorbitsError
 
 MASKED_JSON = {

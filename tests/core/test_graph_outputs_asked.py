@@ -13,7 +13,7 @@ import pytest
 from core.graph_models import model_bytes, tensor
 from onnx import TensorProto, helper
 
-from tensorbits.backends.numpy_backend import NumpyBackend
+from tensorbits.core.backends.numpy_backend import NumpyBackend
 from tensorbits.core.graphs import PlanCache, plan_graph, read_onnx
 from tensorbits.core.graphs.models import GraphModel
 from tensorbits.core.graphs.program import OnnxGraph

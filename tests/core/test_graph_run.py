@@ -23,7 +23,7 @@ from core.graph_models import (
 )
 from onnx import helper
 
-from tensorbits.backends.numpy_backend import NumpyBackend
+from tensorbits.core.backends.numpy_backend import NumpyBackend
 from tensorbits.core.engine import run_into
 from tensorbits.core.graphs import GraphPlan, PlanCache, plan_graph, read_onnx, run_graph
 from tensorbits.core.graphs import run as graph_run

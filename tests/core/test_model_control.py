@@ -14,10 +14,10 @@ from core import test_core_cli_settings as cli_settings
 from core.graph_models import masked_model
 from support.planes import data_plane
 
-from tensorbits.cli import main
-from tensorbits.config import Settings
+from tensorbits.config.settings import Settings
 from tensorbits.core.dataplane import DataPlane
-from tensorbits.repository_poll import RepositoryPoller
+from tensorbits.repository.poll import RepositoryPoller
+from tensorbits.server.cli import main
 
 MODEL = "masked"
 # ``serve`` run up to uvicorn, in a clean environment: the CLI settings tests' fixtures.

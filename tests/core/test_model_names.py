@@ -12,8 +12,7 @@ import pytest
 from core.graph_models import masked_model
 from support.hostile_repository import GOOD, LARGEST, REFUSED, SECRET, hostile_repository
 
-from tensorbits.app import create_app
-from tensorbits.config import Settings
+from tensorbits.config.settings import Settings
 from tensorbits.core.graphs.names import (
     MAX_VERSION,
     RESERVED,
@@ -22,6 +21,7 @@ from tensorbits.core.graphs.names import (
     displayed,
 )
 from tensorbits.runtime import Runtime
+from tensorbits.server.app import create_app
 from tensorbits_protocol.errors import InvalidRequest
 
 

@@ -15,8 +15,8 @@ import yaml  # type: ignore[import-untyped]  # PyYAML ships no type hints
 from deploy.deployfiles import COMPOSE_FILE, env_list, k8s_resource, kustomize
 from support.inprocess import TestClient
 
-from tensorbits.app import create_app
-from tensorbits.config import Settings
+from tensorbits.config.settings import Settings
+from tensorbits.server.app import create_app
 
 SECRET_NAME = "tensorbits-api-keys"
 CLIENT_LABEL = {"tensorbits/client": "true"}

@@ -358,7 +358,7 @@ def test_inference_service_probes_resources_and_security() -> None:
 
 def _setting(container: dict[str, Any], name: str) -> float:
     """A setting as the container's server reads it: its env value, else the Settings default."""
-    from tensorbits.config import Settings
+    from tensorbits.config.settings import Settings
 
     env = env_list(container)
     variable = f"TENSORBITS_{name.upper()}"
@@ -443,7 +443,7 @@ def _memory_sum(kustomization: str) -> tuple[Path, int, list[tuple[str, int]]]:
 
 
 def _check_memory_sum(kustomization: str, container: dict[str, Any]) -> None:
-    from tensorbits.config import Settings
+    from tensorbits.config.settings import Settings
 
     path, stated, terms = _memory_sum(kustomization)
     where = path.relative_to(K8S.parent.parent)
@@ -510,7 +510,7 @@ def test_the_grpc_health_service_serves_the_probed_name() -> None:
     while ready, NOT_SERVING once the drain begins (what takes the pod out)."""
     from grpc_health.v1 import health_pb2
 
-    from tensorbits.config import Settings
+    from tensorbits.config.settings import Settings
     from tensorbits.grpc.server import Health
     from tensorbits.runtime import Runtime
 

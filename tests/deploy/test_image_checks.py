@@ -20,7 +20,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 import image_test  # scripts/image_test.py
 import images  # scripts/images.py
 
-from tensorbits.backends import BackendUnavailable, select_backend
+from tensorbits.core.backends import BackendUnavailable, select_backend
 
 
 def test_writable_paths_are_the_deployments_emptydirs() -> None:

@@ -26,7 +26,7 @@ import pytest
 from deploy.deployfiles import REPO
 from support.live import free_port, serve
 
-from tensorbits.cli import _bind_problem
+from tensorbits.server.cli import _bind_problem
 
 pytestmark = pytest.mark.integration
 

@@ -22,7 +22,7 @@ from fuzz_support import fuzz, instrumented
 with instrumented(__name__, "tensorbits", "tensorbits_protocol"):
     import numpy as np
 
-    from tensorbits.backends.numpy_backend import NumpyBackend
+    from tensorbits.core.backends.numpy_backend import NumpyBackend
     from tensorbits.core.batch import BatchLimits, run_batch
     from tensorbits.core.graphs.binding_graph import BindingPlan, read_binding_graph
     from tensorbits.core.limits import CoreLimits

@@ -52,9 +52,9 @@ from __future__ import annotations
 from fuzz_support import SMALL_LIMITS, Reader, fuzz, instrumented
 
 with instrumented(__name__, "tensorbits", "tensorbits_protocol"):
-    from tensorbits.backends.numpy_backend import NumpyBackend
-    from tensorbits.config import Settings
+    from tensorbits.config.settings import Settings
     from tensorbits.core import batch
+    from tensorbits.core.backends.numpy_backend import NumpyBackend
     from tensorbits_protocol import codec, dml
     from tensorbits_protocol.dtypes import DataType, itemsize
     from tensorbits_protocol.errors import InvalidRequest, TensorbitsError

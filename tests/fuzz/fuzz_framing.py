@@ -35,8 +35,8 @@ with instrumented(__name__, "tensorbits", "tensorbits_protocol"):
     from support.planes import data_plane
 
     from tensorbits.api import rest_infer
-    from tensorbits.backends.numpy_backend import NumpyBackend
-    from tensorbits.config import Settings
+    from tensorbits.config.settings import Settings
+    from tensorbits.core.backends.numpy_backend import NumpyBackend
     from tensorbits_protocol import codec
     from tensorbits_protocol.errors import TensorbitsError
     from tensorbits_protocol.operators import OPERATORS

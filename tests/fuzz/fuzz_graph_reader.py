@@ -21,7 +21,7 @@ from fuzz_support import fuzz, instrumented
 with instrumented(__name__, "tensorbits", "tensorbits_protocol"):
     import numpy as np
 
-    from tensorbits.backends.numpy_backend import NumpyBackend
+    from tensorbits.core.backends.numpy_backend import NumpyBackend
     from tensorbits.core.graphs import GraphLimits, GraphPlan, plan_graph, read_onnx, run_graph
     from tensorbits_protocol.dtypes import numpy_dtype
     from tensorbits_protocol.errors import TensorbitsError

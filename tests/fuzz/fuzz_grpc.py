@@ -24,7 +24,7 @@ import math
 from fuzz_support import SMALL_LIMITS, fuzz, instrumented
 
 with instrumented(__name__, "tensorbits", "tensorbits_protocol"):
-    from tensorbits.config import Settings
+    from tensorbits.config.settings import Settings
     from tensorbits.grpc import inference_pb2 as pb
     from tensorbits.grpc.service import InferenceService
     from tensorbits.runtime import Runtime

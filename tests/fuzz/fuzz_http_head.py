@@ -81,10 +81,11 @@ with instrumented(__name__, "tensorbits", "uvicorn"):
     import uvicorn
     from uvicorn.server import ServerState
 
-    from tensorbits import guarded_protocol, serving
-    from tensorbits.config import Settings
-    from tensorbits.guarded_protocol import GuardedHttpProtocol
+    from tensorbits.api import guarded_protocol
+    from tensorbits.api.guarded_protocol import GuardedHttpProtocol
+    from tensorbits.config.settings import Settings
     from tensorbits.logs import JsonFormatter
+    from tensorbits.server import serving
 
 LIMIT = 1024  # the smallest TENSORBITS_MAX_HEAD_BYTES allows
 SETTINGS = Settings(backend="numpy", cpu_threads=1, max_head_bytes=LIMIT)

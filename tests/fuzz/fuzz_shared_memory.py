@@ -51,7 +51,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 from support.device_stand_in import HostDeviceMemory
 
 with instrumented(__name__, "tensorbits", "tensorbits_protocol"):
-    from tensorbits.shared_memory import SHM_DIR, Kind, SharedMemoryRegions
+    from tensorbits.core.shared_memory import SHM_DIR, Kind, SharedMemoryRegions
     from tensorbits_protocol.errors import InvalidRequest
     from tensorbits_protocol.infer import SharedMemoryRef
 

@@ -13,7 +13,7 @@ from typing import NoReturn
 
 import pytest
 
-from tensorbits.backends import Backend, BackendUnavailable, select_backend
+from tensorbits.core.backends import Backend, BackendUnavailable, select_backend
 
 GPU_REQUIRED_VARIABLE = "TENSORBITS_GPU_REQUIRED"
 

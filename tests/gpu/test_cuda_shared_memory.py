@@ -72,7 +72,7 @@ PROTOCOLS = {"http": triton, "grpc": triton_grpc}
 
 @contextlib.contextmanager
 def cupy_server(shared_memory: bool = True) -> Iterator[GrpcServer]:
-    """A CuPy server, HTTP and gRPC on free ports. Started as ``python -m tensorbits.cli`` with
+    """A CuPy server, HTTP and gRPC on free ports. Started as ``python -m tensorbits.server.cli`` with
     this interpreter: a GPU machine given the source tree on PYTHONPATH has no ``tensorbits``
     script beside it."""
     grpc_port = free_port()
@@ -82,7 +82,7 @@ def cupy_server(shared_memory: bool = True) -> Iterator[GrpcServer]:
         "TENSORBITS_SHARED_MEMORY": str(shared_memory).lower(),
         "TENSORBITS_GRPC_PORT": str(grpc_port),
     }
-    with serve(env, argv=[sys.executable, "-m", "tensorbits.cli", "serve"]) as http:
+    with serve(env, argv=[sys.executable, "-m", "tensorbits.server.cli", "serve"]) as http:
         yield GrpcServer(http, grpc_port)
 
 

@@ -12,9 +12,9 @@ import pytest
 from gpu.gpu_support import cupy_backend_or_skip, module_backend
 from support.v1 import outputs, post, rich_batch, run_planned, v1_client
 
-from tensorbits.backends import Backend
-from tensorbits.backends.numpy_backend import NumpyBackend
 from tensorbits.core import batch
+from tensorbits.core.backends import Backend
+from tensorbits.core.backends.numpy_backend import NumpyBackend
 
 pytestmark = pytest.mark.gpu
 

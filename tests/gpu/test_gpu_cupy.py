@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.wide_kernel_cases import cases as wide_cases
 
-from tensorbits.backends import Backend, select_backend
+from tensorbits.core.backends import Backend, select_backend
 from tensorbits.core.engine import compute, validate_arrays
 from tensorbits_protocol.dtypes import DTYPES, DataType
 from tensorbits_protocol.operators import get_operator

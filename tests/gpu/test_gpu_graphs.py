@@ -23,9 +23,9 @@ from core.graph_models import (
 from gpu.gpu_support import cupy_backend_or_skip, module_backend
 from service.test_graph_kernels import CASES, GraphCase, numpy_outputs
 
-from tensorbits.backends import Backend
-from tensorbits.backends.base import run_fused
-from tensorbits.backends.numpy_backend import NumpyBackend
+from tensorbits.core.backends import Backend
+from tensorbits.core.backends.base import run_fused
+from tensorbits.core.backends.numpy_backend import NumpyBackend
 from tensorbits.core.graphs import GraphPlan, plan_graph, read_onnx, run_graph
 from tensorbits.core.graphs.binding_graph import read_binding_graph
 from tensorbits_protocol.dtypes import numpy_dtype

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from gpu.gpu_support import cupy_backend_or_skip, module_backend
 
-from tensorbits.backends.pinned_pool import CUPY_FALLBACK_WARNING, PinnedPool
+from tensorbits.core.backends.pinned_pool import CUPY_FALLBACK_WARNING, PinnedPool
 
 pytestmark = pytest.mark.gpu
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2
 
-from tensorbits.config import Settings
+from tensorbits.config.settings import Settings
 from tensorbits.grpc import answer_bytes
 from tensorbits.grpc.service import InferenceService
 from tensorbits.runtime import Runtime

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from core.test_graph_outputs_asked import MODEL
 
-from tensorbits.backends.numpy_backend import NumpyBackend
-from tensorbits.config import Settings
+from tensorbits.config.settings import Settings
+from tensorbits.core.backends.numpy_backend import NumpyBackend
 from tensorbits.core.graphs.request import GraphRequest, plan_request, run_request
 from tensorbits.core.limits import request_limits
 from tensorbits.grpc import answer_bytes, graph_messages

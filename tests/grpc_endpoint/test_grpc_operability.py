@@ -202,7 +202,7 @@ def test_a_message_that_never_arrives_is_cut_off() -> None:
 def test_bad_grpc_ports_are_settings_errors(settings: dict[str, Any], words: str) -> None:
     from pydantic import ValidationError
 
-    from tensorbits.config import Settings
+    from tensorbits.config.settings import Settings
 
     with pytest.raises(ValidationError) as caught:
         Settings(**settings)

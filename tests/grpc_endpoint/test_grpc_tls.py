@@ -56,7 +56,7 @@ def test_an_encrypted_key_is_a_settings_error_with_grpc_on(tmp_path: Path) -> No
     from cryptography.hazmat.primitives import serialization
     from pydantic import ValidationError
 
-    from tensorbits.config import Settings
+    from tensorbits.config.settings import Settings
 
     cert = trustme.CA().issue_cert("127.0.0.1")
     key = serialization.load_pem_private_key(cert.private_key_pem.bytes(), password=None)

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from tensorbits.cli import _bind_problem
-from tensorbits.config import Settings
+from tensorbits.config.settings import Settings
+from tensorbits.server.cli import _bind_problem
 
 pytestmark = pytest.mark.integration
 

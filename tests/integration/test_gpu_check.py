@@ -51,7 +51,7 @@ MAX_FILES_BACK = 8  # the logs a run leaves in $OUT: few, so all of them can be 
 
 
 def cupy_backend_works() -> bool:
-    from tensorbits.backends import BackendUnavailable, select_backend
+    from tensorbits.core.backends import BackendUnavailable, select_backend
 
     try:
         select_backend("cupy").backend.close()
@@ -235,7 +235,7 @@ def test_the_preflight_fails_loudly_when_no_size_can_be_read() -> None:
 
 
 def size_query_names() -> list[str]:
-    from tensorbits.cuda_ipc import SIZE_QUERIES
+    from tensorbits.core.cuda_ipc import SIZE_QUERIES
 
     return list(SIZE_QUERIES)
 

@@ -35,9 +35,9 @@ from support.regions import region_input, region_output
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from tensorbits.core.shared_memory import SharedMemoryRegions
 from tensorbits.grpc import inference_pb2 as pb
 from tensorbits.grpc.service import InferenceService
-from tensorbits.shared_memory import SharedMemoryRegions
 
 pytestmark = pytest.mark.integration
 

@@ -1,6 +1,6 @@
 """The HTTP layer against hostile clients, live (``tensorbits serve``, raw sockets).
 
-What happens below the application (``service/src/tensorbits/guarded_protocol.py``): request heads
+What happens below the application (``service/src/tensorbits/api/guarded_protocol.py``): request heads
 bounded in bytes, the parser's refusals answered as JSON, pipelined requests answered in order
 before a refusal, and HEAD wherever GET is served (``api/head.py``). Each class of defect is
 driven by many cases; each case checks the status, the JSON body naming the field and the

@@ -165,7 +165,7 @@ def test_the_container_health_check_follows_the_server_to_https(tls_server: TlsS
         "PATH": "/usr/bin:/bin",
         "TENSORBITS_HOST": "0.0.0.0",
         "TENSORBITS_PORT": str(tls_server.server.port),
-        "TENSORBITS_TLS_CERT_FILE": "/etc/tensorbits/tls/tls.crt",  # only its presence counts
+        "TENSORBITS_TLS_CERT_FILE": "/etc/tensorbits/config/tls/tls.crt",  # only its presence counts
     }
     result = subprocess.run(
         [sys.executable, str(HEALTHCHECK)], env=env, capture_output=True, text=True, timeout=30

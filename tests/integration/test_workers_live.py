@@ -24,7 +24,7 @@ from support.live import LiveServer, metric_samples, serve, settled_metric_sampl
 from support.rawhttp import ask, assert_json_error, read_response, request
 from support.v2 import NOT, assert_bit_not, bit_not_request
 
-from tensorbits.config import Settings
+from tensorbits.config.settings import Settings
 
 MiB = 1 << 20
 WORKERS = {"TENSORBITS_WORKERS": "2", "TENSORBITS_GRPC_PORT": "0"}

@@ -12,7 +12,7 @@ from support.framing import HEADER, framed
 from support.inprocess import TestClient
 from support.reliability import small_client
 
-from tensorbits.backends.numpy_backend import NumpyBackend
+from tensorbits.core.backends.numpy_backend import NumpyBackend
 
 
 @pytest.fixture

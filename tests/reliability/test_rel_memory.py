@@ -1,4 +1,4 @@
-"""The allocator setting of ``tensorbits.memory``: what it calls, where it does nothing, and that
+"""The allocator setting of ``tensorbits.server.memory``: what it calls, where it does nothing, and that
 a live server's resident memory comes back down after large requests.
 
 Why it exists, with the measurements: docs/reliability.md, "Memory over time"."""
@@ -21,7 +21,7 @@ from support.framing import HEADER, framed
 from support.live import LiveServer, serve
 from support.v2 import binary_input
 
-from tensorbits import memory
+from tensorbits.server import memory
 
 MiB = 1 << 20
 MODEL = "onnx.BitwiseXor-18"

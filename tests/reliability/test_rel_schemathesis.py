@@ -22,8 +22,8 @@ from schemathesis.checks import not_a_server_error  # noqa: E402
 from support.inprocess import TestClient  # noqa: E402
 from support.reliability import SMALL_LIMITS  # noqa: E402
 
-from tensorbits.app import create_app  # noqa: E402
-from tensorbits.config import Settings  # noqa: E402
+from tensorbits.config.settings import Settings  # noqa: E402
+from tensorbits.server.app import create_app  # noqa: E402
 
 APP = create_app(Settings(backend="numpy", cpu_threads=2, **SMALL_LIMITS))
 schema = schemathesis.openapi.from_asgi("/openapi.json", APP).exclude(path="/v1/batch")

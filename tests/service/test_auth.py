@@ -21,11 +21,12 @@ from support.framing import framed
 from support.inprocess import TestClient
 from support.v2 import NOT, binary_input, v2_client
 
-from tensorbits import auth, cli
+from tensorbits import auth
 from tensorbits.api import routers
-from tensorbits.app import create_app
 from tensorbits.auth import ApiKeyMiddleware
-from tensorbits.config import Settings
+from tensorbits.config.settings import Settings
+from tensorbits.server import cli
+from tensorbits.server.app import create_app
 
 KEY = "tb-key-0123456789abcdefghijklmnop"
 OTHER_KEY = "tb-other-key-ZYXWVUTSRQPONMLKJI"

@@ -17,7 +17,7 @@ from starlette.responses import Response
 
 from tensorbits import auth, deadlines, refusals
 from tensorbits.api import errors
-from tensorbits.config import Settings
+from tensorbits.config.settings import Settings
 from tensorbits.logs import begin_call, note_refusal
 from tensorbits.observability import Metrics, record_call
 from tensorbits_protocol.errors import BackendFailure, RequestTimeout, TensorbitsError, Unauthorized

@@ -1,4 +1,4 @@
-"""The CuPy backend's CUDA IPC code (tensorbits.cuda_ipc) on every machine: CuPy and the driver
+"""The CuPy backend's CUDA IPC code (tensorbits.core.cuda_ipc) on every machine: CuPy and the driver
 stood in for (support/cuda_stand_in.py), the code itself real, ctypes signatures included.
 
 Each way of reading an allocation's size finds it exactly; a driver that refuses one (as it may
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from support.cuda_stand_in import ADDRESS_RANGE, BUFFER_EXTENT, RANGE_ATTRIBUTES, CudaStandIn
 
-from tensorbits.cuda_ipc import (
+from tensorbits.core.cuda_ipc import (
     SIGNATURES,
     SIZE_QUERIES,
     CupyDeviceMemory,

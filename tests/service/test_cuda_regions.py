@@ -21,9 +21,9 @@ from support.device_stand_in import HostDeviceMemory
 from support.inprocess import TestClient, app_client, runtime_of
 from support.v2 import uint8_inputs
 
+from tensorbits.core.shared_memory import Kind, SharedMemoryRegions
 from tensorbits.grpc import inference_pb2 as pb
 from tensorbits.grpc.service import InferenceService
-from tensorbits.shared_memory import Kind, SharedMemoryRegions
 from tensorbits_protocol.errors import InvalidRequest
 from tensorbits_protocol.infer import SharedMemoryRef
 from tensorbits_protocol.operators import OPERATORS, OperatorSpec

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from support.v1 import rich_batch, run_planned
 
-from tensorbits.backends.numpy_backend import NumpyBackend
+from tensorbits.core.backends.numpy_backend import NumpyBackend
 from tensorbits_protocol.validation import ResolvedCall
 
 DEVICE = 1

@@ -32,9 +32,9 @@ from core.graph_models import (
 from onnx import TensorProto, helper
 from support.wide_kernel_cases import HOST_SHIM, aligned, compile_host_library, host_runner
 
-from tensorbits.backends.cupy_backend import POPCOUNT_BODY, SHIFT_BODY
-from tensorbits.backends.cupy_graphs import FusedKernel, fused_kernel, graph_kernel_source
-from tensorbits.backends.numpy_backend import NumpyBackend
+from tensorbits.core.backends.cupy_backend import POPCOUNT_BODY, SHIFT_BODY
+from tensorbits.core.backends.cupy_graphs import FusedKernel, fused_kernel, graph_kernel_source
+from tensorbits.core.backends.numpy_backend import NumpyBackend
 from tensorbits.core.graphs import GraphPlan, plan_graph, read_onnx, run_graph
 from tensorbits.core.graphs.spec import GraphNode, GraphSpec, ValueDecl
 from tensorbits_protocol.dtypes import DataType, from_numpy, numpy_dtype

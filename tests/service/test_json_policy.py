@@ -20,8 +20,8 @@ from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tensorbits.app import create_app
-from tensorbits.config import Settings
+from tensorbits.config.settings import Settings
+from tensorbits.server.app import create_app
 from tensorbits_protocol import jsondata
 from tensorbits_protocol.errors import InvalidRequest
 from tensorbits_protocol.infer import HEADER_LENGTH_HINT

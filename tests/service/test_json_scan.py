@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tensorbits.config import Settings
+from tensorbits.config.settings import Settings
 from tensorbits.core.batch import BatchLimits
 from tensorbits_protocol import jsondata
 from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge

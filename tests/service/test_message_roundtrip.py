@@ -16,7 +16,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from tensorbits.config import Settings
+from tensorbits.config.settings import Settings
 from tensorbits.core import batch as planner
 from tensorbits.core.limits import request_limits
 from tensorbits_client import Client

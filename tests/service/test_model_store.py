@@ -24,10 +24,10 @@ from support.inprocess import app_client, runtime_of
 from support.v2 import NOT
 
 from tensorbits import model_lifecycle, observability
-from tensorbits.config import Settings
+from tensorbits.config.settings import Settings
 from tensorbits.core.graphs.models import GraphModels
 from tensorbits.core.models import ModelStates
-from tensorbits.model_store import (
+from tensorbits.repository.store import (
     APPLIED,
     ENTRIES,
     FOLLOW_EVERY_S,

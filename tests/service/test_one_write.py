@@ -13,8 +13,8 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from tensorbits.config import Settings
-from tensorbits.guarded_protocol import BODY_RECEIVED, JOINED_BODY_MAX_BYTES, guarded_protocol
+from tensorbits.api.guarded_protocol import BODY_RECEIVED, JOINED_BODY_MAX_BYTES, guarded_protocol
+from tensorbits.config.settings import Settings
 
 
 class _Transport(asyncio.Transport):

@@ -17,9 +17,9 @@ from fastapi.openapi.utils import get_openapi
 from support.inprocess import app_client
 
 from tensorbits.api import routers, v1
-from tensorbits.app import create_app
-from tensorbits.config import Settings
+from tensorbits.config.settings import Settings
 from tensorbits.core.admission import Admission
+from tensorbits.server.app import create_app
 from tensorbits_protocol.errors import STATUSES, Overloaded
 from tensorbits_protocol.operators import OPERATORS
 from tensorbits_protocol.v1 import BatchRequest

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from support.pinned_stand_in import HOST_ALLOC_PORTABLE, PerformanceWarning, PinnedStandIn
 
-from tensorbits.backends import pinned_pool
-from tensorbits.backends.pinned_pool import PAGE, PinnedPool, install
+from tensorbits.core.backends import pinned_pool
+from tensorbits.core.backends.pinned_pool import PAGE, PinnedPool, install
 
 KiB = 1024
 
@@ -239,7 +239,7 @@ def test_the_cupy_backend_stages_through_the_pool_and_frees_it_on_close(
 ) -> None:
     """CupyBackend's host-to-device path (``asarray``) and ``close`` over the pool; building it
     needs a device (tests/gpu/test_gpu_pinned_pool.py checks the constructor installs it)."""
-    from tensorbits.backends.cupy_backend import CupyBackend
+    from tensorbits.core.backends.cupy_backend import CupyBackend
 
     backend = object.__new__(CupyBackend)
     backend._cupy = cuda.cupy
@@ -262,7 +262,7 @@ def test_the_cupy_backend_stages_through_the_pool_and_frees_it_on_close(
 
 
 def test_the_setting_defaults_to_tritons_size_and_is_shared_by_the_workers() -> None:
-    from tensorbits.config import Settings
+    from tensorbits.config.settings import Settings
 
     assert Settings().pinned_pool_bytes == pinned_pool.DEFAULT_POOL_BYTES == 256 << 20
     settings = Settings(workers=4, pinned_pool_bytes=64 << 20, max_body_bytes=1 << 20)
@@ -282,7 +282,7 @@ def test_the_setting_defaults_to_tritons_size_and_is_shared_by_the_workers() -> 
 def test_the_setting_is_validated(options: dict[str, int], words: str) -> None:
     from pydantic import ValidationError
 
-    from tensorbits.config import Settings
+    from tensorbits.config.settings import Settings
 
     with pytest.raises(ValidationError, match=words):
         Settings(**options)  # type: ignore[arg-type]

@@ -12,7 +12,7 @@ from support.inprocess import app_client
 from support.live import free_port
 from tritonclient.grpc import service_pb2
 
-from tensorbits.config import Settings
+from tensorbits.config.settings import Settings
 
 NOT = "DML_OPERATOR_ELEMENT_WISE_BIT_NOT"
 WORDS = "Client shared memory is disabled on this server"

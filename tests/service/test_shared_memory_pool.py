@@ -3,7 +3,7 @@ than the pool's bound held idle, never handed to two requests at once."""
 
 from __future__ import annotations
 
-from tensorbits.shared_memory import POOLED_MIN_BYTES, BufferPool
+from tensorbits.core.shared_memory import POOLED_MIN_BYTES, BufferPool
 
 
 def test_large_buffers_are_reused_small_ones_not() -> None:

@@ -19,13 +19,13 @@ import pytest
 from core.bitref import OP_TYPES, assert_bits_equal, np_dtype, reference
 
 from tensorbits.api import rest_infer
-from tensorbits.backends.numpy_backend import NumpyBackend
-from tensorbits.config import Settings
+from tensorbits.config.settings import Settings
 from tensorbits.core import plan as core_plan
 from tensorbits.core import run as core_run
+from tensorbits.core.backends.numpy_backend import NumpyBackend
 from tensorbits.core.limits import request_limits
 from tensorbits.core.plan import Plan, plan, streams
-from tensorbits.shared_memory import SHM_DIR, SharedMemoryRegions, SystemBytes
+from tensorbits.core.shared_memory import SHM_DIR, SharedMemoryRegions, SystemBytes
 from tensorbits_protocol.dtypes import DataType
 from tensorbits_protocol.errors import InvalidRequest
 from tensorbits_protocol.infer import InferRequest, RequestedOutput, SharedMemoryRef, Tensor

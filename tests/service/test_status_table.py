@@ -18,7 +18,7 @@ from support.inprocess import TestClient, app_client
 from support.live import free_port
 from tritonclient.utils import InferenceServerException
 
-from tensorbits.backends.numpy_backend import NumpyBackend
+from tensorbits.core.backends.numpy_backend import NumpyBackend
 from tensorbits_protocol.errors import STATUSES, TensorbitsError
 
 NOT = "DML_OPERATOR_ELEMENT_WISE_BIT_NOT"

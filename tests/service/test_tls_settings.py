@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from tensorbits import cli
-from tensorbits.config import Settings
-from tensorbits.serving import uvicorn_kwargs
+from tensorbits.config.settings import Settings
+from tensorbits.server import cli
+from tensorbits.server.serving import uvicorn_kwargs
 
 trustme = pytest.importorskip("trustme", reason="trustme not installed (dev dependency)")
 

@@ -12,7 +12,7 @@ from support.framing import HEADER
 from support.inprocess import TestClient
 from support.v1 import batch, bind, data, dispatch, outputs, post, v1_client, zeros
 
-from tensorbits.backends import Backend
+from tensorbits.core.backends import Backend
 from tensorbits.core.engine import compute
 from tensorbits_protocol.dtypes import from_numpy
 from tensorbits_protocol.operators import OPERATORS, OperatorSpec

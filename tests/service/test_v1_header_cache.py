@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from support.v1 import batch, bind, data, dispatch, error, outputs, post, v1_client, zeros
 
-from tensorbits.header_cache import HeaderCache
+from tensorbits.core.header_cache import HeaderCache
 
 U32 = "UINT32"
 

@@ -29,10 +29,10 @@ from support.v1 import (
 
 from tensorbits.api import routers, v1
 from tensorbits.api.fastpath import FastPathMiddleware
-from tensorbits.app import create_app
-from tensorbits.backends.numpy_backend import NumpyBackend
-from tensorbits.config import Settings
+from tensorbits.config.settings import Settings
 from tensorbits.core import batch as planner
+from tensorbits.core.backends.numpy_backend import NumpyBackend
+from tensorbits.server.app import create_app
 from tensorbits_protocol import v1_codec
 from tensorbits_protocol.dml import TensorDesc, check_placement, is_packed, layout_of
 from tensorbits_protocol.dtypes import DataType

@@ -9,9 +9,9 @@ from support.inprocess import TestClient
 from support.v2 import AND, NOT, error_of, v2_client
 
 from tensorbits import __version__
-from tensorbits.app import create_app
-from tensorbits.config import Settings
+from tensorbits.config.settings import Settings
 from tensorbits.runtime import Drain
+from tensorbits.server.app import create_app
 from tensorbits_protocol.operators import OPERATORS, OperatorSpec
 
 

@@ -15,11 +15,11 @@ from support.inprocess import TestClient
 from support.planes import data_plane
 from support.v2 import NOT, binary_input, error_of, json_input, output_array, v2_client
 
-from tensorbits import header_cache
 from tensorbits.api import rest_infer
-from tensorbits.config import Settings
+from tensorbits.config.settings import Settings
+from tensorbits.core import header_cache
+from tensorbits.core.header_cache import HeaderCache
 from tensorbits.core.plan import PlanTemplate
-from tensorbits.header_cache import HeaderCache
 from tensorbits_protocol.operators import get_operator
 
 XOR = "onnx.BitwiseXor-18"

@@ -29,8 +29,8 @@ from support.v2 import (
 
 from tensorbits.api import rest_infer
 from tensorbits.api.fastpath import FastPathMiddleware
-from tensorbits.app import create_app
-from tensorbits.config import Settings
+from tensorbits.config.settings import Settings
+from tensorbits.server.app import create_app
 from tensorbits_protocol.dtypes import DTYPES, DataType
 from tensorbits_protocol.operators import OPERATORS, Function, OperatorSpec, get_operator
 from tensorbits_protocol.v2 import InferenceResponse

@@ -27,8 +27,8 @@ from support.wide_kernel_cases import (
     shift_counts,
 )
 
-from tensorbits.backends.cupy_backend import POPCOUNT_BODY, SHIFT_BODY
-from tensorbits.backends.cupy_wide import Launch, LaunchKey, kernel_source, plan_launch
+from tensorbits.core.backends.cupy_backend import POPCOUNT_BODY, SHIFT_BODY
+from tensorbits.core.backends.cupy_wide import Launch, LaunchKey, kernel_source, plan_launch
 from tensorbits_protocol.operators import Function
 
 RUNNER = host_runner(

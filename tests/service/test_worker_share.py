@@ -11,7 +11,7 @@ from pathlib import Path
 from prometheus_client import generate_latest
 
 from tensorbits import observability
-from tensorbits.config import Settings
+from tensorbits.config.settings import Settings
 from tensorbits.observability import Metrics, RequestTally, WorkerShare
 from tensorbits.runtime import Runtime
 

@@ -1,4 +1,4 @@
-"""What ``tensorbits.cuda_ipc.CupyDeviceMemory`` calls, on the host: the parts of CuPy it uses
+"""What ``tensorbits.core.cuda_ipc.CupyDeviceMemory`` calls, on the host: the parts of CuPy it uses
 (``cuda.runtime.ipcOpenMemHandle``/``ipcCloseMemHandle``, ``cuda.Device``, ``UnownedMemory``,
 ``MemoryPointer``, ``ndarray``, ``dtype``) over the POSIX shared-memory "device memory" of
 support/device_stand_in.py, and the CUDA driver's two size functions as C function pointers.
@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from support.device_stand_in import HostDeviceMemory
-from tensorbits.cuda_ipc import BUFFER_ID, RANGE_SIZE, RANGE_START_ADDR, SIGNATURES
-from tensorbits.shared_memory import DeviceAllocation
+from tensorbits.core.cuda_ipc import BUFFER_ID, RANGE_SIZE, RANGE_START_ADDR, SIGNATURES
+from tensorbits.core.shared_memory import DeviceAllocation
 
 CUDA_SUCCESS = 0
 CUDA_ERROR_INVALID_VALUE = 1

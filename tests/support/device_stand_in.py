@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from tensorbits.shared_memory import SHM_DIR, DeviceAllocation
+from tensorbits.core.shared_memory import SHM_DIR, DeviceAllocation
 from tensorbits_protocol.errors import InvalidRequest
 from tensorbits_protocol.v2 import CUDA_IPC_HANDLE_BYTES
 

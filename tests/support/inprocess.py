@@ -18,9 +18,9 @@ with warnings.catch_warnings():
     from fastapi.testclient import TestClient
 
 from tensorbits.api.deps import runtime_of_app
-from tensorbits.app import create_app
-from tensorbits.config import Settings
+from tensorbits.config.settings import Settings
 from tensorbits.runtime import Drain, Runtime
+from tensorbits.server.app import create_app
 
 __all__ = ["IDENTITY", "TestClient", "app_client", "runtime_of"]
 

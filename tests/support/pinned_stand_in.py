@@ -1,4 +1,4 @@
-"""What ``tensorbits.backends.pinned_pool`` calls of CuPy, on the host, and what CuPy does with
+"""What ``tensorbits.core.backends.pinned_pool`` calls of CuPy, on the host, and what CuPy does with
 the buffers it lends: so the pool itself (its bound, its fallback, its reuse, the bytes given
 back) runs on every machine; only CUDA's pinned memory is stood in for.
 

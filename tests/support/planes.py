@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from tensorbits.backends.base import Backend
-from tensorbits.backends.numpy_backend import NumpyBackend
-from tensorbits.config import Settings
+from tensorbits.config.settings import Settings
 from tensorbits.core.admission import Admission
+from tensorbits.core.backends.base import Backend
+from tensorbits.core.backends.numpy_backend import NumpyBackend
 from tensorbits.core.batch import BatchLimits
 from tensorbits.core.dataplane import DataPlane
+from tensorbits.core.header_cache import HeaderCache
 from tensorbits.core.limits import request_limits
 from tensorbits.core.plan import PlanTemplate
-from tensorbits.header_cache import HeaderCache
-from tensorbits.shared_memory import SharedMemoryRegions
+from tensorbits.core.shared_memory import SharedMemoryRegions
 
 
 def data_plane(

@@ -11,8 +11,8 @@ from httpx import Response
 
 from support.framing import HEADER, framed
 from support.inprocess import TestClient, app_client
-from tensorbits.backends import Backend
-from tensorbits.config import Settings
+from tensorbits.config.settings import Settings
+from tensorbits.core.backends import Backend
 from tensorbits.core.batch import BatchLimits, plan_rest, run_batch
 
 

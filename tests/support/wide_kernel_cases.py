@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from tensorbits.backends.cupy_wide import VECTOR_BYTES
+from tensorbits.core.backends.cupy_wide import VECTOR_BYTES
 from tensorbits_protocol.operators import Function
 
 # What a CUDA kernel's source needs to compile as C++ on the host: the vector types, the grid's

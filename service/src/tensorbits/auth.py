@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from starlette.applications import Starlette
     from starlette.types import ASGIApp, Receive, Scope, Send
 
-    from tensorbits.config import Settings
+    from tensorbits.config.settings import Settings
 
 logger = logging.getLogger("tensorbits.auth")
 

@@ -25,7 +25,7 @@ from typing import Any
 from tensorbits import __version__
 from tensorbits.core.graphs.models import GraphModel
 from tensorbits.core.models import MODEL_VERSIONS, Model
-from tensorbits.shared_memory import SharedMemoryRegions
+from tensorbits.core.shared_memory import SharedMemoryRegions
 from tensorbits_protocol.dtypes import DataType
 from tensorbits_protocol.operators import FEATURE_LEVEL, OperatorSpec, SupportRow
 from tensorbits_protocol.v2 import (

@@ -7,19 +7,24 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tensorbits.backends import Selection, select_backend
-from tensorbits.config import Settings
+from tensorbits.config.settings import Settings
 from tensorbits.core.admission import Admission
+from tensorbits.core.backends import Selection, select_backend
 from tensorbits.core.batch import BatchLimits
 from tensorbits.core.dataplane import DataPlane
 from tensorbits.core.graphs.models import GraphModels
+from tensorbits.core.header_cache import HeaderCache, PlanT
 from tensorbits.core.limits import request_limits
 from tensorbits.core.models import ModelStates
-from tensorbits.header_cache import HeaderCache, PlanT
-from tensorbits.model_repository import load_repository
-from tensorbits.model_store import MODELS, FollowingGraphModels, FollowingModelStates, ModelStore
-from tensorbits.repository_poll import RepositoryPoller
-from tensorbits.shared_memory import SharedMemoryRegions
+from tensorbits.core.shared_memory import SharedMemoryRegions
+from tensorbits.repository.folder import load_repository
+from tensorbits.repository.poll import RepositoryPoller
+from tensorbits.repository.store import (
+    MODELS,
+    FollowingGraphModels,
+    FollowingModelStates,
+    ModelStore,
+)
 from tensorbits_protocol.operators import REGISTRY
 
 

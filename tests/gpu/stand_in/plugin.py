@@ -29,7 +29,7 @@ import numpy as np
 import support.live
 from support.device_stand_in import HostDeviceMemory
 
-from tensorbits.backends import Backend
+from tensorbits.core.backends import Backend
 
 HERE = Path(__file__).resolve().parent
 TESTS = HERE.parents[1]

@@ -6,8 +6,8 @@ size queries through ctypes, open, view, close) over the host stand-in for CuPy 
 
 from support.cuda_stand_in import CudaStandIn
 
-from tensorbits.backends.numpy_backend import NumpyBackend
-from tensorbits.cuda_ipc import CupyDeviceMemory
+from tensorbits.core.backends.numpy_backend import NumpyBackend
+from tensorbits.core.cuda_ipc import CupyDeviceMemory
 
 _cuda = CudaStandIn()
 NumpyBackend.device_memory = CupyDeviceMemory(_cuda.cupy, _cuda.device_id, driver=_cuda.driver)

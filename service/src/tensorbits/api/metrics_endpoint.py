@@ -24,7 +24,7 @@ import ssl
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from tensorbits.config import Settings
+from tensorbits.config.settings import Settings
 from tensorbits.observability import Metrics
 from tensorbits.runtime import Runtime
 
@@ -126,7 +126,7 @@ async def _serve_one(
 
 async def start(settings: Settings, metrics: Metrics, runtime: Runtime) -> asyncio.Server:
     """Listen on ``settings.metrics_port`` (on ``settings.host``) in the running event loop."""
-    from tensorbits import tls
+    from tensorbits.config import tls
 
     context = None
     options = tls.uvicorn_options(settings)

@@ -14,10 +14,10 @@ from __future__ import annotations
 import numpy as np
 
 from tensorbits.api.rest_infer import check_named
-from tensorbits.backends.base import Backend
+from tensorbits.core.backends.base import Backend
 from tensorbits.core.graphs.models import GraphModel
 from tensorbits.core.graphs.request import GraphRequest, plan_request, run_request
-from tensorbits.shared_memory import SharedMemoryRegions
+from tensorbits.core.shared_memory import SharedMemoryRegions
 from tensorbits_protocol import codec
 from tensorbits_protocol.dtypes import wire_dtype
 from tensorbits_protocol.infer import InferRequest, InferResponse, RequestLimits, Tensor

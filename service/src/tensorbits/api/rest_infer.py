@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from tensorbits.backends.base import Backend
+from tensorbits.core.backends.base import Backend
 from tensorbits.core.dataplane import DataPlane
 from tensorbits.core.models import MODEL_VERSION
 from tensorbits.core.plan import Plan, PlanTemplate
 from tensorbits.core.plan import plan as plan_request
 from tensorbits.core.run import run_to_host, run_to_region
-from tensorbits.shared_memory import SharedMemoryRegions
+from tensorbits.core.shared_memory import SharedMemoryRegions
 from tensorbits_protocol import codec
 from tensorbits_protocol.dtypes import wire_dtype
 from tensorbits_protocol.errors import InvalidRequest

@@ -19,8 +19,8 @@ from starlette.concurrency import run_in_threadpool
 from tensorbits.api import v2_openapi
 from tensorbits.api.body import read_body
 from tensorbits.api.deps import RuntimeDep
+from tensorbits.core.shared_memory import Kind, SharedMemoryRegions, switched_on
 from tensorbits.runtime import Runtime
-from tensorbits.shared_memory import Kind, SharedMemoryRegions, switched_on
 from tensorbits_protocol.jsondata import JsonLimits, parse_json
 from tensorbits_protocol.schema_errors import validate_document
 from tensorbits_protocol.v2 import (

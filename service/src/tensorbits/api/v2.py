@@ -35,8 +35,8 @@ from tensorbits.core.models import (
     resolve_served,
     version_of,
 )
+from tensorbits.core.offload import JSON_INLINE_MAX_BYTES, offload
 from tensorbits.logs import note_version
-from tensorbits.offload import JSON_INLINE_MAX_BYTES, offload
 from tensorbits.runtime import Runtime
 from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
 from tensorbits_protocol.jsondata import JsonLimits, parse_json

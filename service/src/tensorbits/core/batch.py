@@ -23,10 +23,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from tensorbits.backends.base import Backend
+from tensorbits.core.backends.base import Backend
+from tensorbits.core.header_cache import HeaderCache
+from tensorbits.core.kernels import DeviceArray
 from tensorbits.core.limits import CoreLimits
-from tensorbits.header_cache import HeaderCache
-from tensorbits.kernels import DeviceArray
 from tensorbits_protocol import codec
 from tensorbits_protocol.dml import DescLayout, TensorDesc, ViewLayout, check_placement, layout_of
 from tensorbits_protocol.dtypes import DataType, numpy_dtype, parse_datatype

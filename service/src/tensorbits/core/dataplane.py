@@ -24,16 +24,16 @@ from time import perf_counter_ns
 from types import TracebackType
 from typing import ParamSpec, TypeVar
 
-from tensorbits.backends.base import Backend
 from tensorbits.core.admission import Admission, Grant
+from tensorbits.core.backends.base import Backend
 from tensorbits.core.batch import BatchLimits, BatchPlan
 from tensorbits.core.graphs.models import GraphModel, GraphModels
+from tensorbits.core.header_cache import HeaderCache
 from tensorbits.core.models import ModelStates
+from tensorbits.core.offload import COMPUTE_INLINE_MAX_BYTES, JSON_INLINE_MAX_BYTES, offload
 from tensorbits.core.plan import PlanTemplate
+from tensorbits.core.shared_memory import SharedMemoryRegions
 from tensorbits.core.statistics import Statistics
-from tensorbits.header_cache import HeaderCache
-from tensorbits.offload import COMPUTE_INLINE_MAX_BYTES, JSON_INLINE_MAX_BYTES, offload
-from tensorbits.shared_memory import SharedMemoryRegions
 from tensorbits_protocol.infer import RequestLimits
 
 P = ParamSpec("P")

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from tensorbits.backends.base import Backend
-from tensorbits.kernels import DeviceArray
+from tensorbits.core.backends.base import Backend
+from tensorbits.core.kernels import DeviceArray
 from tensorbits_protocol.dtypes import from_numpy, numpy_dtype
 from tensorbits_protocol.operators import get_operator
 from tensorbits_protocol.validation import ResolvedCall, TensorSpec, validate_call

@@ -17,10 +17,10 @@ from typing import Any, NamedTuple, Self
 
 import numpy as np
 
-from tensorbits.backends.base import Backend
+from tensorbits.core.backends.base import Backend
 from tensorbits.core.engine import is_flat_elementwise
 from tensorbits.core.models import MODEL_VERSION
-from tensorbits.shared_memory import Location, SharedMemoryRegions, switched_on
+from tensorbits.core.shared_memory import Location, SharedMemoryRegions, switched_on
 from tensorbits_protocol.dtypes import DataType, itemsize, wire_dtype
 from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
 from tensorbits_protocol.infer import (

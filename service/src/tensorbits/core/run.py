@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from tensorbits.backends.base import Backend
+from tensorbits.core.backends.base import Backend
 from tensorbits.core.engine import flat_call, run_into
+from tensorbits.core.kernels import DeviceArray
 from tensorbits.core.plan import STREAM_PIECE_BYTES, Plan, SharedInput, streams
-from tensorbits.kernels import DeviceArray
-from tensorbits.shared_memory import SharedMemoryRegions
+from tensorbits.core.shared_memory import SharedMemoryRegions
 from tensorbits_protocol.dtypes import wire_dtype
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tensorbits.backends.base import Backend
+from tensorbits.core.backends.base import Backend
 from tensorbits.core.dataplane import DataPlane
 from tensorbits.core.graphs.models import GraphModel
 from tensorbits.core.graphs.request import GraphRequest, plan_request, run_request

@@ -20,16 +20,16 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from tensorbits.backends.base import Backend
+from tensorbits.core.backends.base import Backend
 from tensorbits.core.dataplane import DataPlane
 from tensorbits.core.models import MODEL_VERSION
 from tensorbits.core.plan import Plan, PlanTemplate
 from tensorbits.core.plan import plan as plan_request
 from tensorbits.core.run import run_to_host, run_to_region
+from tensorbits.core.shared_memory import SharedMemoryRegions
 from tensorbits.grpc import answer_bytes, wire
 from tensorbits.grpc import inference_pb2 as pb
 from tensorbits.grpc.decode import infer_request
-from tensorbits.shared_memory import SharedMemoryRegions
 from tensorbits_protocol.dtypes import BY_NAME, wire_dtype
 from tensorbits_protocol.operators import OperatorSpec
 

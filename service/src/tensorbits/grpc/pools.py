@@ -22,7 +22,7 @@ import enum
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from tensorbits.config import Settings
+from tensorbits.config.settings import Settings
 from tensorbits_protocol.errors import Overloaded
 
 # The largest message of every RPC but ModelInfer: names, keys, a 64-byte CUDA handle. Parsed on

@@ -32,7 +32,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tensorbits.config import Settings
+from tensorbits.config.settings import Settings
 from tensorbits.grpc.pools import RPC_RULES
 from tensorbits.grpc.service import SERVICE_NAME, InferenceService
 from tensorbits.observability import Metrics

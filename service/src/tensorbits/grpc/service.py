@@ -38,6 +38,8 @@ from tensorbits.core.admission import Admission
 from tensorbits.core.graphs.model_config_pb2 import ModelConfig
 from tensorbits.core.graphs.models import GraphModel
 from tensorbits.core.models import MODEL_VERSION, Model, resolve_model, resolve_served, version_of
+from tensorbits.core.offload import JSON_INLINE_MAX_BYTES, offload
+from tensorbits.core.shared_memory import Kind, SharedMemoryRegions, switched_on
 from tensorbits.deadlines import within_read_deadline
 from tensorbits.grpc import graph_messages, load_wire, messages, streams, wire
 from tensorbits.grpc import inference_pb2 as pb
@@ -52,9 +54,7 @@ from tensorbits.grpc.status import (
 from tensorbits.grpc.streams import StreamBehaviour
 from tensorbits.logs import begin_call, call_var, note_model, note_request_id, note_version
 from tensorbits.observability import Metrics, record_call
-from tensorbits.offload import JSON_INLINE_MAX_BYTES, offload
 from tensorbits.runtime import Runtime
-from tensorbits.shared_memory import Kind, SharedMemoryRegions, switched_on
 from tensorbits_protocol.errors import (
     InvalidRequest,
     OperatorNotFound,

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from tensorbits.backends.base import Backend
+from tensorbits.core.backends.base import Backend
 from tensorbits.core.batch import (
     BatchLimits,
     BatchPlan,
@@ -41,7 +41,7 @@ from tensorbits.core.graphs.plan import resolve_inputs
 from tensorbits.core.graphs.program import ModelPlan
 from tensorbits.core.graphs.refusals import invalid, shown
 from tensorbits.core.graphs.spec import ValueDecl
-from tensorbits.kernels import DeviceArray
+from tensorbits.core.kernels import DeviceArray
 from tensorbits_protocol.dtypes import DataType, itemsize, parse_datatype
 from tensorbits_protocol.errors import PayloadTooLarge
 from tensorbits_protocol.jsondata import JsonLimits, MemberLimit, parse_json

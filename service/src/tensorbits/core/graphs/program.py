@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from tensorbits.backends.base import Backend
+from tensorbits.core.backends.base import Backend
 from tensorbits.core.graphs.plan import GraphPlan, PlanCache
 from tensorbits.core.graphs.run import run_graph
 from tensorbits.core.graphs.spec import GraphSpec, ValueDecl

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from tensorbits.backends.base import Backend
+from tensorbits.core.backends.base import Backend
 from tensorbits.core.graphs.models import GraphModel
 from tensorbits.core.graphs.program import ModelPlan, PlannedTensor
 from tensorbits.core.graphs.refusals import invalid
@@ -35,7 +35,7 @@ from tensorbits.core.plan import (
     requested_outputs,
 )
 from tensorbits.core.run import shared_read
-from tensorbits.shared_memory import Location, SharedMemoryRegions
+from tensorbits.core.shared_memory import Location, SharedMemoryRegions
 from tensorbits_protocol.dtypes import itemsize, wire_dtype
 from tensorbits_protocol.errors import InvalidRequest
 from tensorbits_protocol.infer import (

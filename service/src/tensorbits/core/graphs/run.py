@@ -24,11 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from tensorbits.backends.base import Backend, run_fused, share
+from tensorbits.core.backends.base import Backend, run_fused, share
 from tensorbits.core.engine import flat_call, run_into
 from tensorbits.core.graphs.plan import GraphPlan, SlotKind
 from tensorbits.core.graphs.refusals import invalid
-from tensorbits.kernels import DeviceArray
+from tensorbits.core.kernels import DeviceArray
 from tensorbits_protocol.dtypes import numpy_dtype
 from tensorbits_protocol.validation import ResolvedCall, Shape
 

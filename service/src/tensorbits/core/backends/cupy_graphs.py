@@ -31,8 +31,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from tensorbits.backends.cupy_wide import _WORDS, C_TYPES, MAX_BLOCKS, THREADS, lane_body
-from tensorbits.kernels import DeviceArray
+from tensorbits.core.backends.cupy_wide import _WORDS, C_TYPES, MAX_BLOCKS, THREADS, lane_body
+from tensorbits.core.kernels import DeviceArray
 from tensorbits_protocol.dtypes import DTYPES, DataType
 from tensorbits_protocol.operators import Encoding, Function
 from tensorbits_protocol.validation import ResolvedCall

@@ -11,14 +11,15 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from fastapi_offline import FastAPIOffline
 
-from tensorbits import __version__, assembly, auth
+from tensorbits import __version__, auth
 from tensorbits.api import fastpath, openapi_doc, routers
 from tensorbits.api.errors import register_exception_handlers
 from tensorbits.api.head import HeadAsGetMiddleware
 from tensorbits.api.metrics import router as metrics_router
-from tensorbits.config import Settings
+from tensorbits.config.settings import Settings
 from tensorbits.observability import METRICS_STATE, Metrics, ObservabilityMiddleware
 from tensorbits.runtime import Drain
+from tensorbits.server import assembly
 
 
 def _operation_id(route: APIRoute) -> str:

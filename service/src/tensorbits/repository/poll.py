@@ -31,7 +31,7 @@ from pathlib import Path
 
 from tensorbits.core.dataplane import DataPlane
 from tensorbits.core.graphs.names import displayed
-from tensorbits.model_repository import (
+from tensorbits.repository.folder import (
     LOAD_ERRORS,
     build_folder,
     failure,

@@ -18,7 +18,7 @@ from contextlib import asynccontextmanager
 
 from tensorbits import __version__
 from tensorbits.api import metrics_endpoint
-from tensorbits.config import Settings
+from tensorbits.config.settings import Settings
 from tensorbits.logs import banner
 from tensorbits.observability import Metrics
 from tensorbits.runtime import Drain, Runtime

@@ -44,8 +44,8 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from tensorbits.kernels import DeviceArray
-from tensorbits.shared_memory import DeviceAllocation
+from tensorbits.core.kernels import DeviceArray
+from tensorbits.core.shared_memory import DeviceAllocation
 from tensorbits_protocol.errors import InvalidRequest
 from tensorbits_protocol.v2 import CUDA_IPC_HANDLE_BYTES
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tensorbits.config import Settings
+    from tensorbits.config.settings import Settings
 
 
 def uvicorn_options(settings: Settings) -> dict[str, Any]:

@@ -6,9 +6,9 @@ import logging
 from dataclasses import dataclass
 from typing import Literal
 
-from tensorbits.backends.base import Backend, BackendUnavailable
-from tensorbits.backends.numpy_backend import NumpyBackend
-from tensorbits.backends.pinned_pool import DEFAULT_POOL_BYTES
+from tensorbits.core.backends.base import Backend, BackendUnavailable
+from tensorbits.core.backends.numpy_backend import NumpyBackend
+from tensorbits.core.backends.pinned_pool import DEFAULT_POOL_BYTES
 
 BackendChoice = Literal["auto", "numpy", "cupy"]
 
@@ -46,7 +46,7 @@ def select_backend(
     if choice == "numpy":
         selection = Selection(NumpyBackend(cpu_threads), "numpy backend requested")
     else:
-        from tensorbits.backends.cupy_backend import CupyBackend
+        from tensorbits.core.backends.cupy_backend import CupyBackend
 
         try:
             selection = Selection(

@@ -25,9 +25,9 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from tensorbits.api_keys import key_problem, read_key_file
-from tensorbits.backends.pinned_pool import DEFAULT_POOL_BYTES as DEFAULT_PINNED_POOL_BYTES
-from tensorbits.certificates import check_certificate
+from tensorbits.config.api_keys import key_problem, read_key_file
+from tensorbits.config.certificates import check_certificate
+from tensorbits.core.backends.pinned_pool import DEFAULT_POOL_BYTES as DEFAULT_PINNED_POOL_BYTES
 from tensorbits.core.graphs.limits import GraphLimits
 from tensorbits.core.limits import CoreLimits
 from tensorbits_protocol.integers import shown

@@ -56,8 +56,8 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from types import FrameType
 
-from tensorbits.config import Settings
-from tensorbits.serving import StopSignals, draining_server, uvicorn_kwargs
+from tensorbits.config.settings import Settings
+from tensorbits.server.serving import StopSignals, draining_server, uvicorn_kwargs
 
 logger = logging.getLogger("tensorbits.workers")
 
@@ -171,9 +171,9 @@ def run_worker(index: int, port: int, folder: str, supervisor: int) -> None:
     import uvicorn  # the worker's imports: after the spawn, not in the supervisor
 
     from tensorbits import observability
-    from tensorbits.app import create_app
     from tensorbits.logs import configure_logging
     from tensorbits.runtime import Drain
+    from tensorbits.server.app import create_app
 
     settings = Settings(port=port)
     configure_logging(settings.log_level, settings.log_json)

@@ -19,12 +19,12 @@ from tensorbits import __version__
 
 # The server process is assembled in serving.py (workers.py builds the same one); the command
 # calls it through these names, which the tests use too (a stub ``draining_server`` included).
-from tensorbits.serving import StopSignals
-from tensorbits.serving import draining_server as draining_server
-from tensorbits.serving import uvicorn_kwargs as _uvicorn_kwargs
+from tensorbits.server.serving import StopSignals
+from tensorbits.server.serving import draining_server as draining_server
+from tensorbits.server.serving import uvicorn_kwargs as _uvicorn_kwargs
 
 if TYPE_CHECKING:
-    from tensorbits.config import Settings
+    from tensorbits.config.settings import Settings
     from tensorbits_protocol.v1 import OperatorInfo
 
 
@@ -95,7 +95,7 @@ class _CommandParser(argparse.ArgumentParser):
 
     def format_help(self) -> str:
         if self.settings_epilog:
-            from tensorbits.config import settings_help
+            from tensorbits.config.settings import settings_help
 
             self.epilog = settings_help()
         return super().format_help()
@@ -207,7 +207,7 @@ def _backend_problem(settings: Settings) -> str | None:
     always works.)"""
     if settings.backend != "cupy":
         return None
-    from tensorbits.backends import BackendUnavailable, select_backend
+    from tensorbits.core.backends import BackendUnavailable, select_backend
 
     try:
         selection = select_backend(
@@ -236,10 +236,10 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
     from pydantic import ValidationError
 
-    from tensorbits.config import Settings, settings_errors, unknown_variables
+    from tensorbits.config.settings import Settings, settings_errors, unknown_variables
     from tensorbits.logs import configure_logging
-    from tensorbits.memory import tune_allocator
     from tensorbits.runtime import Drain
+    from tensorbits.server.memory import tune_allocator
 
     flags = ("host", "port", "workers", "backend", "log_level", *REPOSITORY_FLAGS)
     overrides = {k: v for k in flags if (v := getattr(args, k)) is not None}
@@ -272,7 +272,7 @@ def _serve(args: argparse.Namespace) -> int:
     tune_allocator()  # before the first large buffer: RSS bounded over time (memory.py)
     if settings.workers > 1:
         # Worker processes on one port, each this same server (workers.py).
-        from tensorbits.workers import Supervisor
+        from tensorbits.server.workers import Supervisor
 
         return Supervisor(settings).run()
     # A clean stop exits 0, not by the signal uvicorn raises again once it has stopped.

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from tensorbits.kernels import DeviceArray
+from tensorbits.core.kernels import DeviceArray
 from tensorbits_protocol.operators import Function
 
 VECTOR_BYTES = 16  # one uint4: the widest word a thread loads or stores in one instruction

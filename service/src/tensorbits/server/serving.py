@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import uvicorn
 
-    from tensorbits.config import Settings
+    from tensorbits.config.settings import Settings
     from tensorbits.runtime import Drain
 
 
@@ -30,13 +30,15 @@ def uvicorn_kwargs(
     """uvicorn's arguments for one server process (the only one, or one of ``--workers N``,
     workers.py): its app built from ``settings`` (or ``app``, built already), reporting not
     ready once ``drain`` begins (None: a drain of its own, never begun)."""
-    from tensorbits import tls
-    from tensorbits.guarded_protocol import guarded_protocol
+    from tensorbits.api.guarded_protocol import guarded_protocol
+    from tensorbits.config import tls
     from tensorbits.runtime import Drain
 
     drain = drain or Drain()
     if app is None:
-        from tensorbits.app import create_app  # here: `tensorbits operators` needs no FastAPI
+        from tensorbits.server.app import (
+            create_app,  # here: `tensorbits operators` needs no FastAPI
+        )
 
         # A factory, so that uvicorn builds the app as it loads (and reports a failure).
         app = functools.partial(create_app, settings, drain=drain)

@@ -53,7 +53,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple, Protocol, TypeVar
 
-from tensorbits.kernels import DeviceArray
+from tensorbits.core.kernels import DeviceArray
 from tensorbits_protocol.errors import InvalidRequest
 from tensorbits_protocol.infer import SharedMemoryRef
 from tensorbits_protocol.v2 import CUDA_IPC_HANDLE_BYTES

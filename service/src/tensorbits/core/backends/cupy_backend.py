@@ -13,13 +13,13 @@ from typing import Any
 
 import numpy as np
 
-from tensorbits.backends.base import BackendUnavailable
-from tensorbits.backends.cupy_graphs import FusedChain, GraphKernels
-from tensorbits.backends.cupy_wide import WideKernels
-from tensorbits.backends.pinned_pool import DEFAULT_POOL_BYTES, PinnedPool, install
-from tensorbits.cuda_ipc import CupyDeviceMemory
-from tensorbits.kernels import BitOps, DeviceArray, as_kernel_operands, run_kernel
-from tensorbits.shared_memory import DeviceMemory
+from tensorbits.core.backends.base import BackendUnavailable
+from tensorbits.core.backends.cupy_graphs import FusedChain, GraphKernels
+from tensorbits.core.backends.cupy_wide import WideKernels
+from tensorbits.core.backends.pinned_pool import DEFAULT_POOL_BYTES, PinnedPool, install
+from tensorbits.core.cuda_ipc import CupyDeviceMemory
+from tensorbits.core.kernels import BitOps, DeviceArray, as_kernel_operands, run_kernel
+from tensorbits.core.shared_memory import DeviceMemory
 from tensorbits_protocol.operators import Function
 from tensorbits_protocol.validation import ResolvedCall
 

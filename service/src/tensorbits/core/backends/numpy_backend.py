@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from tensorbits.kernels import BitOps, DeviceArray, as_kernel_operands, run_kernel
-from tensorbits.shared_memory import DeviceMemory
+from tensorbits.core.kernels import BitOps, DeviceArray, as_kernel_operands, run_kernel
+from tensorbits.core.shared_memory import DeviceMemory
 from tensorbits_protocol.operators import Function
 from tensorbits_protocol.validation import ResolvedCall
 

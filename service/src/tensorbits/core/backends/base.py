@@ -7,8 +7,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from tensorbits.kernels import DeviceArray
-from tensorbits.shared_memory import DeviceMemory
+from tensorbits.core.kernels import DeviceArray
+from tensorbits.core.shared_memory import DeviceMemory
 from tensorbits_protocol.validation import ResolvedCall
 
 

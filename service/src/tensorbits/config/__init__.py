@@ -1,0 +1,1 @@
+"""Settings: environment, command line, API keys, certificates and TLS."""

@@ -1,0 +1,1 @@
+"""The process: command line, workers, the HTTP and gRPC servers started side by side."""
