@@ -46,8 +46,9 @@ def _importers(prefix: str) -> list[str]:
 @pytest.mark.parametrize(
     ("layer", "forbidden"),
     [
-        ("tensorbits.core", ("tensorbits.api", "tensorbits.grpc", "tensorbits.config.settings",
-                             "tensorbits.runtime", "starlette", "fastapi", "grpc", "uvicorn")),
+        ("tensorbits.core", ("tensorbits.api", "tensorbits.grpc", "tensorbits.config",
+                             "tensorbits.server", "tensorbits.repository", "tensorbits.runtime",
+                             "starlette", "fastapi", "grpc", "uvicorn")),
         ("tensorbits.grpc", ("tensorbits.api",)),
         ("tensorbits.api", ("tensorbits.grpc",)),
     ],
@@ -98,7 +99,46 @@ def test_the_core_loads_without_any_front_end_or_the_settings() -> None:
         name
         for name in loaded
         if name.split(".")[0] in roots
-        or name == "tensorbits.config.settings"
-        or name.startswith(("tensorbits.api", "tensorbits.grpc"))
+        or name.startswith(("tensorbits.api", "tensorbits.grpc", "tensorbits.config"))
     ]
     assert not found, found
+
+
+# The house as a newcomer reads it: a handful of top-level modules beside the packages, and a short
+# stack of floors. A room is a top-level module or a package taken whole; a room's floor is one
+# above the highest room it imports. README.md's "Layout" draws these floors.
+MAX_TOP_LEVEL_MODULES = 12
+MAX_FLOORS = 8
+
+
+def _room(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+
+def _floors() -> dict[str, int]:
+    rooms: dict[str, set[str]] = {}
+    for module, path in SOURCES.items():
+        targets = {_room(name) for name in _imports(path) if name in SOURCES}
+        rooms.setdefault(_room(module), set()).update(targets - {_room(module), "tensorbits"})
+    floors: dict[str, int] = {}
+
+    def floor(room: str, seen: tuple[str, ...]) -> int:
+        if room in seen:
+            pytest.fail(f"rooms in a circle: {' -> '.join([*seen, room])}")
+        if room not in floors:
+            floors[room] = 1 + max((floor(r, (*seen, room)) for r in rooms[room]), default=0)
+        return floors[room]
+
+    for room in rooms:
+        floor(room, ())
+    return floors
+
+
+def test_the_house_has_few_top_level_modules_and_few_floors() -> None:
+    top_level = sorted(p.stem for p in PACKAGE.glob("*.py") if p.name != "__init__.py")
+    assert len(top_level) <= MAX_TOP_LEVEL_MODULES, top_level
+    floors = _floors()
+    assert max(floors.values()) <= MAX_FLOORS, sorted(floors.items(), key=lambda kv: -kv[1])
+    # The process sits on top of both front ends, which are siblings on one floor.
+    assert floors["tensorbits.server"] == max(floors.values())
+    assert floors["tensorbits.api"] == floors["tensorbits.grpc"]
