@@ -5,7 +5,7 @@ UV := .tools/bin/uv
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install install-serve serve test test-all check lint typecheck unit unit-all bench openapi proto clean images image-test device-prep gpu-check
+.PHONY: install install-serve serve test test-all check lint typecheck unit unit-all bench openapi proto clean images image-test wheelhouse gpu-check
 
 $(UV):
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check --target .tools uv==$(UV_VERSION)
@@ -53,16 +53,16 @@ lint: install
 # Then the GPU tests, the GPU benchmarks and the GPU check's scripts, which no CI machine runs:
 # typed here so that a slip shows before a device does. They import the tests' helpers
 # (support.*, core.*) from tests/, named relative to MYPYPATH (pyproject.toml: which are checked).
-GPU_TYPED := tests/gpu bench/gpu_ops.py bench/cuda_shared_memory.py scripts/gpu_preflight.py \
-	scripts/gpu_wheels.py
+GPU_TYPED := tests/gpu bench/gpu_ops.py bench/cuda_shared_memory.py scripts/gpu_check.py
 
 # With them, the whole of tests/ and bench/ (bench.harness is found from the repository root; some
 # benchmarks import support.* from tests/ too). The folders the tests put on sys.path themselves go
-# on MYPYPATH too: tests/fuzz (its targets import fuzz_support) and scripts/ (images, image_test,
-# gpu_wheels).
+# on MYPYPATH too: tests/fuzz (its targets import harness.py, beside them) and scripts/ (images,
+# image_test, gpu_check).
 # tests/client is checked in a call of its own, with its folder on MYPYPATH (its tests import
-# client_support): in one call with the rest, its conftest.py and tests/conftest.py would both be
-# the module conftest.
+# fake_server): in one call with the rest, its conftest.py and tests/conftest.py would both be
+# the module conftest. tests/grpc's files are named grpc.<file> here (grpc.conftest, ...): beside
+# grpcio's own package, whose stubs `import grpc` still finds (no grpcio module is named like them).
 typecheck: install
 	$(BIN)/mypy
 	MYPYPATH=tests:tests/fuzz:scripts $(BIN)/mypy --explicit-package-bases \
@@ -89,18 +89,26 @@ test: check unit ## lint, types and the fast lane: every test that starts no pro
 
 test-all: check unit-all ## lint, types and every test, the live ones too, serially (what CI runs)
 
-bench: install ## operator core on the CPU; bench/http_service.py, bench/small_request_in_process.py, bench/client.py and bench/load.py measure the rest
+bench: install ## operator core on the CPU; bench/compare.py, bench/in_process.py, bench/client.py and bench/load.py measure the rest
 	$(BIN)/python bench/ops.py
 
-# The GPU check on this machine's GPU, from a clone with network: .venv with the gpu extra (the
-# lock's CuPy), then the preflight, tests/gpu in GPU mode and the GPU benchmarks, each step's log
-# and a summary at the end (docs/gpu.md). MODE=quick (no benchmarks), bench or full (the default).
-gpu-check: $(UV) ## the GPU check on this machine's NVIDIA GPU (MODE=quick|bench|full): preflight, tests/gpu, GPU benchmarks, a report
-	$(SYNC) --all-extras
-	NO_WHEELS=1 PYTHON=$(BIN)/python bash scripts/gpu_session.sh $(or $(MODE),full)
+# The GPU check (scripts/gpu_check.py, docs/gpu.md): the preflight, tests/gpu in GPU mode (a skip
+# fails), bench/gpu_ops.py --quick, one summary; summary.txt and the logs in RESULTS. With network:
+# .venv with the gpu extra (the lock's CuPy). On an air-gapped host, WHEELHOUSE=folder (what `make
+# wheelhouse` made on a connected machine): pip --no-index from it, with the host's Python,
+# NumPy, CuPy and cuda-bindings. The wheelhouse's folder is named here only (git-ignored).
+WHEELHOUSE_DIR := wheelhouse
+WHEELHOUSE_PYTHON ?= 3.12
+RESULTS ?= bench/results/gpu-check
+GPU_CHECK = $(if $(WHEELHOUSE),$(PYTHON) scripts/gpu_check.py run --wheelhouse $(WHEELHOUSE),\
+	$(BIN)/python scripts/gpu_check.py run --uv $(UV))
+gpu-check: $(if $(WHEELHOUSE),,$(UV)) ## the GPU check on this host's NVIDIA GPU (WHEELHOUSE=folder on an air-gapped host; RESULTS=folder)
+	$(if $(WHEELHOUSE),,$(SYNC) --all-extras)
+	$(GPU_CHECK) --results $(RESULTS)
 
-device-prep: install ## wheels for the GPU check into .whl/ (git-ignored; carry them to a GPU machine without network): all but NumPy, pinned by uv.lock (docs/gpu.md)
-	bash scripts/gpu_session.sh prep
+wheelhouse: $(UV) ## uv.lock's wheels for `make gpu-check WHEELHOUSE=` on an air-gapped GPU host (WHEELHOUSE_PYTHON=3.12), hash-checked, with their size
+	$(PYTHON) scripts/gpu_check.py wheelhouse $(or $(WHEELHOUSE),$(WHEELHOUSE_DIR)) --uv $(UV) \
+		--python-version $(WHEELHOUSE_PYTHON)
 
 openapi: install ## regenerate openapi/openapi.json from the app
 	$(BIN)/python scripts/export_openapi.py

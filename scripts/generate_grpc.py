@@ -2,7 +2,7 @@
 its type stubs (.pyi) from inference.proto, and the model configuration's schema it imports
 (core/graphs/model_config_pb2.py and .pyi from Triton's model_config.proto), with the grpcio-tools and mypy-protobuf of the lock,
 so that the same lock gives the same bytes. ``--check`` writes nothing and exits 1 when the
-committed files differ from what would be generated (tests/grpc/test_grpc_proto.py runs it)."""
+committed files differ from what would be generated (tests/grpc/test_proto.py runs it)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """Shared fixtures. tests/ is on sys.path (pytest's rootdir-relative conftest import), so test
-modules import the operator reference as ``core.bitref``."""
+modules import the operator reference as ``core.bitref``. No folder of tests/ is a package: a
+folder named like an installed package (tests/grpc) is a namespace folder, which never shadows it
+(a regular package anywhere on sys.path wins), so a helper in it cannot be imported by its folder's
+name; and test file names are unique across folders (pytest imports each by its base name)."""
 
 from __future__ import annotations
 
@@ -9,10 +12,15 @@ import inspect
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tensorbits.core.backends import Backend, select_backend
+
+if TYPE_CHECKING:
+    from support.grpc_live import GrpcServer
+    from support.wires import Wires
 
 # No gRPC endpoint and no metrics listener unless a test asks for one (on a free port): in-process
 # apps and the live servers the tests start inherit this. Set, not defaulted: a shell that
@@ -30,6 +38,33 @@ def numpy_backend() -> Iterator[Backend]:
     backend.close()
 
 
+# One real server for the whole suite, HTTP and gRPC on free loopback ports, and ``wires``: both
+# protocols' clients to it. Here, not in a folder's conftest.py: the parity tests of live/ and
+# protocol/test_descriptor_parity.py share it (one server per session). Imported when first asked
+# for, so that a run without them never imports grpcio.
+@pytest.fixture(scope="session")
+def protocols_server() -> Iterator[GrpcServer]:
+    from support.grpc_live import serve_grpc
+
+    with serve_grpc() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def wires(protocols_server: GrpcServer) -> Iterator[Wires]:
+    import grpc
+    import httpx
+    from support.wires import TIMEOUT_S, Wires
+
+    # No message size limit on the client's side: the server's are the ones under test.
+    options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+    with (
+        httpx.Client(base_url=protocols_server.http.base_url, timeout=TIMEOUT_S) as http,
+        grpc.insecure_channel(protocols_server.grpc_url, options=options) as channel,
+    ):
+        yield Wires(http, channel)
+
+
 # The lanes. `make test` runs the tests that are not `live`, over the cores (pytest-xdist);
 # `make test-all` runs every test, serially (the live tests measure memory and latency: they must
 # not compete with each other). `live` is decided here, from what the tests use, never from a list
@@ -38,11 +73,11 @@ def numpy_backend() -> Iterator[Backend]:
 #   - it is marked `integration` (by hand, or by a conftest.py from the fixtures it requests), or
 #   - its module uses, anywhere outside a type annotation, something that starts or drives another
 #     process (STARTERS, PROCESS_CALLS): directly, or through a function or class of the tests' own
-#     helper modules (support.*, client_support, scripts/...) that does so, or
+#     helper modules (support.*, fake_server, scripts/...) that does so, or
 #   - it requests a fixture, from any conftest.py, whose function does so.
 # A name only imported for annotations (support.live's LiveServer in a signature) does not count;
 # support.live.free_port does not either (it only asks the kernel for a port): serve does.
-LIVE_FOLDERS = frozenset({"integration", "reliability", "fuzz", "gpu"})
+LIVE_FOLDERS = frozenset({"live", "fuzz", "gpu"})
 # Modules whose every use means another process: a child interpreter, a server, a tool, a browser,
 # a fuzzer.
 STARTERS = frozenset({"subprocess", "multiprocessing", "pty", "selenium", "atheris"})
@@ -60,7 +95,7 @@ PROCESS_CALLS = frozenset(
 _TESTS = Path(__file__).resolve().parent
 _REPO = _TESTS.parent
 # Where the tests' own modules are found: tests/ (support.*, core.*), a test's own folder
-# (client_support, fuzz_support) and scripts/ (images, image_test: some tests put it on sys.path).
+# (fake_server, harness) and scripts/ (images, image_test: some tests put it on sys.path).
 _HELPER_ROOTS = (_TESTS, _REPO / "scripts")
 
 

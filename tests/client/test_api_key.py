@@ -1,7 +1,7 @@
 """The SDK's API key and TLS options, offline: the key is sent as a Bearer token (argument first,
 then $TENSORBITS_API_KEY), never shown, kept by with_options and map()'s async twin; a 401 is an
 ``AuthenticationError``, not retried; ``verify`` becomes what httpx 0.28 takes. The live
-round trips are in tests/integration/test_auth_live.py and test_tls_live.py."""
+round trips are in tests/live/test_auth_served.py and test_tls_served.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from client_support import FakeServer, json_error
+from fake_server import FakeServer, json_error
 
 from tensorbits_client import (
     APIStatusError,

@@ -6,7 +6,7 @@ import inspect
 
 import httpx
 import pytest
-from client_support import FakeServer, json_error
+from fake_server import FakeServer, json_error
 
 import tensorbits_client
 from tensorbits_client import (

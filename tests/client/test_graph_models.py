@@ -22,8 +22,8 @@ from typing import Any, TypeVar
 import httpx
 import numpy as np
 import pytest
-from client_support import FakeServer, json_error
 from core.graph_models import binding_example, constant, model_bytes, tensor
+from fake_server import FakeServer, json_error
 from onnx import TensorProto, helper
 
 from tensorbits_client import (

@@ -1,5 +1,5 @@
 """``import tensorbits_client`` loads no httpx, NumPy or pydantic models (start-up time:
-bench/cli_startup.py); each public name is imported when first used, and every one still works."""
+bench/in_process.py --parts startup); each public name is imported when first used, and every one still works."""
 
 from __future__ import annotations
 

@@ -188,7 +188,7 @@ INVALID: dict[str, tuple[str, Any, dict[str, Any]]] = {
     "unknown parameter": ("onnx.BitwiseNot-18", [u8], {"feature_level": "6_4"}),
     "misspelt protocol parameter": ("onnx.BitwiseNot-18", [u8], {"sequence_ids": 1}),
     "missing input": ("onnx.BitwiseAnd-18", [u8], {}),
-    # Two arrays in order are refused before naming (tests/service/test_error_suggestions.py).
+    # Two arrays in order are refused before naming (tests/api/test_error_suggestions.py).
     "extra input": ("onnx.BitwiseNot-18", {"X": u8, "Y": u8}, {}),
     "unknown input name": ("onnx.BitwiseNot-18", {"Q": u8}, {}),
     "signed shift in DML": ("DML_OPERATOR_ELEMENT_WISE_BIT_SHIFT_LEFT", [i64, i64], {}),

@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
-from client_support import FakeServer
+from fake_server import FakeServer
 
 from tensorbits import model_info
 from tensorbits.core.statistics import Statistics

@@ -24,7 +24,7 @@ from typing import Any, get_args
 import httpx
 import numpy as np
 import pytest
-from client_support import FakeServer
+from fake_server import FakeServer
 
 from tensorbits_client import AsyncClient, Batch, Client, async_hamming_distances, hamming_distances
 from tensorbits_client.types import AutoBroadcast, CountType, Direction, FeatureLevel

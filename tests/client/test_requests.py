@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from client_support import FakeServer, json_error
+from fake_server import FakeServer, json_error
 
 from tensorbits_client import (
     APIConnectionError,

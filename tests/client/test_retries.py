@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 import httpx
 import numpy as np
 import pytest
-from client_support import FakeServer, json_error
+from fake_server import FakeServer, json_error
 
 from tensorbits_client import (
     APIConnectionError,

@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from client_support import FakeServer, json_error
 from core.bitref import assert_bits_equal, reference
+from fake_server import FakeServer, json_error
 from support.live import serve
 from support.v2 import uint8_inputs
 

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from support.host_calls import compute
 
-from tensorbits.core.engine import compute
 from tensorbits_protocol.dtypes import DTYPES, DataType
 from tensorbits_protocol.operators import OPERATORS, Encoding, Function, OperatorSpec, get_operator
 

@@ -34,7 +34,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
-from deploy.deployfiles import DOCKER, kustomize
+from deploy.files import DOCKER, kustomize
 from prometheus_client.parser import text_string_to_metric_families
 from support.framing import framed
 from support.grpc_live import GrpcServer

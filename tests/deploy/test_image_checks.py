@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deploy.deployfiles import K8S, REPO, k8s_resource
+from deploy.files import K8S, REPO, k8s_resource
 
 sys.path.insert(0, str(REPO / "scripts"))
 import image_test  # scripts/image_test.py

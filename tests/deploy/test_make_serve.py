@@ -23,7 +23,7 @@ from importlib.metadata import distributions
 from pathlib import Path
 
 import pytest
-from deploy.deployfiles import REPO
+from deploy.files import REPO
 from support.live import free_port, serve
 
 from tensorbits.server.cli import _bind_problem

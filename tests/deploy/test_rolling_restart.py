@@ -6,7 +6,7 @@ row, every request answered, and answered right (``support/rolling.py``).
 
 haproxy does not retry: a request sent to a closed port would be a failure here. With no drain
 delay the same roll does fail some requests (the listener closes before haproxy's next check):
-``bench/rolling_restart.py --drain-delay 0`` shows it."""
+``bench/load.py rolling-restart --drain-delay 0`` shows it."""
 
 from __future__ import annotations
 

@@ -13,9 +13,9 @@ handles, sizes past the allocation, another device, a name a system region has; 
 and sizes past the region, wrong sizes, unknown regions, partial or forbidden aliasing,
 unaligned offsets), each followed by a good request on the same server.
 
-Skipped, with the reason, where CuPy or a CUDA device is missing (gpu_support) and, separately,
+Skipped, with the reason, where CuPy or a CUDA device is missing (gpu/devices.py) and, separately,
 where ``tritonclient.utils.cuda_shared_memory`` cannot be imported (it needs the cuda-bindings
-package, ``pip install 'tritonclient[cuda]'``); in GPU mode (gpu_support) either fails instead.
+package, ``pip install 'tritonclient[cuda]'``); in GPU mode (gpu/devices.py) either fails instead.
 docs/gpu.md says how a GPU session runs this.
 """
 
@@ -40,7 +40,7 @@ import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton
 import tritonclient.utils.shared_memory as shm
 from core.bitref import assert_bits_equal, reference
-from gpu.gpu_support import cupy_backend_or_skip, unavailable
+from gpu.devices import cupy_backend_or_skip, unavailable
 from support.grpc_live import GrpcServer
 from support.live import LiveServer, free_port, serve
 from support.regions import region_input, region_inputs, region_output

@@ -9,7 +9,7 @@ and its 64-byte "IPC handle" is the object's name; ``open`` (the server's side, 
 or another) maps it again, as ``cudaIpcOpenMemHandle`` maps an allocation into the importing
 process. ``view`` refuses any range outside one open mapping, so code that would reach outside
 a client's allocation on a GPU fails here instead of touching host memory. Used in process
-(tests/service/test_cuda_regions.py, the fuzz target) and across processes (tests/gpu/stand_in:
+(tests/core/test_cuda_regions.py, the fuzz target) and across processes (tests/gpu/stand_in:
 the GPU tests against a server whose CUDA IPC is this)."""
 
 from __future__ import annotations

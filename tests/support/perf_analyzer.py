@@ -1,6 +1,6 @@
 """One run of scripts/perf_analyzer.sh (Triton's perf_analyzer, set up in a venv of its own): its
-exit status, its output and the rows of its CSV report. tests/integration/test_perf_analyzer_live.py
-checks the server with it; bench/perf_analyzer.py times servers with it."""
+exit status, its output and the rows of its CSV report. tests/live/test_perf_analyzer.py
+checks the server with it; bench/compare.py times servers with it."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ connection: a client still sending reads a broken pipe or a reset instead of the
 and retries blind. Each such ending is a transport error here (its exception's name), and the
 soak's figure of merit is that there are none.
 
-Used by tests/reliability/test_rel_refusal_soak.py (briefly) and bench/soak_refusals.py (the
+Used by tests/live/test_refusal_soak.py (briefly) and bench/load.py soak-refusals (the
 figures printed)."""
 
 from __future__ import annotations

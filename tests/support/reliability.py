@@ -1,7 +1,7 @@
 """Shared helpers of the reliability tests: an in-process app under small limits, hostile
 integers, and the property every answer must satisfy.
 
-Run longer by hand: ``TENSORBITS_FUZZ_EXAMPLES=5000 .venv/bin/pytest tests/reliability -k fuzz``.
+Run longer by hand: ``TENSORBITS_FUZZ_EXAMPLES=5000 .venv/bin/pytest tests/live -k fuzz``.
 """
 
 from __future__ import annotations

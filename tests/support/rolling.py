@@ -10,7 +10,7 @@ haproxy puts it back once its readiness answers 200. haproxy is told not to retr
 0``): a request that reaches a closed port is a failure the clients see, not one hidden by a
 retry. The figures: requests sent and failed per protocol, latency quantiles during the roll.
 
-Used by tests/deploy/test_rolling_restart.py (in ``make test``) and bench/rolling_restart.py
+Used by tests/deploy/test_rolling_restart.py (in ``make test``) and bench/load.py rolling-restart
 (more runs, other delays, the figures printed)."""
 
 from __future__ import annotations

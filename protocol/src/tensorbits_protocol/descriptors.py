@@ -7,7 +7,7 @@ the JSON document, and pydantic checks them there. A front end whose request is 
 document (gRPC's ``ModelInferRequest``, already parsed by protobuf) checks the same rules here,
 without building the document or a model. Both read one set of bounds: the table takes its
 constants from ``v2`` (``Datatype``, ``MAX_WIRE_RANK``, ``MAX_REGION_NAME``) and ``integers``,
-and tests/core/test_descriptor_rules.py holds the table and the models to the same answers,
+and tests/protocol/test_descriptor_rules.py holds the table and the models to the same answers,
 value by value. A refusal says what pydantic says over HTTP for the same mistake, in the same
 words, field and rule (``schema_errors``), so that a caller gets one answer whatever protocol it
 speaks. A shape of too many dimensions is the exception: said in this table's words on both

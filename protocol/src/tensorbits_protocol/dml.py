@@ -173,7 +173,8 @@ def is_packed(shape: tuple[int, ...], byte_strides: tuple[int, ...], element: in
 
 
 def layout_of(name: str, desc: TensorDesc) -> DescLayout:
-    """Check a description on its own (``check_desc``, errors named after ``name``) and lay it out."""
+    """Check a description on its own (``check_desc``, errors named after ``name``) and lay it
+    out."""
     total = check_desc(name, desc)
     element = itemsize(desc.datatype)
     byte_strides = tuple(s * element for s in desc.effective_strides())

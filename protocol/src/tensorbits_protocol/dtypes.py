@@ -1,7 +1,8 @@
-"""The one table of element data types: wire name, element size, NumPy dtype, same-width unsigned.
+"""The one table of element data types: wire name, element size, NumPy dtype, same-width
+unsigned.
 
-The wire names are the Open Inference Protocol's (``FP32``, not DirectML's ``FLOAT32``); the DirectML
-spellings are accepted as aliases where a DML tensor description is parsed.
+The wire names are the Open Inference Protocol's (``FP32``, not DirectML's ``FLOAT32``); the
+DirectML spellings are accepted as aliases where a DML tensor description is parsed.
 """
 
 from __future__ import annotations

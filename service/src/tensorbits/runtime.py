@@ -87,14 +87,7 @@ class Runtime:
     def unavailable_because(self, model: str) -> str | None:
         """Why ``model`` is not READY (the repository index's reason, both protocols); None
         when it is."""
-        if not self.ready:
-            return "server is not ready"
-        failed = self.plane.graphs.failed().get(model)
-        if failed is not None:
-            return failed
-        if not self.plane.models.is_loaded(model):
-            return "unloaded"  # Triton's reason for a model unloaded through the extension
-        return None
+        return self.plane.unavailable_because(model, server_ready=self.ready)
 
     @classmethod
     def start(
@@ -102,7 +95,7 @@ class Runtime:
     ) -> Runtime:
         """The runtime of ``settings``. ``workers_folder``: the folder this worker shares with
         the server's others (``workers.py``), where the model store is kept, watched on the
-        running event loop (the lifespan's); None: a server of one process."""
+        running event loop (the server's); None: a server of one process."""
         shared = workers_folder is not None
         graphs = FollowingGraphModels if shared else GraphModels
         selection = select_backend(
@@ -110,6 +103,7 @@ class Runtime:
             device_id=settings.device_id,
             cpu_threads=settings.cpu_threads,
             pinned_pool_bytes=settings.worker_pinned_pool_bytes,
+            placement=settings.placement,
         )
         backend = selection.backend
         limits = settings.core_limits
@@ -149,7 +143,7 @@ class Runtime:
             poller = RepositoryPoller.started(
                 plane, settings.model_repository, settings.repository_poll_secs
             )
-            poller.start()  # on the running event loop (the lifespan's)
+            poller.start()  # on the running event loop (the server's)
         elif settings.model_repository is not None:
             load_repository(plane, settings.model_repository)
         # The repository folder first, then what the other workers loaded and unloaded since.

@@ -1,7 +1,7 @@
 """Run tests/gpu/test_cuda_shared_memory.py on a machine without a GPU, against the host
 stand-in for CUDA IPC (support/device_stand_in.py), so that module and the server's CUDA
 shared-memory paths over HTTP and gRPC are exercised by ``make test`` between GPU sessions
-(tests/integration/test_gpu_tests_on_stand_in.py runs it)::
+(tests/live/test_gpu_tests_on_stand_in.py runs it)::
 
     PYTHONPATH=tests python -m pytest -p gpu.stand_in.plugin tests/gpu/test_cuda_shared_memory.py
 
@@ -24,7 +24,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, cast
 
-import gpu.gpu_support as gpu_support
+import gpu.devices as devices
 import numpy as np
 import support.live
 from support.device_stand_in import HostDeviceMemory
@@ -87,7 +87,7 @@ def _no_device() -> Backend:
     return cast("Backend", _NoDevice())
 
 
-gpu_support.cupy_backend_or_skip = _no_device
+devices.cupy_backend_or_skip = _no_device
 _serve = support.live.serve
 
 

@@ -3,11 +3,12 @@ its body, its response in the binary extension's framing, and nothing else per r
 
 ``AdmittedRequest`` is mostly admission: it reads the three request headers the framing needs in
 one pass, admits the request for its declared body before a byte is read (many clients declaring
-large bodies at once get 503s instead of each making the server allocate one), grows the grant
-to what the plan says the request needs while it runs (413 when no idle server could hold it),
-reads the body (``receive_body``: bounded, timed, decompressed), and sends a response from the
-one buffer it was written into. Its grant is released by ``release`` once the last byte is
-handed to the server: the response buffer is part of what admission bounds.
+large bodies at once get 503s instead of each making the server allocate one), reads the body
+(``receive_body``: bounded, timed, decompressed), and sends a response from the one buffer it
+was written into. Its grant goes to the data plane's call (core/dataplane.py), which grows it to
+what the plan says the request needs while it runs (413 when no idle server could hold it) and
+releases it once the last byte is handed to the server: the response buffer is part of what
+admission bounds.
 
 A request whose ``Accept-Encoding`` asks for gzip or deflate gets its response compressed
 (``compression.py``), as Triton answers tritonclient's ``response_compression_algorithm``:
@@ -69,11 +70,6 @@ class AdmittedRequest:
         )
         return body, codec.parse_header_length(self.header_length_value, len(body))
 
-    def grow(self, needed: int, what: str, parts: str, field: str) -> None:
-        """Hold ``needed`` bytes in all while the request runs (``Grant.hold``: 413 past what
-        any idle server could hold, 503 when this one is too busy now)."""
-        self.grant.hold(needed, what, parts, field)
-
     async def send(self, send: Send, framed: codec.Framed) -> None:
         """A 200 with the framed body (its parts in order; one message when it is one part),
         compressed when the request asked for it and admission can hold the compressed copy."""
@@ -108,6 +104,3 @@ class AdmittedRequest:
         except Overloaded:
             return False
         return True
-
-    def release(self) -> None:
-        self.grant.release()

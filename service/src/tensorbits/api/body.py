@@ -15,6 +15,7 @@ from starlette.types import Message, Receive, Scope
 
 from tensorbits.api.compression import WBITS
 from tensorbits.deadlines import within_read_deadline
+from tensorbits.runtime import Runtime
 from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
 
 # zlib's wbits per coding (gzip, and deflate as HTTP means it): the codings responses use too.
@@ -61,8 +62,9 @@ def declared_length(raw: str | None, limit: int) -> int | None:
 async def read_body(request: Request, limit: int) -> bytearray:
     """``receive_body`` for a Starlette request of the tensorbits app, under its read deadline
     (TENSORBITS_TIMEOUT_BODY_READ), as every body and gRPC message is read."""
-    settings = getattr(request.app.state, "settings", None)
-    timeout = None if settings is None else settings.timeout_body_read
+    # The runtime's settings (None before the lifespan, or on an app that is not tensorbits').
+    runtime: Runtime | None = getattr(request.app.state, "runtime", None)
+    timeout = None if runtime is None else runtime.settings.timeout_body_read
     length = declared_length(request.headers.get("content-length"), limit)
     encoding = request.headers.get("content-encoding")
     return await receive_body(request.receive, length, encoding, limit, timeout)

@@ -19,7 +19,7 @@ WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 # When the client weighs them equally, gzip first: what tritonclient and most clients ask for.
 PREFERENCE = ("gzip", "deflate")
 # Tensors are large and mostly of high entropy: the fastest level saves most of what the
-# default level saves at a fraction of its time (bench/http_extensions.py measures both).
+# default level saves at a fraction of its time (docs/benchmarks.md, "Settled", has both).
 LEVEL = 1
 # gzip's wrapper (10-byte header, 8-byte trailer) is 12 bytes longer than zlib's, for which
 # zlib.h's compressBound is written.

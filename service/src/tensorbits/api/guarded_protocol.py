@@ -41,7 +41,7 @@ connection from the server that read them.
 The body has its own deadline and limits in ``api/body.py``. This subclass relies on httptools'
 callbacks (``on_message_begin``, ``on_url``, ``on_header``, ``on_headers_complete``) and on
 uvicorn's ``pipeline``/``cycle`` attributes; the live tests in
-``tests/integration/test_http_layer_live.py`` fail if an upgrade changes them.
+``tests/live/test_http_layer.py`` fail if an upgrade changes them.
 """
 
 from __future__ import annotations

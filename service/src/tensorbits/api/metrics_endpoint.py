@@ -1,5 +1,5 @@
-"""The metrics port (``TENSORBITS_METRICS_PORT``): a listener of its own that serves ``GET /metrics``
-and nothing else, without an API key.
+"""The metrics port (``TENSORBITS_METRICS_PORT``): a listener of its own that serves
+``GET /metrics`` and nothing else, without an API key.
 
 Prometheus scrapes with no credentials by default, and a NetworkPolicy can admit the monitoring
 namespace to this port alone: with API keys set, inference on the main port stays behind them

@@ -48,7 +48,7 @@ def plan(
     head, tail = codec.split_body(memoryview(body), header_length)
     header = bytes(head)
     key = None
-    if header_length is not None and plane.plans is not None:
+    if header_length is not None and plane.keeps(len(header)):
         key = (CACHE_TAG, op.name, version, header, len(tail))
         template = plane.template(key, len(header))
         if template is not None:
@@ -64,13 +64,13 @@ def plan(
         and planned.shared_output is None
         and all(t.raw is not None for t in request.inputs)
     ):
-        plane.remember(key, template_of(planned, request), len(header))
+        plane.remember(key, template_of(planned, request, plane.backend), len(header))
     return planned
 
 
-def template_of(planned: Plan, request: InferRequest) -> PlanTemplate:
-    """The template of a plan made from an all-binary request: where each input's bytes lie
-    in the tail (``codec.spans``, in the order sent)."""
+def template_of(planned: Plan, request: InferRequest, backend: Backend) -> PlanTemplate:
+    """The template of a plan made from an all-binary request, run on ``backend``: where each
+    input's bytes lie in the tail (``codec.spans``, in the order sent)."""
     places = codec.spans(tensor.nbytes for tensor in request.inputs)
     where = {
         tensor.name: (0, slice(*place), wire_dtype(tensor.datatype), tensor.shape)
@@ -78,9 +78,7 @@ def template_of(planned: Plan, request: InferRequest) -> PlanTemplate:
         if place is not None
     }
     header = planned.response().to_rest().header if planned.binary_output else None
-    return PlanTemplate.decided(
-        planned, where, binary_output=planned.binary_output, response_head=header
-    )
+    return PlanTemplate.decided(planned, where, backend, response_head=header)
 
 
 def encode(

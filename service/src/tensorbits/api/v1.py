@@ -1,27 +1,32 @@
 """The native API: POST /v1/batch (DirectML's binding model), GET /v1/operators[/{name}].
 
 Thin handlers: read the body, plan (``batch.plan_rest`` decodes and checks it all), admit, run
-(``batch.execute``) off the event loop when large, send: the data plane's lifecycle. docs/batch-api.md has the design.
+(``batch.execute``) off the event loop when large, send: the data plane's lifecycle
+(``Call.serve``). docs/batch-api.md has the design.
 
-The batch itself is a plain ASGI app (``run_batch_request``), as v2 inference is (``v2_infer``):
-it reads the headers it needs in one pass and sends one response buffer, without a ``Request``,
-a ``Response`` or FastAPI's per-request layers. ``ROUTES`` registers it once, served ahead of
-the framework (``api/fastpath.py``).
+The batch itself is a plain ASGI app (``run_batch_request``), served as v2 inference is
+(``v2_infer.through_the_plane``): it reads the headers it needs in one pass and sends one
+response buffer, without a ``Request``, a ``Response`` or FastAPI's per-request layers. ``ROUTES``
+registers it once, served ahead of the framework (``api/fastpath.py``).
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter
 from starlette.types import Receive, Scope, Send
 
-from tensorbits.api.admitted import AdmittedRequest
 from tensorbits.api.deps import runtime_of_app
 from tensorbits.api.fastpath import FastRoute, Operation
+from tensorbits.api.v2_infer import through_the_plane
 from tensorbits.api.v2_openapi import ERROR_EXAMPLES, request_schema
 from tensorbits.core import batch
+from tensorbits.core.backends.base import Backend
+from tensorbits.core.dataplane import Call, DataPlane, HoldWords, Needs
 from tensorbits.runtime import Runtime
+from tensorbits_protocol import codec
 from tensorbits_protocol.catalog import describe, listing
 from tensorbits_protocol.codec import BINARY_CONTENT_TYPE, HEADER_LENGTH
 from tensorbits_protocol.operators import get_operator
@@ -93,7 +98,7 @@ _BATCH_BODY: dict[str, Any] = {
         },
     }
 }
-# The server's own words (tests/service/test_openapi.py sends the request behind each).
+# The server's own words (tests/api/test_openapi.py sends the request behind each).
 _BATCH_ERROR_EXAMPLES: dict[int, dict[str, dict[str, Any]]] = {
     400: {
         "unknown_buffer": {
@@ -156,30 +161,37 @@ _BATCH_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
+# What a refusal to hold a batch's memory names: its buffers are what the caller can shrink.
+BATCH_WORDS = HoldWords("batch", "body, zero-filled buffers, outputs", "buffers")
+
+
+def _needs(plan: batch.BatchPlan, backend: Backend) -> Needs:
+    """What a planned batch holds and touches while it runs on ``backend``, and what its
+    statistics count it for: each dispatch an inference of its operator."""
+    needed = plan.memory_needed(device_copies=not backend.host_memory)
+    return Needs(needed, needed, [dispatch.call.op.name for dispatch in plan.dispatches])
+
+
+async def _serve_batch(
+    plane: DataPlane, call: Call, body: bytearray, header_length: int | None
+) -> codec.Framed:
+    """A batch's part of its call (``Call.serve``): decoded and planned (a batch of thousands
+    of dispatches takes a good part of a second: off the event loop then, like a large run),
+    held for what the plan says it needs, run."""
+    return await call.serve(
+        partial(batch.plan_rest, body, header_length, plane.batch_limits, plane.batch_plans),
+        header_length or len(body),
+        partial(_needs, backend=plane.backend),
+        BATCH_WORDS,
+        partial(batch.execute, body=body, backend=plane.backend),
+    )
+
+
 async def run_batch_request(runtime: Runtime, scope: Scope, receive: Receive, send: Send) -> None:
     """One batch, from the request's body to the response's last byte, through the data
-    plane's lifecycle as one inference is (core/dataplane.py). Every failure is raised before
-    the first byte is sent, so the app's exception handlers answer it."""
-    plane = runtime.plane
-    async with plane.call() as call:
-        # Admitted for the declared body before a byte is read; the grant grows once the plan
-        # says what the batch needs while it runs.
-        exchange = AdmittedRequest(runtime, scope)
-        call.admitted(exchange.grant)
-        body, header_length = await exchange.receive(receive)
-        call.mark_received()
-        # Decoding and planning a batch of thousands of dispatches takes a good part of a
-        # second: off the event loop then, like a large run.
-        plan = await call.plan(
-            header_length or len(body), batch.plan_rest, body, header_length, plane.batch_limits,
-            plane.batch_plans,
-        )  # fmt: skip
-        # Counted in the statistics once planned: each dispatch an inference of its operator.
-        call.models = [dispatch.call.op.name for dispatch in plan.dispatches]
-        needed = plan.memory_needed(device_copies=not plane.backend.host_memory)
-        call.hold(needed, "batch", "body, zero-filled buffers, outputs", "buffers")
-        framed = await call.run(needed, batch.execute, plan, body, plane.backend)
-        await exchange.send(send, framed)
+    plane's lifecycle as one inference is (``v2_infer.through_the_plane``): counted in the
+    statistics once planned, each dispatch an inference of its operator."""
+    await through_the_plane(runtime, scope, receive, send, (), partial(_serve_batch, runtime.plane))
 
 
 class BatchEndpoint:

@@ -1,8 +1,8 @@
 """The Open Inference Protocol (KServe v2 / Triton HTTP) endpoints, with Triton's binary tensor
 data, model repository, model configuration and statistics extensions: the stock
 ``tritonclient.http`` works unchanged. What the metadata and configuration routes say comes from
-``model_info.py``, what the statistics route says from ``runtime.plane.statistics``: the gRPC front end
-answers from the same.
+``model_info.py``, what the statistics route says from ``runtime.plane.statistics``: the gRPC front
+end answers from the same.
 
 Every operator is a model of the same name, at version ``"1"``. Inference itself, the hot path,
 is a plain ASGI endpoint in ``v2_infer.py``, registered there (``ROUTES``) and documented by
@@ -24,17 +24,10 @@ from pydantic import BaseModel
 from tensorbits import load_bounds, model_info, model_lifecycle
 from tensorbits.api import v2_openapi
 from tensorbits.api.body import declared_length, read_body
-from tensorbits.api.deps import RuntimeDep
+from tensorbits.api.deps import RuntimeDep, runtime_of
 from tensorbits.api.load_body import read_load_body
 from tensorbits.api.v2_openapi import ModelName, ModelVersion
-from tensorbits.core.models import (
-    MODEL_VERSION,
-    Model,
-    ModelStates,
-    resolve_model,
-    resolve_served,
-    version_of,
-)
+from tensorbits.core.models import Model, ModelStates, resolve_served, version_of
 from tensorbits.core.offload import JSON_INLINE_MAX_BYTES, offload
 from tensorbits.logs import note_version
 from tensorbits.runtime import Runtime
@@ -73,10 +66,7 @@ async def _model_version(request: Request, model: ModelName, version: ModelVersi
 
 def _resolve(request: Request, model: str, version: str | None) -> Model:
     """A graph model loaded on this server, or an operator."""
-    runtime = _runtime(request)
-    if runtime is None:
-        return resolve_model(model, version)
-    served = resolve_served(runtime.plane.graphs, model, version)
+    served = resolve_served(runtime_of(request).plane.graphs, model, version)
     note_version(version_of(served))
     return served
 
@@ -105,13 +95,9 @@ def _per_model_route(
         )
 
 
-def _runtime(request: Request) -> Runtime | None:
-    runtime: Runtime | None = getattr(request.app.state, "runtime", None)
-    return runtime
-
-
 def _is_ready(request: Request) -> bool:
-    runtime = _runtime(request)
+    # The probe is answered before the lifespan has made a runtime too: not ready then.
+    runtime: Runtime | None = getattr(request.app.state, "runtime", None)
     return runtime is not None and runtime.ready
 
 
@@ -135,8 +121,8 @@ async def _readiness(request: Request) -> Response:
 
 
 def _model_readiness(request: Request, op: Model) -> Response:
-    runtime = _runtime(request)
-    if runtime is None or not runtime.ready:
+    runtime = runtime_of(request)
+    if not runtime.ready:
         return _not_ready()
     # An unloaded model: 400, as Triton answers (tritonclient's is_model_ready is then False),
     # with the same words as an inference of it gets.
@@ -202,39 +188,21 @@ router.add_api_route(
     },
     summary="Every model (operator), with its version and state",
 )
-async def repository_index(request: Request) -> list[RepositoryIndexEntry]:
+async def repository_index(request: Request, runtime: RuntimeDep) -> list[RepositoryIndexEntry]:
     body = await read_body(request, REPOSITORY_BODY_MAX_BYTES)
     query = RepositoryIndexRequest()
     if body.strip():
         document = parse_json(body, REPOSITORY_JSON_LIMITS, "request body")
         query = validate_document(RepositoryIndexRequest, document, "request body")
-    runtime = _runtime(request)
-    entries = []
-    for name, version in _listed(runtime):
-        reason = _unavailable_because(runtime, name)
-        if reason is None:
-            entries.append(RepositoryIndexEntry(name=name, version=version, state="READY"))
-        elif not query.ready:
-            entries.append(
-                RepositoryIndexEntry(name=name, version=version, state="UNAVAILABLE", reason=reason)
-            )
-    return entries
-
-
-def _listed(runtime: Runtime | None) -> list[tuple[str, str]]:
-    """Every model the repository index lists: the operators, the graph models, and the
-    repository folder's models that failed to load (their version unknown: "")."""
-    listed = [(op.name, MODEL_VERSION) for op in OPERATORS]
-    if runtime is not None:
-        graphs = runtime.plane.graphs
-        listed += [(model.name, model.version) for model in graphs.models()]
-        listed += [(name, "") for name in sorted(graphs.failed())]
-    return listed
-
-
-def _unavailable_because(runtime: Runtime | None, model: str) -> str | None:
-    """Why ``model`` is not READY in the repository index; None when it is."""
-    return "server is not ready" if runtime is None else runtime.unavailable_because(model)
+    listed = runtime.plane.repository_index(
+        server_ready=runtime.ready, ready_only=bool(query.ready)
+    )
+    return [
+        RepositoryIndexEntry(
+            name=entry.name, version=entry.version, state=entry.state, reason=entry.reason
+        )
+        for entry in listed
+    ]
 
 
 _DONE: dict[int | str, dict[str, Any]] = {200: {"description": "Done (empty body)"}}

@@ -7,7 +7,8 @@ FastAPI endpoint costs on every call: dependency and parameter solving, a ``Requ
 the three headers it needs in one pass, the body into one buffer (``receive_body``: bounded,
 timed, decompressed), hands it to the data plane with the REST codec (``rest_infer.plan``,
 ``rest_infer.encode``), and sends the one response buffer they return. Every failure is a
-``TensorbitsError`` raised before the first byte is sent, so the app's exception handlers (``api/errors.py``) shape it like any other.
+``TensorbitsError`` raised before the first byte is sent, so the app's exception handlers
+(``api/errors.py``) shape it like any other.
 
 The app registers ``ROUTES`` once (``api/fastpath.py``): served ahead of the framework, listed
 in its route table, documented by ``v2_openapi.infer_operation``.
@@ -15,9 +16,8 @@ in its route table, documented by ``v2_openapi.infer_operation``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
-from typing import Protocol, TypeVar
 
 from starlette.types import Receive, Scope, Send
 
@@ -25,45 +25,49 @@ from tensorbits.api import rest_graph, rest_infer, v2_openapi
 from tensorbits.api.admitted import AdmittedRequest
 from tensorbits.api.deps import runtime_of_app
 from tensorbits.api.fastpath import FastRoute
+from tensorbits.core.dataplane import Call, HoldWords, Needs
+from tensorbits.core.graphs.request import GraphRequest
 from tensorbits.core.models import resolve_model, resolve_served, version_of
+from tensorbits.core.plan import Plan
 from tensorbits.logs import note_version
 from tensorbits.runtime import Runtime
 from tensorbits_protocol import codec, texts
 
+# What a refusal to hold an inference's memory names: the body is what the caller can shrink.
+OPERATOR_WORDS = HoldWords("inference", "body, output", "body")
+GRAPH_WORDS = HoldWords("inference", "body, outputs, work", "body")
 
-class _Planned(Protocol):
-    @property
-    def work_bytes(self) -> int: ...
+# A front end's part of a call once its body is here: ``Call.serve`` with its codec, the body
+# and its JSON header's length (None: the whole body is JSON) bound.
+Serving = Callable[[Call, bytearray, int | None], Awaitable[codec.Framed]]
 
 
-P = TypeVar("P", bound=_Planned)
-
-
-async def _through_the_plane(
+async def through_the_plane(
     runtime: Runtime,
     scope: Scope,
     receive: Receive,
     send: Send,
-    model: str,
-    decode: Callable[[bytearray, int | None], P],
-    needed: Callable[[P, int], int],
-    parts: str,
-    encode: Callable[[P], codec.Framed],
+    models: Sequence[str],
+    serving: Serving,
 ) -> None:
-    """One inference of ``model``, from the request's body to the response's last byte, through
-    the data plane's lifecycle (core/dataplane.py): admitted for its declared body, ``decode``d
-    and planned, admitted for what the plan ``needed`` beside the body (``parts``, in the
-    refusal's words), ``encode``d into the response."""
-    async with runtime.plane.call((model,)) as call:
+    """One request on a plain ASGI endpoint (v2 inference, the /v1 batch), from its body to the
+    response's last byte, through the data plane's lifecycle (core/dataplane.py): admitted for
+    its declared body before a byte is read, received, ``serving``'s (``Call.serve``: planned,
+    held, run), sent. ``models``: what its statistics count it for, when known before the plan.
+    Every failure is raised before the first byte is sent, so the app's exception handlers
+    answer it."""
+    async with runtime.plane.call(models) as call:
         exchange = AdmittedRequest(runtime, scope)
         call.admitted(exchange.grant)
         body, header_length = await exchange.receive(receive)
         call.mark_received()
-        json_bytes = len(body) if header_length is None else header_length
-        planned = await call.plan(json_bytes, decode, body, header_length)
-        call.hold(needed(planned, len(body)), "inference", parts, "body")
-        framed = await call.run(planned.work_bytes, encode, planned)
+        framed = await serving(call, body, header_length)
         await exchange.send(send, framed)
+
+
+def _json_bytes(body: bytearray, header_length: int | None) -> int:
+    """The bytes of a v2 body that are JSON: its header's, or the whole body's."""
+    return len(body) if header_length is None else header_length
 
 
 class InferEndpoint:
@@ -81,29 +85,47 @@ class InferEndpoint:
         if graph is not None:  # a graph model: its own codec, any number of outputs
             resolve_served(plane.graphs, graph.name, version)
             note_version(graph.version)
-            await _through_the_plane(
-                runtime, scope, receive, send, graph.name,
-                partial(
-                    rest_graph.plan, graph, plane.limits, version=version, regions=plane.regions
-                ),
-                # what its plan holds beside the body (GraphPlan.needed_bytes)
-                lambda request, body_bytes: body_bytes + request.needed_bytes,
-                "body, outputs, work",
-                partial(rest_graph.encode, backend=plane.backend),
-            )  # fmt: skip
+
+            async def serve_graph(
+                call: Call, body: bytearray, header_length: int | None
+            ) -> codec.Framed:
+                def needs(request: GraphRequest) -> Needs:  # GraphPlan.needed_bytes beside it
+                    return Needs(len(body) + request.needed_bytes, request.work_bytes)
+
+                return await call.serve(
+                    partial(
+                        rest_graph.plan, graph, plane.limits, body, header_length, version,
+                        regions=plane.regions,
+                    ),
+                    _json_bytes(body, header_length),
+                    needs,
+                    GRAPH_WORDS,
+                    partial(rest_graph.encode, backend=plane.backend),
+                )  # fmt: skip
+
+            await through_the_plane(runtime, scope, receive, send, (graph.name,), serve_graph)
             return
         op = resolve_model(path["model"], version, plane.graphs)
         note_version(version_of(op))
         # Before the body is read or admitted: an unloaded model costs the server nothing. Here
         # and not in the planner, whose cached plans would skip the check.
         plane.models.check_loaded(op.name)
-        await _through_the_plane(
-            runtime, scope, receive, send, op.name,
-            partial(rest_infer.plan, plane, op, version=version),
-            lambda plan, body_bytes: plan.memory_needed(body_bytes, plane.backend),
-            "body, output",
-            partial(rest_infer.encode, backend=plane.backend, regions=plane.regions),
-        )  # fmt: skip
+
+        async def serve_operator(
+            call: Call, body: bytearray, header_length: int | None
+        ) -> codec.Framed:
+            def needs(plan: Plan) -> Needs:
+                return Needs(plan.memory_needed(len(body), plane.backend), plan.work_bytes)
+
+            return await call.serve(
+                partial(rest_infer.plan, plane, op, body, header_length, version=version),
+                _json_bytes(body, header_length),
+                needs,
+                OPERATOR_WORDS,
+                partial(rest_infer.encode, backend=plane.backend, regions=plane.regions),
+            )
+
+        await through_the_plane(runtime, scope, receive, send, (op.name,), serve_operator)
 
 
 _ENDPOINT = InferEndpoint()

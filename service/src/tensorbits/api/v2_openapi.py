@@ -70,7 +70,7 @@ def _refusal_of(call: Callable[[], object]) -> dict[str, Any]:
     raise AssertionError("the example's call was not refused")
 
 
-# One real error body per status, as the server words it (tests/service/test_openapi.py sends
+# One real error body per status, as the server words it (tests/api/test_openapi.py sends
 # the request behind each and compares): Swagger UI shows them instead of `"string"`.
 ERROR_EXAMPLES: dict[int, dict[str, dict[str, Any]]] = {
     400: {

@@ -59,7 +59,7 @@ OTHER_VARIABLES = frozenset(
     )
 )
 # Variables of the tests, the fuzzers, the image scripts (scripts/images.py, image_test.py) and
-# the GPU check (scripts/gpu_session.sh sets TENSORBITS_GPU_REQUIRED for the servers it starts).
+# the GPU check (make gpu-check sets TENSORBITS_GPU_REQUIRED for the GPU tests and their servers).
 OTHER_PREFIXES = (
     ENV_PREFIX + "PROBE_", ENV_PREFIX + "FUZZ_", ENV_PREFIX + "IMAGE_", ENV_PREFIX + "GPU_"
 )  # fmt: skip
@@ -74,6 +74,12 @@ class Settings(BaseSettings):
         "auto", description="auto: CuPy when a CUDA device works, else NumPy"
     )
     device_id: int = Field(0, ge=0, description="CUDA device of the cupy backend")
+    placement: Literal["auto", "host", "device"] = Field(
+        "auto",
+        description="where a cupy server computes each request: auto (one operator on host "
+        "data on the host, graphs and /v1 batches on the device), host, or device; data in "
+        "CUDA shared memory always on the device",
+    )
     cpu_threads: int | None = Field(None, ge=1, description="NumPy worker threads (default: cores)")
     host: str = Field("127.0.0.1", description="address to bind")
     port: int = Field(8000, ge=0, le=65535, description="port to bind (0: any free port)")

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tensorbits.core.backends.base import Backend
+from tensorbits.core.backends.placement import Residence, Work, WorkKind, placed
 from tensorbits.core.header_cache import HeaderCache
 from tensorbits.core.kernels import DeviceArray
 from tensorbits.core.limits import CoreLimits
@@ -680,7 +681,10 @@ def run_batch(
     plan: BatchPlan, body: bytearray, backend: Backend, sinks: Sequence[memoryview]
 ) -> None:
     """Run a planned batch (``plan_batch``) over the request ``body``; copy each output
-    buffer into its sink (in ``plan.outputs`` order). Blocking (it waits for the device)."""
+    buffer into its sink (in ``plan.outputs`` order). Blocking (it waits for the device). On
+    a server that places work (backends/placement.py) the whole batch runs on one backend."""
+    work = Work(WorkKind.BATCH, Residence.BODY, plan.body_bytes, len(plan.dispatches))
+    backend = placed(backend, work)
     arrays = [_place(backend, body, b) for b in plan.buffers]
     run_dispatches(backend, arrays, plan.dispatches)
     for i, sink in zip(plan.outputs, sinks, strict=True):

@@ -18,8 +18,8 @@ copy). What the client says is not trusted:
 How the size is read (``SIZE_QUERIES``, tried in this order, the first answer that contains the
 pointer wins; ``CupyDeviceMemory.size_query`` names the one that answered). The driver documents
 its range queries for its own allocations; whether each answers for a mapping opened through IPC
-is what scripts/gpu_preflight.py checks on a device, so every one of them is here, chosen by what
-the driver answers rather than by a setting:
+shows only on a device (tests/gpu/test_cuda_shared_memory.py), so every one of them is here,
+chosen by what the driver answers rather than by a setting:
 
 1. ``cuMemGetAddressRange`` (CuPy does not wrap it: ctypes).
 2. ``cuPointerGetAttribute`` with ``CU_POINTER_ATTRIBUTE_RANGE_START_ADDR`` and
@@ -191,7 +191,7 @@ class CupyDeviceMemory:
             driver = load_driver()
         else:
             bind(driver)  # typed as the library's would be
-        self.driver = driver  # public for scripts/gpu_preflight.py: the queries one by one
+        self.driver = driver  # public: the queries one by one
         self._size_queries = dict(SIZE_QUERIES if size_queries is None else size_queries)
         self._uint8 = cupy.dtype("uint8")
         self.size_query: str | None = None  # the query that answered the last open
@@ -218,7 +218,7 @@ class CupyDeviceMemory:
 
     def sizes(self, pointer: int) -> dict[str, int | str]:
         """Every size query's answer for ``pointer`` (bytes from it to the end of its
-        allocation) or why it failed: what scripts/gpu_preflight.py prints for each handle."""
+        allocation) or why it failed: to see on a device which of them answers."""
         answers: dict[str, int | str] = {}
         with self._cupy.cuda.Device(self.device_id):
             for name, query in self._size_queries.items():

@@ -1,9 +1,11 @@
 """The data plane: one request's lifecycle, written once for every front end.
 
-A front end (HTTP's v2 and /v1 endpoints, gRPC's ModelInfer and ModelStreamInfer) decodes its
-wire form and hands the work to a ``Call``, which holds the lifecycle:
+A front end (HTTP's v2 and /v1 endpoints, gRPC's ModelInfer and ModelStreamInfer) admits its
+request and hands the rest to ``Call.serve`` with its decoder, what its plans need held and its
+encoder; the lifecycle is written once, there:
 
-    admit (a grant for the bytes the request declares, refused at once past the bounds)
+    admit (a grant for the bytes the request declares, refused at once past the bounds; the
+       front end's, as it reads: HTTP admits a body before reading it)
     -> plan (the front end's decoder and the core's checks; inline when small, else on a thread)
     -> hold (the grant grown to what the plan says the run needs: 413 past what any idle server
        could hold, 503 when this one is too busy now)
@@ -12,9 +14,10 @@ wire form and hands the work to a ``Call``, which holds the lifecycle:
        (statistics.py: its phases' durations, or a failure).
 
 ``DataPlane`` holds what every call shares: the backend, admission, the limits as values, the
-shared-memory regions, the models' states, the statistics and the one cache of planned
-inference requests (``PlanTemplate``s, keyed by each front end's own wire form). Nothing here
-knows a protocol: no Starlette, no grpc, no settings.
+shared-memory regions, the models' states, the statistics, the one cache of planned inference
+requests (``PlanTemplate``s, one kind for both front ends, each keyed by its own wire form) and
+the repository index both protocols list. Nothing here knows a protocol: no Starlette, no grpc,
+no settings.
 """
 
 from __future__ import annotations
@@ -22,22 +25,79 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from time import perf_counter_ns
 from types import TracebackType
-from typing import ParamSpec, TypeVar
+from typing import NamedTuple, Protocol, TypeVar
 
 from tensorbits.core.admission import Admission, Grant
 from tensorbits.core.backends.base import Backend
 from tensorbits.core.batch import BatchLimits, BatchPlan
 from tensorbits.core.graphs.models import GraphModel, GraphModels
 from tensorbits.core.header_cache import HeaderCache
-from tensorbits.core.models import ModelStates
+from tensorbits.core.models import MODEL_VERSION, ModelStates
 from tensorbits.core.offload import COMPUTE_INLINE_MAX_BYTES, JSON_INLINE_MAX_BYTES, offload
 from tensorbits.core.plan import PlanTemplate
 from tensorbits.core.shared_memory import SharedMemoryRegions
 from tensorbits.core.statistics import Statistics
 from tensorbits_protocol.infer import RequestLimits
+from tensorbits_protocol.operators import OPERATORS
 
-P = ParamSpec("P")
-T = TypeVar("T")
+PlanT = TypeVar("PlanT")
+AnswerT = TypeVar("AnswerT")
+PlanT_co = TypeVar("PlanT_co", covariant=True)
+PlanT_contra = TypeVar("PlanT_contra", contravariant=True)
+AnswerT_co = TypeVar("AnswerT_co", covariant=True)
+
+# Why a model is not READY while the server is not (the index's reason, both protocols).
+SERVER_NOT_READY = "server is not ready"
+
+
+class Needs(NamedTuple):
+    """What one planned run needs, as its front end reckons it from the plan."""
+
+    held: int  # bytes held in all while it runs, the request's own among them
+    work: int  # bytes it touches: it runs on a worker thread from COMPUTE_INLINE_MAX_BYTES
+    # What its statistics count it for, when only the plan knows (a batch: its dispatches').
+    models: Sequence[str] | None = None
+
+
+class HoldWords(NamedTuple):
+    """How a refusal to hold what a run needs names it (``Grant.hold``): the request's kind,
+    the parts of it that take the memory, and the field the caller can make smaller."""
+
+    what: str
+    parts: str
+    field: str
+
+
+class Decoder(Protocol[PlanT_co]):
+    """A front end's planner with its request bound: the wire form decoded and checked by the
+    core's rules into a plan, or the refusal raised."""
+
+    def __call__(self) -> PlanT_co: ...
+
+
+class Reckoner(Protocol[PlanT_contra]):
+    """What a front end reads of its plan: the ``Needs`` of running it."""
+
+    def __call__(self, plan: PlanT_contra, /) -> Needs: ...
+
+
+class Encoder(Protocol[PlanT_contra, AnswerT_co]):
+    """A front end's encoder around ``core.run``: the plan run into the answer's bytes."""
+
+    def __call__(self, plan: PlanT_contra, /) -> AnswerT_co: ...
+
+
+class IndexEntry(NamedTuple):
+    """A model of the repository index: its version ("" when a repository folder's model failed
+    to load) and why it is not READY (None: it is)."""
+
+    name: str
+    version: str
+    reason: str | None
+
+    @property
+    def state(self) -> str:
+        return "READY" if self.reason is None else "UNAVAILABLE"
 
 
 class DataPlane:
@@ -97,11 +157,47 @@ class DataPlane:
             self.statistics.remove(name)
         return found
 
+    def unavailable_because(self, model: str, *, server_ready: bool) -> str | None:
+        """Why ``model`` is not READY (the repository index's reason, both protocols); None
+        when it is."""
+        if not server_ready:
+            return SERVER_NOT_READY
+        failed = self.graphs.failed().get(model)
+        if failed is not None:
+            return failed
+        if not self.models.is_loaded(model):
+            return "unloaded"  # Triton's reason for a model unloaded through the extension
+        return None
+
+    def repository_index(self, *, server_ready: bool, ready_only: bool) -> list[IndexEntry]:
+        """The repository index both protocols answer: the operators, the graph models, and
+        the repository folder's models that failed to load; ``ready_only``: READY ones alone."""
+        listed = [(op.name, MODEL_VERSION) for op in OPERATORS]
+        listed += [(model.name, model.version) for model in self.graphs.models()]
+        listed += [(name, "") for name in sorted(self.graphs.failed())]
+        entries = []
+        for name, version in listed:
+            reason = self.unavailable_because(name, server_ready=server_ready)
+            if reason is None or not ready_only:
+                entries.append(IndexEntry(name, version, reason))
+        return entries
+
     def call(self, models: Sequence[str] = ()) -> Call:
         """One request's lifecycle, as an async context manager: ``async with plane.call(...)
         as call``. ``models``: what its statistics count it for, when already known (a v2
         inference: its model; a batch learns its dispatches' once planned)."""
         return Call(self, models)
+
+    # The cache of planned inferences, the one discipline of both front ends: a request of
+    # ``size`` bytes without its tensors' bytes is looked up under its front end's ``key``
+    # (``template``) only when a template of it could be kept (``keeps``); one planned anew is
+    # kept (``remember``) when its inputs are all raw bytes. Every entry is a ``PlanTemplate``.
+
+    def keeps(self, size: int) -> bool:
+        """Whether the template of a request of ``size`` bytes would be kept (and so is worth
+        making and looking up): a cache, and a request short enough for it."""
+        plans = self.plans
+        return plans is not None and size <= plans.max_header_bytes
 
     def template(self, key: Hashable, size: int) -> PlanTemplate | None:
         """The template planned before for ``key`` (a request of ``size`` bytes without its
@@ -172,27 +268,48 @@ class Call:
         gRPC message does, starts planning when it starts)."""
         self.received = perf_counter_ns()
 
-    async def plan(
-        self, size: int, planner: Callable[P, T], *args: P.args, **kwargs: P.kwargs
-    ) -> T:
-        """``planner(*args, **kwargs)``: on a worker thread when the ``size`` bytes it decodes
-        are many (JSON parses at about 20 ms per MiB), inline when not."""
-        return await offload(size, JSON_INLINE_MAX_BYTES, planner, *args, **kwargs)
-
     def hold(self, needed: int, what: str, parts: str, field: str) -> None:
-        """Grow the grant to the ``needed`` bytes the planned run holds (``Grant.hold``)."""
+        """Grow the grant to the ``needed`` bytes the planned work holds (``Grant.hold``)."""
         assert self.grant is not None, "a call holds memory only once admitted"
         self.grant.hold(needed, what, parts, field)
         self.planned = perf_counter_ns()
 
-    async def run(
-        self, work_bytes: int, runner: Callable[P, T], *args: P.args, **kwargs: P.kwargs
-    ) -> T:
-        """``runner(*args, **kwargs)`` (a front end's encoder around ``core.run``): on a worker
-        thread when it touches ``work_bytes`` of memory or more, inline when less."""
-        result = await offload(work_bytes, COMPUTE_INLINE_MAX_BYTES, runner, *args, **kwargs)
+    async def serve(
+        self,
+        decode: Decoder[PlanT],
+        decoded_bytes: int,
+        needs: Reckoner[PlanT],
+        words: HoldWords,
+        encode: Encoder[PlanT, AnswerT],
+        *,
+        on_held: Callable[[], object] | None = None,
+    ) -> AnswerT:
+        """The admitted request (``admit``, ``admitted``) planned, held and run into the front
+        end's answer, which it sends: ``decode()``, on a worker thread when the
+        ``decoded_bytes`` it reads are many (JSON parses at about 20 ms per MiB); the grant
+        grown to what ``needs`` reckons of the plan (refused in ``words``), then ``on_held``
+        told (a stream reads its next message once this one is held); ``encode(plan)``, on a
+        worker thread when the run touches ``COMPUTE_INLINE_MAX_BYTES`` or more."""
+        planned = await offload(decoded_bytes, JSON_INLINE_MAX_BYTES, decode)
+        reckoned = needs(planned)
+        if reckoned.models is not None:
+            self.models = reckoned.models
+        self.hold(reckoned.held, *words)
+        if on_held is not None:
+            on_held()
+        answer = await offload(reckoned.work, COMPUTE_INLINE_MAX_BYTES, encode, planned)
         self.executed = perf_counter_ns()
-        return result
+        return answer
 
 
-__all__ = ["Call", "DataPlane"]
+__all__ = [
+    "SERVER_NOT_READY",
+    "Call",
+    "DataPlane",
+    "Decoder",
+    "Encoder",
+    "HoldWords",
+    "IndexEntry",
+    "Needs",
+    "Reckoner",
+]

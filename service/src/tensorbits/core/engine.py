@@ -1,33 +1,20 @@
-"""Running checked work on a backend: one call on host or device arrays (``run_into``, what v2
-inference runs), and ``compute``, validation and run in one step on host arrays (for tests,
-benchmarks and programs that use the operators in process). A /v1 batch is run where it is
-planned (``batch.run_batch``).
+"""Running checked work on a backend: one validated call on host or device arrays (``run_into``,
+what v2 inference runs), and the flat pieces an element-wise call can be split into. A /v1 batch
+is run where it is planned (``batch.run_batch``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from tensorbits.core.backends.base import Backend
 from tensorbits.core.kernels import DeviceArray
-from tensorbits_protocol.dtypes import from_numpy, numpy_dtype
-from tensorbits_protocol.operators import get_operator
-from tensorbits_protocol.validation import ResolvedCall, TensorSpec, validate_call
-
-
-def spec_of(array: np.ndarray[Any, Any]) -> TensorSpec:
-    return TensorSpec(datatype=from_numpy(array.dtype), shape=tuple(array.shape))
-
-
-def validate_arrays(
-    model: str, arrays: Mapping[str, np.ndarray[Any, Any]], parameters: Mapping[str, object] | None
-) -> ResolvedCall:
-    op = get_operator(model)
-    return validate_call(op, {name: spec_of(a) for name, a in arrays.items()}, parameters)
+from tensorbits_protocol.dtypes import numpy_dtype
+from tensorbits_protocol.validation import ResolvedCall
 
 
 def run_call(
@@ -83,18 +70,3 @@ def is_flat_elementwise(call: ResolvedCall) -> bool:
     every input has the output's shape (no broadcasting, no pdpd reshape), so the call can run
     in pieces of flat operands (``flat_call``). True of every operator here but broadcasts."""
     return all(shape == call.output_shape for shape in call.kernel_input_shapes)
-
-
-def compute(
-    backend: Backend,
-    model: str,
-    arrays: Mapping[str, np.ndarray[Any, Any]],
-    parameters: Mapping[str, object] | None = None,
-    out: np.ndarray[Any, Any] | None = None,
-) -> np.ndarray[Any, Any]:
-    """Validate and run one operator on host arrays; the result comes back in host memory."""
-    call = validate_arrays(model, arrays, parameters)
-    if out is None:
-        out = np.empty(call.output_shape, numpy_dtype(call.output_datatype))
-    run_into(backend, call, [np.ascontiguousarray(arrays[n]) for n in call.op.inputs], out)
-    return out

@@ -5,7 +5,7 @@ The Open Inference Protocol's gRPC messages, as KServe and Triton publish them
 (triton-inference-server/common protobuf/grpc_service.proto and model_config.proto; KServe's
 open_inference_grpc.proto is the subset Triton extends). Field names, numbers and types are
 the published ones: a stock client (tritonclient.grpc, KServe's) reads and writes them
-unchanged. tests/grpc/test_grpc_proto.py compares every field with tritonclient's own copy.
+unchanged. tests/grpc/test_proto.py compares every field with tritonclient's own copy.
 
 Only the messages of the RPCs this server serves are here; ModelConfig is Triton's whole
 model_config.proto, imported (the one schema of a configuration, below the front ends).

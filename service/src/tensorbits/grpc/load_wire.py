@@ -14,7 +14,7 @@ and as the inference walk skips one, with the same primitives (``wire.Walk``): s
 wire type, counted against ``wire.MAX_FIELDS`` with every other field, groups bounded by
 ``wire.MAX_GROUP_DEPTH``. The walk refuses what a load never needs and protobuf would take
 silently: a singular field given twice (protobuf keeps the last), an entry with two values. The
-tests check it against protobuf's own parser (tests/grpc_endpoint/test_grpc_load_wire.py).
+tests check it against protobuf's own parser (tests/grpc/test_load_wire.py).
 """
 
 from __future__ import annotations
@@ -22,10 +22,9 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from tensorbits import load_bounds
+from tensorbits.core.wire import LEN, VARINT
 from tensorbits.grpc.wire import (
-    LEN,
     MAX_TEXT_BYTES,
-    VARINT,
     Count,
     Form,
     Message,

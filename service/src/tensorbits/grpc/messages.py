@@ -2,8 +2,8 @@
 
 The request is read by ``decode.infer_request`` (the message into the protocol-neutral
 ``InferRequest`` that the core's ``plan`` checks, by the rules and in the words HTTP's are);
-``plan`` plans it. Outputs go back as ``raw_output_contents``, as Triton sends them, or into
-their shared-memory region.
+``plan`` plans it, ``plan_and_keep`` keeps its template in the data plane's cache too. Outputs
+go back as ``raw_output_contents``, as Triton sends them, or into their shared-memory region.
 
 ``encode`` runs a plan into the response's own bytes: the protobuf-built part (names, types,
 shapes), then the output as one entry of ``raw_output_contents`` written by the kernel in place
@@ -16,7 +16,7 @@ a ``ModelStreamInferResponse``, marked as its request's final one.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from collections.abc import Hashable
 
 import numpy as np
 
@@ -50,6 +50,26 @@ def plan(
     return plan_request(op, infer_request(message, raw, plane.limits), plane.limits, plane.regions)
 
 
+def plan_and_keep(
+    plane: DataPlane,
+    op: OperatorSpec,
+    message: pb.ModelInferRequest,
+    raw: list[memoryview],
+    key: Hashable,
+    size: int,
+) -> Plan:
+    """``plan``, its template kept in the plane's cache under ``key`` (the message of ``size``
+    bytes without its raw contents, and their sizes) when it has one worth keeping; the plan
+    then has the template's response head, made once."""
+    planned = plan(plane, op, message, raw)
+    if plane.keeps(size):
+        template = template_of(planned, message, plane.backend)
+        if template is not None:
+            plane.remember(key, template, size)
+            planned = planned._replace(response_head=template.response_head)
+    return planned
+
+
 def _response(plan: Plan) -> pb.ModelInferResponse:
     call = plan.call
     output = pb.ModelInferResponse.InferOutputTensor(
@@ -81,7 +101,8 @@ def encode(
     """Run ``plan`` into a serialized ``ModelInferResponse``: its one output's bytes, written by
     the kernel in place after its head (``response_head``; the plan's when a template knew it), as
     ``raw_output_contents[0]`` (grpcio sends only ``bytes``: a large answer is made as one and
-    written in place, ``answer_bytes.fresh``; protobuf would have copied the output twice); or, for an output in shared memory, written into
+    written in place, ``answer_bytes.fresh``; protobuf would have copied the output twice); or, for
+    an output in shared memory, written into
     its region, its entry of ``raw_output_contents`` empty and its parameters none, as Triton
     answers (the caller named the region). ``streamed``: a ``ModelStreamInferResponse`` holding
     that response, marked final (``FINAL_RESPONSE``), framed around it in the same buffer."""
@@ -121,20 +142,9 @@ def encode(
     return bytes(body) if answer is None else answer
 
 
-@dataclass(frozen=True, slots=True)
-class MessageTemplate(PlanTemplate):
-    """A ``PlanTemplate`` of a ``ModelInferRequest``, with what every plan made from it holds
-    and touches, decided once (``template_of``): its plans differ only in their raw contents'
-    bytes, of the sizes in the template's key, so ``Plan.memory_needed`` and
-    ``Plan.work_bytes`` are the same for each (1.4 us a call when worked out again)."""
-
-    held_bytes: int = 0  # ``memory_needed`` but the request's own bytes
-    work_bytes: int = 0
-
-
 def template_of(
     planned: Plan, message: pb.ModelInferRequest, backend: Backend
-) -> MessageTemplate | None:
+) -> PlanTemplate | None:
     """The template of a plan (each input's buffer its raw contents, whole; the response's
     head; what its runs on ``backend`` hold and touch), or None when its request is not all raw
     contents (typed contents or shared memory: not worth keeping, or not the same on the next
@@ -149,21 +159,14 @@ def template_of(
         tensor.name: (index, whole, wire_dtype(BY_NAME[tensor.datatype]), tuple(tensor.shape))
         for index, tensor in enumerate(message.inputs)
     }
-    template = MessageTemplate.decided(
-        planned, where, binary_output=True, response_head=response_head(planned)
-    )
-    return replace(
-        template,
-        held_bytes=planned.memory_needed(0, backend),  # it adds the request's bytes to these
-        work_bytes=planned.work_bytes,
-    )
+    return PlanTemplate.decided(planned, where, backend, response_head=response_head(planned))
 
 
 __all__ = [
     "FINAL_RESPONSE",
-    "MessageTemplate",
     "encode",
     "plan",
+    "plan_and_keep",
     "response_head",
     "template_of",
 ]

@@ -6,9 +6,9 @@ TENSORBITS_MAX_INFLIGHT_REQUESTS), ModelStreamInfer streams one of a stream pool
 size, the other RPCs but the probes one of a small control pool, and each holds it until its
 answer (a stream: until its end); past any, UNAVAILABLE at once. One connection holds at most
 half of each pool (``connection_share``): a client holding calls open without sending them
-leaves the others slots, for inferences as for RepositoryIndex or ModelConfig. ServerLive, ServerReady and
-ModelReady take no slot: a flood of stalled or oversized calls cannot make a liveness probe
-fail. Every RPC but ModelInfer and ModelStreamInfer takes a message of at most
+leaves the others slots, for inferences as for RepositoryIndex or ModelConfig. ServerLive,
+ServerReady and ModelReady take no slot: a flood of stalled or oversized calls cannot make a
+liveness probe fail. Every RPC but ModelInfer and ModelStreamInfer takes a message of at most
 ``SMALL_MESSAGE_BYTES`` (protobuf parses it on the event loop).
 
 Kept apart from the RPCs' bodies (``service.py``) and the stream (``streams.py``), which both

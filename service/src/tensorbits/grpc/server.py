@@ -1,9 +1,10 @@
 """The gRPC endpoint: ``GRPCInferenceService`` and the standard health service on
 ``TENSORBITS_GRPC_PORT``, in the HTTP server's process and event loop.
 
-Started by the app's lifespan (``app.py``) once the runtime exists and stopped before it closes,
-so the two protocols share one backend, one admission bound, one set of statistics and one
-drain, whichever process (or worker) runs the app. Its bounds are the HTTP side's:
+Started beside the HTTP server on the runtime its process started (``server/assembly.py``:
+``grpc_beside``, under ``side_by_side``) and stopped before that runtime closes, so the two
+protocols share one backend, one admission bound, one set of statistics and one drain, whichever
+process (or worker) serves. Its bounds are the HTTP side's:
 
 * a message is at most ``TENSORBITS_MAX_BODY_BYTES`` (grpcio refuses a longer one with
   RESOURCE_EXHAUSTED before the handler runs);
@@ -11,8 +12,9 @@ drain, whichever process (or worker) runs the app. Its bounds are the HTTP side'
   ``RPC_RULES``): grpcio's own bound on concurrent calls is not used, as it counts the probes
   with the rest (80 calls that never send their message would make ServerLive and the health
   service answer RESOURCE_EXHAUSTED), and one connection holds at most half of the inference
-  and stream pools (``pools.connection_share``). One connection carries at most ``MAX_STREAMS`` calls at
-  once, and its metadata at most ``TENSORBITS_MAX_HEAD_BYTES`` (HTTP's head limit);
+  and stream pools (``pools.connection_share``). One connection carries at most
+  ``MAX_STREAMS`` calls at once, and its metadata at most ``TENSORBITS_MAX_HEAD_BYTES`` (HTTP's
+  head limit);
 * a message must arrive within ``TENSORBITS_TIMEOUT_BODY_READ`` (service.py; on a stream,
   streams.py, once it has nothing in flight).
 

@@ -5,7 +5,8 @@ statistics, drain) and answers from the same definitions: metadata, model config
 statistics are the HTTP documents turned into messages (``json_format.ParseDict``), inference
 goes through the data plane (core/dataplane.py) like every front end. A refusal is the same
 ``TensorbitsError`` with the same words, sent as the gRPC status its class carries with trailing
-metadata naming the field and the rule (``status.py``), as the HTTP JSON error does. An exception that is not a
+metadata naming the field and the rule (``status.py``), as the HTTP JSON error does. An exception
+that is not a
 refusal is answered by ``refusals.refusal_of`` as HTTP answers it (out of memory: UNAVAILABLE,
 as HTTP's 503), or as INTERNAL with no internals named (a bug).
 
@@ -27,6 +28,7 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from functools import partial
 from typing import Any, TypeVar
 
 from google.protobuf import json_format
@@ -35,10 +37,14 @@ from starlette.concurrency import run_in_threadpool
 
 from tensorbits import auth, load_bounds, model_info, model_lifecycle, refusals
 from tensorbits.core.admission import Admission
+from tensorbits.core.backends.base import Backend
+from tensorbits.core.dataplane import Decoder, Encoder, HoldWords, Needs, Reckoner
 from tensorbits.core.graphs.model_config_pb2 import ModelConfig
 from tensorbits.core.graphs.models import GraphModel
-from tensorbits.core.models import MODEL_VERSION, Model, resolve_model, resolve_served, version_of
+from tensorbits.core.graphs.request import GraphRequest
+from tensorbits.core.models import Model, resolve_model, resolve_served, version_of
 from tensorbits.core.offload import JSON_INLINE_MAX_BYTES, offload
+from tensorbits.core.plan import Plan, PlanTemplate
 from tensorbits.core.shared_memory import Kind, SharedMemoryRegions, switched_on
 from tensorbits.deadlines import within_read_deadline
 from tensorbits.grpc import graph_messages, load_wire, messages, streams, wire
@@ -68,6 +74,10 @@ logger = logging.getLogger("tensorbits.grpc")
 # The front end's tag in the data plane's cache keys: HTTP keys its own form there too.
 CACHE_TAG = "grpc"
 
+# What a refusal to hold an inference's memory names: the inputs are what the caller can shrink.
+OPERATOR_WORDS = HoldWords("inference", "message, output", "inputs")
+GRAPH_WORDS = HoldWords("inference", "message, outputs, work", "inputs")
+
 # The published service name: clients call /inference.GRPCInferenceService/<Method>.
 SERVICE_NAME = "inference.GRPCInferenceService"
 
@@ -89,6 +99,7 @@ RPCS = tuple(
 CARRIED = frozenset({"ModelInfer"})
 
 M = TypeVar("M", bound=Message)
+PlanT = TypeVar("PlanT")
 Handler = Callable[[bytes], Awaitable[bytes]]
 Behaviour = Callable[[AsyncIterator[bytes], Context], Awaitable[bytes]]
 
@@ -309,23 +320,16 @@ class InferenceService:
     async def repository_index(self, data: bytes) -> bytes:
         request = _parse(pb.RepositoryIndexRequest, data)
         _check_repository(request.repository_name)
-        models = []
-        graphs = self.runtime.plane.graphs
-        listed = [(op.name, MODEL_VERSION) for op in OPERATORS]
-        listed += [(model.name, model.version) for model in graphs.models()]
-        listed += [(name, "") for name in sorted(graphs.failed())]
-        for name, version in listed:
-            reason = self.runtime.unavailable_because(name)
-            if reason is not None and request.ready:
-                continue
-            models.append(
-                pb.RepositoryIndexResponse.ModelIndex(
-                    name=name,
-                    version=version,
-                    state="READY" if reason is None else "UNAVAILABLE",
-                    reason=reason or "",
-                )
+        listed = self.runtime.plane.repository_index(
+            server_ready=self.runtime.ready, ready_only=request.ready
+        )
+        models = [
+            pb.RepositoryIndexResponse.ModelIndex(
+                name=entry.name, version=entry.version, state=entry.state,
+                reason=entry.reason or "",
             )
+            for entry in listed
+        ]  # fmt: skip
         return pb.RepositoryIndexResponse(models=models).SerializeToString()
 
     async def repository_model_load(self, data: bytes) -> bytes:
@@ -424,63 +428,48 @@ class InferenceService:
         self, data: bytes, message_state: streams.Message | None = None, *, streamed: bool = False
     ) -> bytes:
         """One inference through the data plane's lifecycle (core/dataplane.py), admitted for
-        its message before it is parsed. A message planned before (the same bytes but the raw
+        its message before it is planned. A message planned before (the same bytes but the raw
         contents', of the same sizes) is planned from its template in the plane's cache, not
         parsed and checked again. A stream's message (``message_state``) learns its request's
         id and when it is admitted."""
         plane = self.runtime.plane
         split = wire.split_infer_request(data, self.wire_limits)
+        size = len(split.message)
         key = (CACHE_TAG, split.message, tuple(map(len, split.raw_contents)))  # flat bytes
-        cached = plane.template(key, len(split.message))
-        # A gRPC key holds only the template gRPC made (``messages.template_of``).
-        template = cached if isinstance(cached, messages.MessageTemplate) else None
+        template = plane.template(key, size)
         if template is not None:
             op = template.op
             note_model(op.name)
-            note_request_id(template.request_id or "")
-            if message_state is not None:
-                message_state.id = template.request_id or ""
+            _note_request_id(template.request_id or "", message_state)
+            decode: Decoder[Plan] = partial(template.plan, split.raw_contents)
+            needs: Reckoner[Plan] = partial(_templated_needs, template=template, size=len(data))
         else:
             # Walked by its rules before protobuf builds anything of it (a cached message was,
             # when it was cached); on a thread when large, as the HTTP side's JSON is read.
             message = await offload(
-                len(split.message), JSON_INLINE_MAX_BYTES, _checked_request, split.message,
-                self.wire_limits,
-            )  # fmt: skip
+                size, JSON_INLINE_MAX_BYTES, _checked_request, split.message, self.wire_limits
+            )
             note_model(message.model_name, message.model_version)
-            note_request_id(message.id)
-            if message_state is not None:
-                message_state.id = message.id
+            _note_request_id(message.id, message_state)
             graph = plane.graphs.get(message.model_name)
             if graph is not None:
                 return await self._infer_graph(
                     graph, message, split, len(data), message_state, streamed=streamed
                 )
             op = resolve_model(message.model_name, _version(message.model_version), plane.graphs)
+            # Typed contents are read value by value: off the event loop when many.
+            decode = partial(
+                messages.plan_and_keep, plane, op, message, split.raw_contents, key, size
+            )
+            needs = partial(_operator_needs, size=len(data), backend=plane.backend)
         note_version(version_of(op))
         plane.models.check_loaded(op.name)  # every call: a template skips no state
-        async with plane.call((op.name,)) as call:
-            call.admit(len(data))
-            if template is not None:
-                plan = template.plan(split.raw_contents)
-                needed, work = len(data) + template.held_bytes, template.work_bytes
-            else:
-                # Typed contents are read value by value: off the event loop when many.
-                plan = await call.plan(
-                    len(split.message), messages.plan, plane, op, message, split.raw_contents
-                )
-                if plane.plans is not None:
-                    made = messages.template_of(plan, message, plane.backend)
-                    if made is not None:
-                        plane.remember(key, made, len(split.message))
-                        plan = plan._replace(response_head=made.response_head)
-                needed, work = plan.memory_needed(len(data), plane.backend), plan.work_bytes
-            call.hold(needed, "inference", "message, output", "inputs")
-            if message_state is not None:
-                message_state.admitted.set()
-            return await call.run(
-                work, messages.encode, plan, plane.backend, plane.regions, streamed=streamed
-            )
+        encode = partial(
+            messages.encode, backend=plane.backend, regions=plane.regions, streamed=streamed
+        )
+        return await self._served(
+            op.name, len(data), size, message_state, decode, needs, OPERATOR_WORDS, encode
+        )
 
     async def _infer_graph(
         self,
@@ -492,22 +481,58 @@ class InferenceService:
         *,
         streamed: bool,
     ) -> bytes:
-        """One inference of a graph model through the data plane's lifecycle: admitted for its
-        message, then for what its plan holds (``GraphPlan.needed_bytes``)."""
+        """One inference of a graph model: admitted for its message, then for what its plan
+        holds (``GraphPlan.needed_bytes``)."""
         plane = self.runtime.plane
         resolve_served(plane.graphs, model.name, _version(message.model_version))
         note_version(model.version)
-        async with plane.call((model.name,)) as call:
+
+        def needs(request: GraphRequest) -> Needs:
+            return Needs(size + request.needed_bytes, request.work_bytes)
+
+        decode = partial(graph_messages.plan, plane, model, message, split.raw_contents)
+        encode = partial(graph_messages.encode, backend=plane.backend, streamed=streamed)
+        return await self._served(
+            model.name, size, len(split.message), message_state, decode, needs, GRAPH_WORDS, encode
+        )
+
+    async def _served(
+        self,
+        model: str,
+        size: int,
+        decoded_bytes: int,
+        message_state: streams.Message | None,
+        decode: Decoder[PlanT],
+        needs: Reckoner[PlanT],
+        words: HoldWords,
+        encode: Encoder[PlanT, bytes],
+    ) -> bytes:
+        """An inference of ``model`` admitted for its message's ``size`` bytes, then served by
+        the data plane (``Call.serve``) with the codec of its kind; a stream's message is told
+        once it is held, so that the stream reads its next."""
+        async with self.runtime.plane.call((model,)) as call:
             call.admit(size)
-            request = await call.plan(
-                len(split.message), graph_messages.plan, plane, model, message, split.raw_contents
-            )
-            call.hold(size + request.needed_bytes, "inference", "message, outputs, work", "inputs")
-            if message_state is not None:
-                message_state.admitted.set()
-            return await call.run(
-                request.work_bytes, graph_messages.encode, request, plane.backend, streamed=streamed
-            )
+            held = None if message_state is None else message_state.admitted.set
+            return await call.serve(decode, decoded_bytes, needs, words, encode, on_held=held)
+
+
+def _note_request_id(request_id: str, message_state: streams.Message | None) -> None:
+    """The request's id, in the call's log line and on its stream message (an error's answer
+    carries it)."""
+    note_request_id(request_id)
+    if message_state is not None:
+        message_state.id = request_id
+
+
+def _templated_needs(plan: Plan, template: PlanTemplate, size: int) -> Needs:
+    """What a plan made from ``template`` holds beside its message of ``size`` bytes, and
+    touches: as the template decided, the same for each of its plans."""
+    return Needs(size + template.held_bytes, template.work_bytes)
+
+
+def _operator_needs(plan: Plan, size: int, backend: Backend) -> Needs:
+    """What an operator's plan holds beside its message of ``size`` bytes, and touches."""
+    return Needs(plan.memory_needed(size, backend), plan.work_bytes)
 
 
 def _carry_until_sent(admission: Admission, nbytes: int) -> None:

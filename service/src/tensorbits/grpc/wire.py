@@ -8,9 +8,9 @@ field of each message, its wire form and what bounds its count), and refused at 
 past its bound. A field the table does not know is skipped, as proto3 says (a client built from
 a newer inference.proto sends fields this one lacks), of any wire type (a length-delimited one
 by its length, never copied; a group, proto2's, field by field to a depth of
-``MAX_GROUP_DEPTH``), and counted against ``MAX_FIELDS`` like any other: the work spent on a refused message is in proportion to the bounds, not to what
-was sent. Only a message that passed the walk is parsed, and what protobuf then builds is
-bounded by the same numbers.
+``MAX_GROUP_DEPTH``), and counted against ``MAX_FIELDS`` like any other: the work spent on a
+refused message is in proportion to the bounds, not to what was sent. Only a message that
+passed the walk is parsed, and what protobuf then builds is bounded by the same numbers.
 
 The walk is in two steps. ``split_infer_request`` reads the top-level fields: the raw contents
 (field 7) stay views of the received bytes (parsed by protobuf, a 64 MiB input would be copied
@@ -22,8 +22,12 @@ response), so the kernel writes the output straight into the response's bytes af
 protobuf-built part (fields may come in any order on the wire, and a repeated field's entries
 may be split around others: the encoding says so).
 
+The encoding (varints, tags, the bounds of a value, packed runs) is read by the core's protobuf
+reader (``core/wire.py``), the one the ONNX files of graph models are walked with too; the rules
+of the RPC's messages and the words of their refusals are here.
+
 The tests check both walks against protobuf's own parser and serializer
-(tests/grpc_endpoint/test_grpc_wire.py); the fuzz target ``fuzz_grpc_wire`` floods them.
+(tests/grpc/test_wire.py); the fuzz target ``target_grpc_wire`` floods them.
 """
 
 from __future__ import annotations
@@ -32,17 +36,26 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple
 
+from tensorbits.core import wire as core_wire
 from tensorbits.core.limits import tensors_member
+from tensorbits.core.wire import (
+    END_GROUP,
+    FIXED_SIZES,
+    I32,
+    I64,
+    LEN,
+    START_GROUP,
+    VARINT,
+    Fault,
+    WireFault,
+    encode_varint,
+)
 from tensorbits_protocol.descriptors import RANK_WORDS
 from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
 from tensorbits_protocol.parameters import MAX_PARAMETERS, too_many
 from tensorbits_protocol.texts import MAX_TEXT_BYTES, shown_key, too_long
 from tensorbits_protocol.v2 import MAX_WIRE_RANK
 
-# Wire types (protobuf encoding): what follows a field's tag.
-VARINT, I64, LEN, START_GROUP, END_GROUP, I32 = 0, 1, 2, 3, 4, 5
-_FIXED_SIZES = {I64: 8, I32: 4}
-_MAX_VARINT_BYTES = 10
 RAW_OUTPUT_CONTENTS = 6  # ModelInferResponse
 
 MAX_FIELDS = 16384
@@ -236,16 +249,14 @@ def _varint(
     data: memoryview, at: int, end: int, root: str = "ModelInferRequest"
 ) -> tuple[int, int]:
     """The varint at ``at`` and where the next field starts (``root``: the message refused)."""
-    value = shift = 0
-    for offset in range(_MAX_VARINT_BYTES):
-        if at + offset >= end:
-            raise _malformed(root, f"a varint runs past the end of its message at byte {at}", root)
-        byte = data[at + offset]
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, at + offset + 1
-        shift += 7
-    raise _malformed(root, f"a varint at byte {at} is longer than 10 bytes", root)
+    try:
+        return core_wire.read_varint(data, at, end)
+    except WireFault as fault:
+        if fault.fault is Fault.OVERLONG:
+            raise _malformed(root, f"a varint at byte {at} is longer than 10 bytes", root) from None
+        raise _malformed(
+            root, f"a varint runs past the end of its message at byte {at}", root
+        ) from None
 
 
 def _shown_key(view: memoryview, at: int, length: int) -> str:
@@ -258,20 +269,16 @@ def _shown_key(view: memoryview, at: int, length: int) -> str:
 _KEY_CHARS_READ = 101  # one more than ``shown_key`` keeps: a longer key is shown cut ("...")
 
 
-# The bytes that end a varint: a packed run's values are counted as those bytes, in C.
-_CONTINUATION_BYTES = bytes(range(0x80, 0x100))
-
-
 def _packed_count(data: memoryview, form: Form, at: int, length: int, most: int) -> int:
     """How many values a packed run of ``length`` bytes at ``at`` holds, or ``most + 1`` when
     it holds more than ``most`` (found without reading further than that needs)."""
     if form is Form.VARINTS:
-        if length > _MAX_VARINT_BYTES * most:  # even 10-byte varints would be too many
+        if length > core_wire.MAX_VARINT_BYTES * most:  # even 10-byte varints would be too many
             return most + 1
         run = bytes(data[at : at + length])
-        if run and run[-1] >= 0x80:
+        if core_wire.ends_inside_varint(run):
             raise _malformed("ModelInferRequest", f"a packed varint run at byte {at} is cut short")
-        return len(run.translate(None, _CONTINUATION_BYTES))
+        return core_wire.count_varints(run)
     size = 4 if form is Form.FIXED32 else 8
     if length % size:
         raise _malformed(
@@ -327,8 +334,8 @@ class Walk:
         while True:
             if wire_type == VARINT:
                 _, at = self.varint(at, end)
-            elif wire_type == LEN or wire_type in _FIXED_SIZES:
-                length = _FIXED_SIZES.get(wire_type)
+            elif wire_type == LEN or wire_type in FIXED_SIZES:
+                length = FIXED_SIZES.get(wire_type)
                 if length is None:
                     length, at = self.varint(at, end)
                 if length > end - at:
@@ -422,7 +429,7 @@ class Walk:
                 _, at = _varint(view, at, end)
                 length, count = 0, 1
             elif (wire_type, rule.form) in _FIXED_FORMS:
-                length, count = _FIXED_SIZES[wire_type], 1
+                length, count = FIXED_SIZES[wire_type], 1
                 if length > end - at:
                     raise _malformed(
                         message.name, f"field {number} at byte {field_start} runs past the end"
@@ -487,9 +494,9 @@ def _split_in_order(data: bytes, limits: WireLimits) -> SplitRequest | None:
     """The split of a message as every protobuf library writes one (fields in number order: the
     raw contents last), read in one pass of few steps; None for anything else (another order, a
     field broken, a bound passed), which the rule walk then splits or refuses in its words. It
-    passes only what the walk passes, and splits it alike (tests/grpc_endpoint/
-    test_grpc_wire_in_order.py checks both on generated messages, in order and
-    not): the walk took 5-7.5 us of a small ModelInfer, this takes 2.2."""
+    passes only what the walk passes, and splits it alike (tests/grpc/test_wire_in_order.py
+    checks both on generated messages, in order and not): the walk took 5-7.5 us of a small
+    ModelInfer, this takes 2.2."""
     end = len(data)
     at = kept_end = 0
     raw: list[tuple[int, int]] = []
@@ -506,7 +513,9 @@ def _split_in_order(data: bytes, limits: WireLimits) -> SplitRequest | None:
         if number is None:
             return None
         at += 1
-        # The length: a varint of at most 10 bytes, whole before the end.
+        # The length: a varint of at most 10 bytes, whole before the end. Read inline, not by
+        # the core's reader (core/wire.py), this path's every call counts: a varint it cannot
+        # read returns None, and the walk reads it with the core's reader and refuses it.
         length = shift = 0
         while True:
             if at >= end or shift > 63:
@@ -583,16 +592,6 @@ def check_nested(message: bytes, limits: WireLimits) -> None:
         at += length
 
 
-def encode_varint(value: int) -> bytes:
-    """``value`` (non-negative) as a protobuf varint."""
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def raw_field(number: int, length: int) -> bytes:
     """The tag and length that precede ``length`` bytes of a bytes field ``number``."""
     return encode_varint(number << 3 | LEN) + encode_varint(length)
@@ -608,12 +607,19 @@ def varint_field(number: int, value: int) -> bytes:
     return encode_varint(number << 3 | VARINT) + encode_varint(value)
 
 
+# The encoding's names (the core reader's, core/wire.py) too, for whoever writes these messages.
 __all__ = [
+    "END_GROUP",
+    "I32",
+    "I64",
+    "LEN",
     "MAX_FIELDS",
     "MAX_GROUP_DEPTH",
     "MAX_TEXT_BYTES",
     "MODEL_INFER_REQUEST",
     "RAW_OUTPUT_CONTENTS",
+    "START_GROUP",
+    "VARINT",
     "SplitRequest",
     "Walk",
     "WireLimits",

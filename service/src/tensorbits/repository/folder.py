@@ -24,9 +24,10 @@ and no read takes more than the bound and a byte.
 A folder whose name starts with ``.`` is not read (a folder being copied in, then renamed; the
 ``..data`` of a Kubernetes ConfigMap volume). The folder's names are hostile too
 (``core/graphs/names.py``, the rule the load API checks): a model folder's name that is not a
-model's name (not UTF-8, a route's segment such as ``stats``, a built-in model's) is refused, listed under its name with the bytes that are not UTF-8 written
-``\\xNN``; a folder named in digits is a version, which is ASCII digits, no leading zero, within
-int64, or the model is refused naming it; and every path read (the model's folder, its
+model's name (not UTF-8, a route's segment such as ``stats``, a built-in model's) is refused,
+listed under its name with the bytes that are not UTF-8 written ``\\xNN``; a folder named in
+digits is a version, which is ASCII digits, no leading zero, within int64, or the model is
+refused naming it; and every path read (the model's folder, its
 configuration, its file), resolved through its links, is inside the repository folder, or the
 model is refused without a byte of it read."""
 

@@ -1,5 +1,7 @@
-"""The HTTP application: routers, middleware, error handlers; its lifespan assembles the server
-(``assembly.py``: the runtime, the gRPC endpoint and the metrics listener beside this app)."""
+"""The HTTP application: routers, middleware, error handlers. Served by ``tensorbits serve``,
+it runs on the runtime its process started beside it (``assembly.side_by_side``, with the gRPC
+endpoint and the metrics listener); in process (a test, ``uvicorn tensorbits.server.main:app``)
+its lifespan starts the runtime and the metrics listener itself (``assembly.assembled``)."""
 
 from __future__ import annotations
 
@@ -27,17 +29,28 @@ def _operation_id(route: APIRoute) -> str:
     return route.name
 
 
-def create_app(settings: Settings | None = None, *, drain: Drain | None = None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None,
+    *,
+    drain: Drain | None = None,
+    runtime_by_process: bool = False,
+) -> FastAPI:
     """The app for ``settings`` (None: from the environment). ``drain``: the server's, begun
-    when it is told to stop; readiness turns false then (None: the app's own, never begun)."""
+    when it is told to stop; readiness turns false then (None: the app's own, never begun).
+    ``runtime_by_process``: the process starts the runtime beside its listeners and sets
+    ``app.state.runtime`` before the app serves (``assembly.side_by_side``); else the app's
+    lifespan starts one, and closes it as the app stops."""
     settings = settings or Settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
+        # The lifespan's state reaches uvicorn's protocols too: the HTTP layer counts and
+        # logs the requests it refuses before the app in these metrics.
+        if runtime_by_process:
+            yield {METRICS_STATE: metrics}
+            return
         async with assembly.assembled(settings, metrics, drain) as runtime:
             app.state.runtime = runtime
-            # The lifespan's state reaches uvicorn's protocols too: the HTTP layer counts and
-            # logs the requests it refuses before the app in these metrics.
             yield {METRICS_STATE: metrics}
 
     app = FastAPIOffline(
@@ -51,7 +64,6 @@ def create_app(settings: Settings | None = None, *, drain: Drain | None = None) 
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     metrics = Metrics.create()
-    app.state.settings = settings
     app.state.metrics = metrics
     register_exception_handlers(app)
     for router in routers.ALL:

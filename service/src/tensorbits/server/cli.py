@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 from tensorbits import __version__
 
 # The server process is assembled in serving.py (workers.py builds the same one); the command
-# calls it through these names, which the tests use too (a stub ``draining_server`` included).
-from tensorbits.server.serving import StopSignals
+# calls it through these names, which the tests use too (a stub ``serve`` included).
+from tensorbits.server.serving import StopSignals, serve
 from tensorbits.server.serving import draining_server as draining_server
 from tensorbits.server.serving import uvicorn_kwargs as _uvicorn_kwargs
 
@@ -275,13 +275,22 @@ def _serve(args: argparse.Namespace) -> int:
         from tensorbits.server.workers import Supervisor
 
         return Supervisor(settings).run()
+    from tensorbits.server.app import create_app
+    from tensorbits.server.assembly import StartFailure
+
     # A clean stop exits 0, not by the signal uvicorn raises again once it has stopped.
     with StopSignals() as stop:
         drain = Drain()
-        config = uvicorn.Config(**_uvicorn_kwargs(settings, drain))
+        # The process starts the runtime, then HTTP and gRPC side by side on it (assembly.py).
+        app = create_app(settings, drain=drain, runtime_by_process=True)
+        config = uvicorn.Config(**_uvicorn_kwargs(settings, drain, app))
         server = draining_server(config, drain, settings.drain_delay)
         if stop.hand_to(server):  # else told to stop while starting: nothing to serve
-            server.run()
+            try:
+                serve(server, app, settings, drain)
+            except StartFailure as failure:
+                print(f"tensorbits: {failure}", file=sys.stderr)
+                return 1
     return 0
 
 

@@ -1,6 +1,7 @@
-"""One server process assembled: uvicorn's arguments for the app (``uvicorn_kwargs``) and the
-server that drains before it stops (``draining_server``), and the signals that stop it
-(``StopSignals``).
+"""One server process assembled: uvicorn's arguments for the app (``uvicorn_kwargs``), the
+server that drains before it stops (``draining_server``), the signals that stop it
+(``StopSignals``), and the process served (``serve``: HTTP and gRPC side by side on one runtime,
+``assembly.side_by_side``).
 
 ``tensorbits serve`` runs one such process (cli.py); ``--workers N`` runs N (workers.py). Both
 take them from here, so the command and the workers' supervisor need not import each other.
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import uvicorn
+    from fastapi import FastAPI
 
     from tensorbits.config.settings import Settings
     from tensorbits.runtime import Drain
@@ -57,6 +59,25 @@ def uvicorn_kwargs(
         "timeout_graceful_shutdown": settings.timeout_graceful_shutdown,
         **tls.uvicorn_options(settings),  # HTTPS when a certificate and key are configured
     }
+
+
+def serve(
+    server: uvicorn.Server,
+    app: FastAPI,
+    settings: Settings,
+    drain: Drain,
+    sockets: list[socket.socket] | None = None,
+) -> None:
+    """Serve this process until it is stopped: ``server`` (a ``draining_server`` serving
+    ``app``, built with ``runtime_by_process``) and the gRPC endpoint side by side on one
+    runtime, on the event loop uvicorn's configuration asks for (uvloop).
+    ``assembly.StartFailure`` when one of them cannot start, the other stopped."""
+    import asyncio
+
+    from tensorbits.server import assembly
+
+    with asyncio.Runner(loop_factory=server.config.get_loop_factory()) as runner:
+        runner.run(assembly.side_by_side(server, app, settings, drain, sockets))
 
 
 class StopSignals:

@@ -1,8 +1,9 @@
 """Several worker processes on one port: ``tensorbits serve --workers N`` (``TENSORBITS_WORKERS``).
 
 Each worker is the single-process server in full: the guarded HTTP protocol (the request head
-bounded in bytes and time), the app and its lifespan (so the gRPC endpoint too, where it is on),
-and the readiness-first drain on SIGTERM (``serving.draining_server``). What the workers share:
+bounded in bytes and time), the app, the gRPC endpoint beside it where it is on
+(``serving.serve``), and the readiness-first drain on SIGTERM (``serving.draining_server``).
+What the workers share:
 
 - **The port.** Each worker listens on a socket of its own with ``SO_REUSEPORT``, and the kernel
   spreads new connections over them by their addresses. (One socket shared by every worker lets
@@ -57,7 +58,7 @@ from pathlib import Path
 from types import FrameType
 
 from tensorbits.config.settings import Settings
-from tensorbits.server.serving import StopSignals, draining_server, uvicorn_kwargs
+from tensorbits.server.serving import StopSignals, draining_server, serve, uvicorn_kwargs
 
 logger = logging.getLogger("tensorbits.workers")
 
@@ -174,6 +175,7 @@ def run_worker(index: int, port: int, folder: str, supervisor: int) -> None:
     from tensorbits.logs import configure_logging
     from tensorbits.runtime import Drain
     from tensorbits.server.app import create_app
+    from tensorbits.server.assembly import StartFailure
 
     settings = Settings(port=port)
     configure_logging(settings.log_level, settings.log_json)
@@ -194,7 +196,7 @@ def run_worker(index: int, port: int, folder: str, supervisor: int) -> None:
         try:
             observability.share_with_workers(Path(folder))
             drain = Drain()
-            app = create_app(settings, drain=drain)
+            app = create_app(settings, drain=drain, runtime_by_process=True)
             config = uvicorn.Config(**uvicorn_kwargs(settings, drain, app))
             sock = port_socket(settings.host, port)
         except Exception:
@@ -207,7 +209,11 @@ def run_worker(index: int, port: int, folder: str, supervisor: int) -> None:
             logger.info("worker %d: stopped before it started serving", index)
             return
         try:
-            server.run(sockets=[sock])  # a failed lifespan start-up exits STARTUP_FAILURE too
+            serve(server, app, settings, drain, sockets=[sock])
+        except StartFailure as failure:
+            # Logged with the worker's number; the supervisor stops: every worker would fail.
+            logger.error("worker %d could not start: %s", index, failure)
+            sys.exit(STARTUP_FAILURE)
         finally:
             app.state.metrics.publish()  # the final counts, for the workers still serving
             logger.debug("worker %d (pid %d) stopped", index, os.getpid())

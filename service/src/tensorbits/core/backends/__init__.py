@@ -1,14 +1,18 @@
-"""Backend selection: ``auto`` (CuPy when a probe kernel runs, else NumPy), ``numpy`` or ``cupy``."""
+"""Backend selection: ``auto`` (CuPy when a probe kernel runs, else NumPy), ``numpy`` or
+``cupy``; on CuPy, where each request computes (``placement``: backends/placement.py)."""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from tensorbits.core.backends.base import Backend, BackendUnavailable
 from tensorbits.core.backends.numpy_backend import NumpyBackend
 from tensorbits.core.backends.pinned_pool import DEFAULT_POOL_BYTES
+
+if TYPE_CHECKING:
+    from tensorbits.core.backends.placement import PlacementSetting
 
 BackendChoice = Literal["auto", "numpy", "cupy"]
 
@@ -39,10 +43,14 @@ def select_backend(
     device_id: int = 0,
     cpu_threads: int | None = None,
     pinned_pool_bytes: int = DEFAULT_POOL_BYTES,
+    placement: PlacementSetting = "device",
 ) -> Selection:
     """Build the backend ``choice`` asks for. ``cupy`` fails loudly (BackendUnavailable) when
     CuPy cannot run; ``auto`` falls back to NumPy and says why. ``pinned_pool_bytes``: CuPy's
-    host staging (backends/pinned_pool.py)."""
+    host staging (backends/pinned_pool.py). ``placement`` (the server's
+    ``TENSORBITS_PLACEMENT``): on CuPy, ``auto`` or ``host`` places each request on the host or
+    the device (``placement.PlacedBackend``, which owns a NumPy backend too), ``device`` (the
+    default here) is the CuPy backend itself; NumPy has nowhere else to place work."""
     if choice == "numpy":
         selection = Selection(NumpyBackend(cpu_threads), "numpy backend requested")
     else:
@@ -56,6 +64,8 @@ def select_backend(
             if choice == "cupy":
                 raise BackendUnavailable(_cupy_hint(exc)) from exc
             selection = Selection(NumpyBackend(cpu_threads), f"auto: fell back to numpy ({exc})")
+        else:
+            selection = _placed(selection, placement, cpu_threads)
     logger.info(
         "backend selected: %s on %s (%s)",
         selection.backend.name,
@@ -63,6 +73,19 @@ def select_backend(
         selection.reason,
     )
     return selection
+
+
+def _placed(
+    selection: Selection, placement: PlacementSetting, cpu_threads: int | None
+) -> Selection:
+    """``selection`` (CuPy's) under ``placement``: the CuPy backend itself for ``device``, else
+    one that places each request (backends/placement.py)."""
+    if placement == "device":
+        return Selection(selection.backend, f"{selection.reason}; placement device")
+    from tensorbits.core.backends.placement import PlacedBackend
+
+    backend = PlacedBackend(NumpyBackend(cpu_threads), selection.backend, placement)
+    return Selection(backend, f"{selection.reason}; placement {placement}")
 
 
 __all__ = ["Backend", "BackendChoice", "BackendUnavailable", "Selection", "select_backend"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -56,15 +56,22 @@ class Backend(Protocol):
         ...
 
 
-def run_fused(backend: Backend, plan: Any, values: dict[int, DeviceArray]) -> bool:
+def run_fused(
+    backend: Backend,
+    plan: Any,
+    values: dict[int, DeviceArray],
+    into: Mapping[int, DeviceArray] | None = None,
+) -> bool:
     """Run a fused graph plan (``core.graphs.plan.GraphPlan``) in one pass on ``backend``, where
-    it offers that: ``backend.run_fused(plan, values)`` takes the sources by slot (its device
-    arrays) and adds a device array for each value a graph output holds. False (nothing run)
-    where the backend has no such method or it cannot run this plan; the caller then runs the
-    plan node by node. Optional, so that a backend without it (NumPy, whose fused runs go piece
-    by piece through ``run``) need not say so."""
+    it offers that: ``backend.run_fused(plan, values, into)`` takes the sources by slot (its
+    device arrays) and adds a device array for each value a graph output holds: the one
+    ``into`` gives for that slot where it gives one the kernel can write (a CUDA region's: the
+    kernel writes the client's memory itself), else a new one. False (nothing run) where the
+    backend has no such method or it cannot run this plan; the caller then runs the plan node
+    by node. Optional, so that a backend without it (NumPy, whose fused runs go piece by piece
+    through ``run``) need not say so."""
     method = getattr(backend, "run_fused", None)
-    return method is not None and bool(method(plan, values))
+    return method is not None and bool(method(plan, values, into or {}))
 
 
 def share(backend: Backend, tasks: Sequence[Callable[[], None]]) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -160,10 +160,16 @@ class CupyBackend:
             if not self.wide.run(call.op.function, call.shift_left, operands, target):
                 run_kernel(self._cupy, self.ops, call, operands, target)
 
-    def run_fused(self, plan: FusedChain, values: dict[int, DeviceArray]) -> bool:
-        """A fused graph plan in one kernel (``backends.base.run_fused``)."""
+    def run_fused(
+        self,
+        plan: FusedChain,
+        values: dict[int, DeviceArray],
+        into: Mapping[int, DeviceArray] | None = None,
+    ) -> bool:
+        """A fused graph plan in one kernel (``backends.base.run_fused``), writing each output
+        value into ``into``'s array for its slot where given (a CUDA region's)."""
         with self._device:
-            return self.graphs.run(plan, values, self.empty)
+            return self.graphs.run(plan, values, self.empty, into or {})
 
     def synchronize(self) -> None:
         with self._device:

@@ -17,14 +17,14 @@ element per thread.
 This module reads a plan through the small protocols below (the backends sit beneath the core
 and do not import it). The source is a plain function of the plan (``graph_kernel_source``) so
 that it is also compiled for the host with a shim and checked against the NumPy run of the same
-plan, on machines without a GPU (tests/service/test_graph_kernels.py).
+plan, on machines without a GPU (tests/core/test_graph_kernels.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from math import prod
 from typing import Any, Protocol
@@ -321,10 +321,13 @@ class GraphKernels:
         plan: FusedChain,
         values: MutableMapping[int, DeviceArray],
         empty: Any,
+        into: Mapping[int, DeviceArray] | None = None,
     ) -> bool:
-        """Run ``plan`` in one kernel over ``values`` (the sources by slot, device arrays) and
-        add to it a new device array (from ``empty(shape, dtype)``) for each value a graph output
-        holds; False, nothing run or added, where no fused kernel applies."""
+        """Run ``plan`` in one kernel over ``values`` (the sources by slot, device arrays: a
+        CUDA region's read where it is) and add to it a device array for each value a graph
+        output holds: ``into``'s for that slot where it gives one the kernel can store to (the
+        caller's memory, written in place), else a new one (from ``empty(shape, dtype)``);
+        False, nothing run or added, where no fused kernel applies."""
         found = self._kernel(plan)
         if found is None:
             return False
@@ -337,7 +340,11 @@ class GraphKernels:
         made: dict[int, DeviceArray] = {}
         for slot in kernel.outputs:
             value = plan.slots[slot]
-            made[slot] = empty(value.shape, DTYPES[value.datatype].numpy)
+            given = (into or {}).get(slot)
+            if given is not None and _usable(given, False):
+                made[slot] = given
+            else:  # none given, or one the vector stores cannot take: copied from this after
+                made[slot] = empty(value.shape, DTYPES[value.datatype].numpy)
         if not all(_usable(x, False) for x in made.values()):
             return False
         compiled(
@@ -351,7 +358,8 @@ class GraphKernels:
 
 def _usable(x: DeviceArray, scalar: bool) -> bool:
     """Whether the kernel may read or write ``x`` through its pointer: contiguous, native byte
-    order, and (loaded as vectors) 16-byte aligned; arrays the backend made always are."""
-    if not (x.flags.c_contiguous and x.dtype.byteorder in ("=", "|")):
+    order (a region's view is typed little-endian explicitly, ``<u4``: native here), and
+    (loaded as vectors) 16-byte aligned; arrays the backend made always are."""
+    if not (x.flags.c_contiguous and x.dtype.isnative):
         return False
     return scalar or _address(x) % VECTOR_BYTES == 0

@@ -16,7 +16,7 @@ as NumPy computes them.
 
 The kernel source is plain CUDA C++ made by ``source`` from a few type names and a body, so
 that it can also be compiled for the host with a small shim and checked there against NumPy,
-on machines without a GPU (tests/service/test_wide_kernels.py).
+on machines without a GPU (tests/core/test_wide_kernels.py).
 """
 
 from __future__ import annotations

@@ -14,7 +14,11 @@ fixed: the one plan serves every request.
 An inference places each buffer (an input's bytes, or zeros), runs the dispatches in order
 (``batch.run_dispatches``: a later dispatch reads what an earlier wrote) and copies out each
 output buffer. On the host an output buffer is the caller's output array itself (the response's
-bytes), zero-filled only where the dispatches might not write every byte before one is read.
+bytes), zero-filled only where the dispatches might not write every byte before one is read. On
+a device an input or output that is already a device array (a CUDA region's) stays there: an
+output buffer is the region's memory itself where it can be, an input's bytes are read where
+they are (copied on the device where a dispatch writes that buffer: a client's input is never
+written), and nothing crosses to the host.
 """
 
 from __future__ import annotations
@@ -99,6 +103,10 @@ class BindingPlan:
     zero_filled: tuple[bool, ...]  # per buffer: placed as zeros (else the dispatches cover it)
     needed_bytes: int
 
+    @property
+    def step_count(self) -> int:
+        return len(self.batch.dispatches)
+
 
 class BindingGraph:
     """A binding graph model's program (``program.GraphProgram``)."""
@@ -124,25 +132,57 @@ class BindingGraph:
         self,
         plan: ModelPlan,
         backend: Backend,
-        inputs: Mapping[str, HostArray],
-        outputs: Mapping[str, HostArray],
+        inputs: Mapping[str, HostArray | DeviceArray],
+        outputs: Mapping[str, HostArray | DeviceArray],
     ) -> None:
         assert isinstance(plan, BindingPlan)  # plans come from this program's plan()
         run_binding(plan, backend, inputs, outputs)
 
 
-def _flat_bytes(array: HostArray) -> HostArray | None:
+def _flat_bytes(array: HostArray | DeviceArray) -> HostArray | DeviceArray | None:
     """A C-contiguous array's bytes as a flat uint8 view (the same memory); None otherwise."""
     if not array.flags.c_contiguous:
         return None
     return array.reshape(-1).view(_UINT8)
 
 
+def _writable(array: HostArray | DeviceArray) -> bool:
+    # A device array has no such flag (CuPy's): the caller's device memory is writable.
+    return not isinstance(array, np.ndarray) or bool(array.flags.writeable)
+
+
+def _output_target(
+    out: HostArray | DeviceArray | None, backend: Backend, byte_size: int
+) -> HostArray | DeviceArray | None:
+    """The caller's output array as the buffer itself (its flat bytes), where it is in the
+    backend's memory (any on the host, a device array on a device), writable, and exactly the
+    buffer's size (not one padded past its tensor to DirectML's 4 bytes); else None."""
+    if out is None or not (backend.host_memory or not isinstance(out, np.ndarray)):
+        return None
+    target = _flat_bytes(out)
+    if target is None or not _writable(target) or target.size != byte_size:
+        return None
+    return target
+
+
+def _device_input(
+    source: DeviceArray, backend: Backend, byte_size: int, written: bool
+) -> DeviceArray:
+    """An input already on the device (a CUDA region's flat bytes) as its buffer: read where it
+    is, or copied on the device where it must be padded or a dispatch writes it."""
+    padded = source.shape[0] != byte_size  # DirectML's 4 bytes: zeros after
+    if not padded and not written:
+        return source
+    buffer = zeroed(backend, byte_size) if padded else backend.empty((byte_size,), _UINT8)
+    buffer[: source.shape[0]] = source
+    return buffer
+
+
 def run_binding(
     plan: BindingPlan,
     backend: Backend,
-    inputs: Mapping[str, HostArray],
-    outputs: Mapping[str, HostArray],
+    inputs: Mapping[str, HostArray | DeviceArray],
+    outputs: Mapping[str, HostArray | DeviceArray],
 ) -> None:
     """Place the buffers, run the dispatches, fill ``outputs`` (see the module's docstring)."""
     batch = plan.batch
@@ -150,19 +190,28 @@ def run_binding(
     buffers: list[DeviceArray] = []
     direct: set[int] = set()  # buffers that are the caller's output arrays
     for index, buffer in enumerate(batch.buffers):
-        out = output_of.get(index)
-        target = _flat_bytes(out) if out is not None and backend.host_memory else None
-        if target is not None and (not target.flags.writeable or target.size != buffer.byte_size):
-            target = None  # read-only, or a buffer padded past its tensor (DirectML's 4 bytes)
+        target = _output_target(output_of.get(index), backend, buffer.byte_size)
         name = plan.input_buffers.get(index)
-        if name is not None:
+        given = None if name is None else inputs[name]
+        if given is not None and not isinstance(given, np.ndarray) and not backend.host_memory:
+            source = given.reshape(-1).view(_UINT8)
+            if target is not None:
+                target[: source.shape[0]] = source  # device to device
+                if source.shape[0] != buffer.byte_size:
+                    target[source.shape[0] :] = 0
+                buffers.append(target)
+                direct.add(index)
+            else:
+                written = index in plan.written
+                buffers.append(_device_input(source, backend, buffer.byte_size, written))
+        elif name is not None:
             source = np.ascontiguousarray(inputs[name]).reshape(-1).view(_UINT8)
             if source.size != buffer.byte_size:  # padded to DirectML's 4 bytes: zeros after
                 padded = np.zeros(buffer.byte_size, _UINT8)
                 padded[: source.size] = source
                 source = padded
             if target is not None:
-                np.copyto(target, source)
+                target[...] = source  # on a device, host to device
                 buffers.append(target)
                 direct.add(index)
             elif index in plan.written and backend.host_memory and not source.flags.writeable:
@@ -183,9 +232,14 @@ def run_binding(
         if output.buffer in direct:
             continue
         out = outputs[output.name]
-        flat = _flat_bytes(out)
         whole = buffers[output.buffer]
-        if flat is not None and flat.flags.writeable and flat.size == whole.shape[0]:
+        if not isinstance(out, np.ndarray) and not backend.host_memory:
+            # A device output (a CUDA region's) that is not the buffer itself: copied on the
+            # device, the buffer's padding left out.
+            out[...] = whole[: out.nbytes].view(out.dtype).reshape(out.shape)
+            continue
+        flat = _flat_bytes(out)
+        if flat is not None and _writable(flat) and flat.size == whole.shape[0]:
             backend.to_host(whole, flat)
         else:  # strided or read-only, or a buffer padded past its tensor
             host = backend.to_host(whole)[: out.nbytes]

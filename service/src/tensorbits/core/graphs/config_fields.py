@@ -83,7 +83,7 @@ MODEL_FIELDS: Mapping[str, FieldRule] = MappingProxyType(
         "dynamic_batching": _ignored(
             f"{NO_MERGING}; merging would change when an answer comes, not what it is, and "
             "would not pay: one launch for 16 or 64 small requests saves 4-8% of a request's "
-            "server CPU, the rest being HTTP, parsing and answering (bench/dynamic_batching.py)"
+            "server CPU, the rest being HTTP, parsing and answering (docs/benchmarks.md, Settled)"
         ),
         "sequence_batching": _refused(
             "a sequence batcher routes a sequence's requests to one instance, feeds the model "

@@ -6,7 +6,8 @@ repository folder at start, unloaded by name.
 ``GraphModels`` holds them by name. Readers (every inference, every metadata route) look a name
 up in whichever dict is current, without a lock; writers (load, unload) build a new dict under
 the lock and swap it in. A load reads the configuration first, then the file under
-``GraphLimits`` or the batch API's bounds (every bound before any parsing) and checks the configuration against it before anything changes: a refused load leaves
+``GraphLimits`` or the batch API's bounds (every bound before any parsing) and checks the
+configuration against it before anything changes: a refused load leaves
 the models as they were. Models the folder held but that could not be loaded are kept with the
 reason (``failed``), for the repository index."""
 

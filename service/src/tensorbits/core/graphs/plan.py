@@ -4,7 +4,8 @@ Every value of the graph gets a slot: a graph input, a constant, or a value a st
 step writing a graph output writes straight into the caller's array for it; the other values
 are intermediates. A plan computes only the outputs a request asks for: steps none of them
 needs are left out. When every step is flat element-wise
-over one element count (no broadcasting but of single elements: ``fusable``), the plan is ``fused``: ``run.run_graph`` runs the whole
+over one element count (no broadcasting but of single elements: ``fusable``), the plan is ``fused``:
+``run.run_graph`` runs the whole
 chain piece by piece, each intermediate in a small scratch buffer (``scratch``: which one, by
 their lifetimes); otherwise it runs node by node over whole arrays, each intermediate freed
 after its last reader. ``work_bytes`` is what that takes beyond the inputs and outputs, for
@@ -114,6 +115,10 @@ class GraphPlan:
     def needed_bytes(self) -> int:
         """Inputs, outputs and work: the memory a run holds, for admission."""
         return self.input_bytes + self.output_bytes + self.work_bytes
+
+    @property
+    def step_count(self) -> int:
+        return len(self.steps)
 
 
 def fusable(call: ResolvedCall) -> bool:

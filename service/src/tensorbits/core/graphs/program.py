@@ -44,6 +44,11 @@ class ModelPlan(Protocol):
     def outputs(self) -> Sequence[PlannedTensor]: ...
     @property
     def needed_bytes(self) -> int: ...
+    @property
+    def step_count(self) -> int:
+        """The kernels a run launches node by node (a graph's nodes, a binding graph's
+        dispatches): what placement weighs against the copies to a device."""
+        ...
 
 
 class GraphProgram(Protocol):
@@ -71,8 +76,9 @@ class GraphProgram(Protocol):
         inputs: Mapping[str, HostArray],
         outputs: Mapping[str, HostArray],
     ) -> None:
-        """Run ``plan`` (one of this program's) on host ``inputs``, writing every output into
-        ``outputs[name]`` (host arrays of the plan's types and shapes)."""
+        """Run ``plan`` (one of this program's) on ``inputs``, writing every output into
+        ``outputs[name]`` (arrays of the plan's types and shapes): host arrays, or on a device
+        backend arrays on its device too (a CUDA region's), read and written where they are."""
         ...
 
 

@@ -10,22 +10,27 @@ takes it, through the same helpers and in the same words (core/plan.py, core/run
 tensor located and bounded in its region when planned (``plan.locate_shared``), an output's
 region overlapping no input's (``plan.check_aliasing``: a graph writes no output over an input);
 the inputs read when the request runs (``run.shared_read``), the outputs written into their
-regions once the graph has run. The program runs on host arrays: an input in a CUDA region is
-copied to the host, an output for one is copied to it."""
+regions once the graph has run. A tensor in a CUDA region stays on the device: the program reads
+an input where it is (a device array over the client's memory) and writes an output into its
+region's memory itself, so a graph whose tensors all lie in CUDA regions moves no byte between
+the host and the device (the fused kernel reads and writes the client's memory directly); each
+region is held, and its bounds checked again, for the whole run."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from tensorbits.core.backends.base import Backend
+from tensorbits.core.backends.placement import Residence, Work, WorkKind, placed
 from tensorbits.core.graphs.models import GraphModel
 from tensorbits.core.graphs.program import ModelPlan, PlannedTensor
 from tensorbits.core.graphs.refusals import invalid
+from tensorbits.core.kernels import DeviceArray
 from tensorbits.core.plan import (
     SharedInput,
     answered_binary,
@@ -80,8 +85,10 @@ class GraphRequest(NamedTuple):
         """Memory the run holds beyond the request's own bytes: the graph's inputs, outputs and
         work (``ModelPlan.needed_bytes``), and JSON text for outputs sent as JSON. The plan's
         inputs are all of them, those read from shared memory among them (a system region's
-        bytes are read into host memory, a CUDA region's copied to it), and its outputs all of
-        them, those written into a region among them (each computed in host memory first)."""
+        bytes are read into host memory), and its outputs all of them, those written into a
+        region among them (one for a system region computed in host memory first). A tensor in
+        a CUDA region is counted too though it takes no host memory: the bound stays one rule
+        for every placement."""
         return self.plan.needed_bytes + sum(
             math.prod(a.planned.shape) * JSON_BYTES_PER_ELEMENT
             for a in self.answered
@@ -227,50 +234,92 @@ def output_arrays(request: GraphRequest) -> dict[str, HostArray]:
 
 
 @contextmanager
-def _all_inputs(request: GraphRequest, backend: Backend) -> Iterator[Mapping[str, HostArray]]:
-    """Every input of ``request`` as a host array, for the block: those in shared memory read
-    (``run.shared_read``; one in a CUDA region copied to the host)."""
+def _all_inputs(request: GraphRequest) -> Iterator[Mapping[str, HostArray | DeviceArray]]:
+    """Every input of ``request``, for the block: those in shared memory read
+    (``run.shared_read``: one in a system region into a host buffer, one in a CUDA region as a
+    device array over the client's memory, read where it is, its region held)."""
     if not request.shared_inputs:
         yield request.inputs
         return
     assert request.regions is not None  # plan_request refused shared memory without regions
-    inputs = dict(request.inputs)
+    inputs: dict[str, HostArray | DeviceArray] = dict(request.inputs)
     with shared_read(request.shared_inputs, request.regions) as arrays:
         for shared, array in zip(request.shared_inputs, arrays, strict=True):
-            inputs[shared.name] = backend.to_host(array) if shared.on_device else array
+            inputs[shared.name] = array
         yield inputs
 
 
-def _write_shared(request: GraphRequest, backend: Backend, arrays: Mapping[str, HostArray]) -> None:
-    """Each output asked for in shared memory written into its region."""
+@contextmanager
+def _device_outputs(request: GraphRequest) -> Iterator[dict[str, DeviceArray]]:
+    """The outputs asked for in CUDA regions, for the block: each its region's bytes as a
+    device array of the output's type and shape (the client's memory, which the graph writes
+    in place), its bounds checked again and its region held until the block ends."""
+    device = [a for a in request.answered if a.shared is not None and a.on_device]
+    if not device:
+        yield {}
+        return
+    assert request.regions is not None  # plan_request refused shared memory without regions
+    views: dict[str, DeviceArray] = {}
+    with ExitStack() as held:
+        for answered in device:
+            assert answered.shared is not None
+            planned = answered.planned
+            raw = held.enter_context(
+                request.regions.device_bytes(
+                    answered.shared, answered.nbytes, planned.name, "output"
+                )
+            )
+            views[planned.name] = raw.view(wire_dtype(planned.datatype)).reshape(planned.shape)
+        yield views
+
+
+def _write_system(request: GraphRequest, arrays: Mapping[str, HostArray]) -> None:
+    """Each output asked for in a system region written into it (one in a CUDA region was
+    written in place)."""
     for answered in request.answered:
-        if answered.shared is None:
+        if answered.shared is None or answered.on_device:
             continue
         assert request.regions is not None  # plan_request refused shared memory without regions
         name = answered.planned.name
         data = np.ascontiguousarray(arrays[name]).reshape(-1).view(np.uint8)
-        if not answered.on_device:
-            request.regions.write(answered.shared, data.data, name)
-            continue
-        with request.regions.device_bytes(answered.shared, data.nbytes, name, "output") as raw:
-            raw[...] = backend.asarray(data)
-            backend.synchronize()  # the copy done before the region is let go
+        request.regions.write(answered.shared, data.data, name)
+
+
+def graph_work(request: GraphRequest) -> Work:
+    """What ``request`` computes, as placement reads it: where its tensors live (the farthest
+    from the host: a CUDA region, a system region, the body), its bytes, its steps."""
+    on_device = any(s.on_device for s in request.shared_inputs) or any(
+        a.on_device for a in request.answered
+    )
+    in_system = bool(request.shared_inputs) or any(a.shared for a in request.answered)
+    residence = Residence.CUDA if on_device else Residence.SYSTEM if in_system else Residence.BODY
+    return Work(WorkKind.GRAPH, residence, request.plan.needed_bytes, request.plan.step_count)
 
 
 def run_request(
     request: GraphRequest, backend: Backend, outputs: Mapping[str, HostArray] | None = None
 ) -> dict[str, HostArray]:
     """Run the plan: every output of the graph into ``outputs`` where given (host arrays of the
-    output's type and shape: the front end's response buffers), the others into fresh arrays,
-    its inputs in shared memory read first and its outputs for shared memory written into their
-    regions after. Returns every output's array by name."""
-    arrays = output_arrays(request) if outputs is None else dict(outputs)
-    for output in request.plan.outputs:
-        if output.name not in arrays:
-            arrays[output.name] = np.empty(output.shape, wire_dtype(output.datatype))
-    with _all_inputs(request, backend) as inputs:
-        request.model.program.run(request.plan, backend, inputs, arrays)
-    _write_shared(request, backend, arrays)
+    output's type and shape: the front end's response buffers), one asked for in a CUDA region
+    into the region itself, the others into fresh arrays; its inputs in shared memory read
+    first (in a CUDA region: where they are) and its outputs for system regions written into
+    them after. Returns every output's host array by name (one written into a CUDA region is
+    the client's memory, not the caller's, and is left out). On a server that places work
+    (backends/placement.py) the whole run is on the backend its placement chooses."""
+    backend = placed(backend, graph_work(request))
+    arrays = dict(outputs or {})
+    with _device_outputs(request) as on_device, _all_inputs(request) as inputs:
+        for name in on_device:
+            arrays.pop(name, None)
+        for output in request.plan.outputs:
+            if output.name not in arrays and output.name not in on_device:
+                arrays[output.name] = np.empty(output.shape, wire_dtype(output.datatype))
+        request.model.program.run(request.plan, backend, inputs, {**arrays, **on_device})
+        if on_device or request.shared_inputs:
+            # Kernels reading or writing a client's device memory finish before its region is
+            # let go (a no-op on the host).
+            backend.synchronize()
+    _write_system(request, arrays)
     return arrays
 
 

@@ -12,6 +12,12 @@ intermediate freed after its last reader. The host paths run every call through
 ``engine.run_into``, the kernels a single call runs, so every path's results are byte-identical
 to running the nodes one by one.
 
+On a device backend an input or output may already be a device array (not a NumPy array: a
+CUDA shared-memory region's bytes, the client's memory itself): an input is read where it is,
+never copied, and an output is written where it is, by the fused kernel itself or by the step
+computing it, so a graph on CUDA regions moves no byte between the host and the device. Host
+arrays are copied in once and their outputs copied back once, as before.
+
 Inputs and outputs are checked against the plan (``InvalidRequest`` naming the tensor). The
 output arrays must not overlap the inputs.
 """
@@ -39,9 +45,17 @@ SHARED_MIN_BYTES = 4 << 20
 
 HostArray = np.ndarray[Any, Any]
 HostArrays = Mapping[str, HostArray]  # by tensor name
+# By tensor name: host arrays, or on a device backend arrays already on its device.
+Arrays = Mapping[str, HostArray | DeviceArray]
 
 
-def _check_names(what: str, given: HostArrays, expected: list[str]) -> None:
+def on_device(array: HostArray | DeviceArray) -> bool:
+    """Whether ``array`` is a device array (a device backend's, as CuPy's are), not a host
+    one: the test ``engine.run_into`` makes too."""
+    return not isinstance(array, np.ndarray)
+
+
+def _check_names(what: str, given: Arrays, expected: list[str]) -> None:
     if set(given) != set(expected):
         missing = [n for n in expected if n not in given]
         unknown = [n for n in given if n not in expected]
@@ -53,7 +67,7 @@ def _check_names(what: str, given: HostArrays, expected: list[str]) -> None:
         )
 
 
-def _check_array(name: str, array: HostArray, datatype: Any, shape: Shape) -> None:
+def _check_array(name: str, array: HostArray | DeviceArray, datatype: Any, shape: Shape) -> None:
     if array.dtype != numpy_dtype(datatype) or tuple(array.shape) != shape:
         raise invalid(
             name[:100],
@@ -62,9 +76,10 @@ def _check_array(name: str, array: HostArray, datatype: Any, shape: Shape) -> No
         )
 
 
-def run_graph(plan: GraphPlan, backend: Backend, inputs: HostArrays, outputs: HostArrays) -> None:
-    """Run ``plan`` on ``inputs`` (host arrays by input name), writing each graph output into
-    ``outputs[name]`` (host arrays of the plan's type and shape)."""
+def run_graph(plan: GraphPlan, backend: Backend, inputs: Arrays, outputs: Arrays) -> None:
+    """Run ``plan`` on ``inputs`` (arrays by input name), writing each graph output into
+    ``outputs[name]`` (arrays of the plan's type and shape): host arrays, or on a device backend
+    device arrays too (see the module's docstring)."""
     _check_names("input", inputs, list(plan.input_specs))
     _check_names("output", outputs, [o.name for o in plan.outputs])
     for name, tensor in plan.input_specs.items():
@@ -72,25 +87,44 @@ def run_graph(plan: GraphPlan, backend: Backend, inputs: HostArrays, outputs: Ho
     for output in plan.outputs:
         array = outputs[output.name]
         _check_array(output.name, array, output.datatype, output.shape)
-        if not array.flags.writeable:
+        # A device array has no such flag (CuPy's): the caller's device memory is writable.
+        if isinstance(array, np.ndarray) and not array.flags.writeable:
             raise invalid(output.name[:100], "read_only", "the output array is read-only")
     values = _sources(plan, backend, inputs)
     contiguous = all(outputs[o.name].flags.c_contiguous for o in plan.outputs)
     if plan.fused and backend.host_memory and contiguous:
         _run_fused(plan, backend, values, outputs)
-    elif plan.fused and not backend.host_memory and run_fused(backend, plan, values):
-        pass  # one kernel wrote each output's value on the device; copied out below
+    elif (
+        plan.fused
+        and not backend.host_memory
+        and run_fused(backend, plan, values, _device_targets(plan, outputs))
+    ):
+        pass  # one kernel wrote each output's value on the device, into a device output's own
     else:
         _run_node_by_node(plan, backend, values, outputs)
     for output in plan.outputs:
-        # On a device every output's value is on the device (a step "in place" wrote a device
-        # array, not the caller's): each comes back here.
-        if not output.written_in_place or not backend.host_memory:
-            _copy_into(backend, values[output.slot], outputs[output.name])
+        # An output whose value was computed in its own array (in place) is done; any other
+        # (a device value for a host array, an input or constant answered as an output, two
+        # outputs of one value) is copied here.
+        value, out = values[output.slot], outputs[output.name]
+        if value is not out:
+            _copy_into(backend, value, out)
 
 
-def _sources(plan: GraphPlan, backend: Backend, inputs: HostArrays) -> dict[int, DeviceArray]:
-    """The inputs' and constants' arrays by slot, on the backend's device (once each)."""
+def _device_targets(plan: GraphPlan, outputs: Arrays) -> dict[int, DeviceArray]:
+    """The device output arrays a fused kernel may write straight into, by the value slot
+    each holds (one output per slot: another output of the same value is copied from it)."""
+    targets: dict[int, DeviceArray] = {}
+    for output in plan.outputs:
+        out = outputs[output.name]
+        if on_device(out) and plan.slots[output.slot].kind is SlotKind.VALUE:
+            targets.setdefault(output.slot, out)
+    return targets
+
+
+def _sources(plan: GraphPlan, backend: Backend, inputs: Arrays) -> dict[int, DeviceArray]:
+    """The inputs' and constants' arrays by slot, on the backend's device: a host array copied
+    there once, a device array (a CUDA region's) used where it is."""
     values: dict[int, DeviceArray] = {}
     for slot, value in enumerate(plan.slots):
         if value.kind is SlotKind.INPUT:
@@ -100,20 +134,25 @@ def _sources(plan: GraphPlan, backend: Backend, inputs: HostArrays) -> dict[int,
         else:
             continue
         values[slot] = (
-            array if backend.host_memory else backend.asarray(np.ascontiguousarray(array))
+            array
+            if backend.host_memory or on_device(array)
+            else backend.asarray(np.ascontiguousarray(array))
         )
     return values
 
 
 def _run_node_by_node(
-    plan: GraphPlan, backend: Backend, values: dict[int, DeviceArray], outputs: HostArrays
+    plan: GraphPlan, backend: Backend, values: dict[int, DeviceArray], outputs: Arrays
 ) -> None:
     """Each step over whole arrays, its result added to ``values`` (the sources at first) and
-    each value dropped from it after its last reader."""
+    each value dropped from it after its last reader. A step writing a graph output writes the
+    caller's array for it where that is the backend's memory (any array on the host, a device
+    array on a device)."""
     for step in plan.steps:
         call = step.call
-        if backend.host_memory and step.writes in plan.in_place:
-            target = outputs[plan.in_place[step.writes]]
+        own = outputs[plan.in_place[step.writes]] if step.writes in plan.in_place else None
+        if own is not None and (backend.host_memory or on_device(own)):
+            target = own
         else:
             target = backend.empty(call.output_shape, numpy_dtype(call.output_datatype))
         run_into(backend, call, [values[s] for s in step.reads], target)
@@ -123,7 +162,7 @@ def _run_node_by_node(
 
 
 def _run_fused(
-    plan: GraphPlan, backend: Backend, values: dict[int, DeviceArray], outputs: HostArrays
+    plan: GraphPlan, backend: Backend, values: dict[int, DeviceArray], outputs: Arrays
 ) -> None:
     """The whole chain a piece at a time over flat views of ``values`` (the sources); the
     outputs written in place are added to it."""
@@ -187,8 +226,12 @@ def _run_fused(
         values[slot] = outputs[name]
 
 
-def _copy_into(backend: Backend, value: DeviceArray, out: HostArray) -> None:
-    if isinstance(value, np.ndarray):
+def _copy_into(backend: Backend, value: DeviceArray, out: HostArray | DeviceArray) -> None:
+    """``value`` into ``out``: host to host, device to host, or (``out`` a device array)
+    device to device, never through the host."""
+    if on_device(out):
+        out[...] = value
+    elif isinstance(value, np.ndarray):
         np.copyto(out, value)
     else:
         backend.to_host(value, out)

@@ -9,21 +9,22 @@ skips every other field by its length. It counts each field it looks at against
 It refuses what the reader never takes anyway: nested graphs, model-local functions, training
 information, sparse tensors, external data and protobuf groups. What it lets through is parsed
 by ``onnx`` and checked again, in full, by the reader.
+
+The encoding is read by the core's protobuf reader (``core/wire.py``), the one the gRPC requests
+are walked with; what an ONNX file holds, its bounds and the words of its refusals are here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 
+from tensorbits.core import wire as core_wire
 from tensorbits.core.graphs.limits import GraphLimits
 from tensorbits.core.graphs.refusals import invalid, too_large
+from tensorbits.core.wire import LEN, VARINT, Fault, WireFault
 from tensorbits_protocol.errors import TensorbitsError
-
-VARINT, FIXED64, LEN, FIXED32 = 0, 1, 2, 5
-# Bytes with the high bit set: every byte of a varint but its last. The bytes a packed list of
-# varints holds, less these, is how many numbers it holds (counted in C, not byte by byte).
-_CONTINUATION = bytes(range(128, 256))
 
 # Field numbers (onnx.proto) of what the scan reads or refuses.
 MODEL_GRAPH, MODEL_TRAINING_INFO, MODEL_FUNCTIONS = 7, 20, 25
@@ -79,6 +80,17 @@ def _malformed(where: str, what: str) -> TensorbitsError:
     return invalid("model", "malformed_model", f"{what} in {where}; this is not an ONNX file")
 
 
+def _refusal(fault: WireFault, where: str) -> TensorbitsError:
+    """The refusal of a fault the protobuf reader found in ``where``."""
+    if fault.fault is Fault.CUT:
+        return _truncated(where)
+    if fault.fault is Fault.OVERLONG:
+        return _malformed(where, "a varint longer than 10 bytes")
+    if fault.fault is Fault.FIELD_ZERO:
+        return _malformed(where, "field number 0")
+    return _malformed(where, f"protobuf wire type {fault.wire_type} (groups are not used)")
+
+
 class _Scanner:
     def __init__(self, data: bytes, limits: GraphLimits) -> None:
         self.data = data
@@ -96,44 +108,20 @@ class _Scanner:
             )
 
     def varint(self, pos: int, end: int, where: str) -> tuple[int, int]:
-        """The varint at ``pos`` and the position after it. A 64-bit value takes 10 bytes at
-        most: one that goes on past them is malformed, one cut by ``end`` truncated."""
-        value = 0
-        for i, byte in enumerate(self.data[pos : min(end, pos + 10)]):
-            value |= (byte & 0x7F) << (7 * i)
-            if byte < 0x80:
-                return value, pos + i + 1
-        if end - pos >= 10:
-            raise _malformed(where, "a varint longer than 10 bytes")
-        raise _truncated(where)
+        """The varint at ``pos`` and the position after it (``core_wire.read_varint``)."""
+        try:
+            return core_wire.read_varint(self.data, pos, end)
+        except WireFault as fault:
+            raise _refusal(fault, where) from None
 
     def fields(self, start: int, end: int, where: str) -> Iterator[tuple[int, int, int, int]]:
         """``(number, wire type, a, b)`` for each field of the message in ``[start, end)``: a
-        varint's value and its end, or the bounds of a length-delimited or fixed value."""
-        pos = start
-        while pos < end:
-            self.count_fields(1, where)
-            key, pos = self.varint(pos, end, where)
-            number, wire_type = key >> 3, key & 7
-            if number == 0:
-                raise _malformed(where, "field number 0")
-            if wire_type == VARINT:
-                value, pos = self.varint(pos, end, where)
-                yield number, wire_type, value, pos
-            elif wire_type == LEN:
-                length, pos = self.varint(pos, end, where)
-                if length > end - pos:
-                    raise _truncated(where)
-                yield number, wire_type, pos, pos + length
-                pos += length
-            elif wire_type in (FIXED64, FIXED32):
-                width = 8 if wire_type == FIXED64 else 4
-                if width > end - pos:
-                    raise _truncated(where)
-                yield number, wire_type, pos, pos + width
-                pos += width
-            else:
-                raise _malformed(where, f"protobuf wire type {wire_type} (groups are not used)")
+        varint's value and its end, or the bounds of a length-delimited or fixed value
+        (``core_wire.fields``), each counted against ``max_fields`` before it is read."""
+        try:
+            yield from core_wire.fields(self.data, start, end, partial(self.count_fields, 1, where))
+        except WireFault as fault:
+            raise _refusal(fault, where) from None
 
     def message(self, number: int, wire_type: int, where: str) -> None:
         if wire_type != LEN:
@@ -164,7 +152,7 @@ class _Scanner:
             return 1
         if width:
             return (b - a) // width
-        return len(self.data[a:b].translate(None, _CONTINUATION))
+        return core_wire.count_varints(self.data[a:b])
 
     def model(self) -> WireCounts:
         for number, wire_type, a, b in self.fields(0, len(self.data), "the model"):
