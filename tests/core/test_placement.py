@@ -29,9 +29,11 @@ from core.test_graph_device_regions import (
 from pydantic import ValidationError
 from support.device_backend import StandInDevice
 from support.device_stand_in import HostDeviceMemory
+from support.framing import HEADER, framed
 from support.inprocess import app_client, runtime_of
 from support.v1 import rich_batch, run_planned
 
+from tensorbits.api import v1 as v1_front_end
 from tensorbits.config.settings import Settings, settings_errors
 from tensorbits.core.backends import Selection, _placed
 from tensorbits.core.backends.numpy_backend import NumpyBackend
@@ -46,6 +48,7 @@ from tensorbits.core.backends.placement import (
     WorkKind,
     choose,
 )
+from tensorbits.core.batch import BatchLimits, plan_rest
 from tensorbits.core.graphs.request import plan_request, run_request
 from tensorbits.core.shared_memory import SharedMemoryRegions
 from tensorbits_protocol.infer import InferRequest
@@ -275,3 +278,19 @@ def test_a_batch_goes_where_the_setting_says(placed: tuple[PlacedBackend, StandI
     assert run_planned(header, payload, backend) == run_planned(header, payload, NumpyBackend(1))
     assert dict(backend.placements) == {(WorkKind.BATCH, HOST): 1}
     assert device.counts.host_crossings == 0
+
+
+def test_a_batch_placed_on_the_device_is_admitted_with_its_device_copies(
+    placed: tuple[PlacedBackend, StandInDevice],
+) -> None:
+    """What the /v1 front end holds for a batch is what the backend its placement chooses
+    needs: the data buffers again on the device under auto, the host's bytes under host."""
+    backend, _ = placed
+    header, payload = rich_batch(np.random.default_rng(5))
+    body, headers = framed(header, payload, binary=True)
+    settings = Settings(backend="numpy")
+    plan = plan_rest(bytearray(body), int(headers[HEADER]), BatchLimits.of(settings.core_limits))
+    held = v1_front_end._needs(plan, backend).held
+    on_device = backend.setting == "auto"
+    assert plan.data_bytes > 0
+    assert held == plan.memory_needed(device_copies=on_device)

@@ -16,7 +16,7 @@ unaligned offsets), each followed by a good request on the same server.
 Skipped, with the reason, where CuPy or a CUDA device is missing (gpu/devices.py) and, separately,
 where ``tritonclient.utils.cuda_shared_memory`` cannot be imported (it needs the cuda-bindings
 package, ``pip install 'tritonclient[cuda]'``); in GPU mode (gpu/devices.py) either fails instead.
-docs/gpu.md says how a GPU session runs this.
+docs/gpu.md says how the GPU check runs this.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Graph models on CUDA regions on a real device: inputs read and outputs written in the
 regions' memory, no host<->device copy (the backend's transfers counted), the fused kernel
 given the region's addresses, the NumPy backend's bytes; and the time it saves at 64 MiB a
-tensor against the same graph with its tensors in the body (printed: docs/gpu.md's figures).
+tensor against the same graph with its tensors in the body (printed: the figures of bench/results/gpu.md).
 
 The regions are allocations of this process standing for another's (CUDA IPC cannot open an
 allocation in the process that made it): ``LocalDeviceMemory`` hands their addresses to
@@ -251,7 +251,7 @@ def test_in_place_on_regions_is_faster_than_through_the_host(
     cupy_backend: Backend, region: Callable[[int], Placed]
 ) -> None:
     """The 64 MiB pair graph: tensors in CUDA regions against the same in the body on the CuPy
-    backend (four PCIe copies) and on the NumPy backend. The figures are printed (docs/gpu.md);
+    backend (four PCIe copies) and on the NumPy backend. The figures are printed (bench/results/gpu.md);
     the regions' run must beat the body's on the same device."""
     model, inputs = pair_model(), pair_inputs(LARGE)
     host = NumpyBackend()

@@ -1,5 +1,5 @@
 """Placement on a real device (backends/placement.py): the rule's numbers measured where they
-apply, and the placed backend's choices on CuPy. Printed figures are docs/gpu.md's.
+apply, and the placed backend's choices on CuPy. Printed figures go to bench/results/gpu.md.
 
 - One memory-bound operator on host-borne data, 64 MiB: the NumPy backend against the CuPy
   backend (copies in and out): the host must win, as ``OPERATOR_DEVICE_MIN_BYTES`` (None)

@@ -1,4 +1,4 @@
-"""bench/gpu_ops.py, the CuPy operator benchmark a GPU session runs, as a subprocess: its NumPy
+"""bench/gpu_ops.py, the CuPy operator benchmark the GPU check runs, as a subprocess: its NumPy
 dry run here (every row printed, ours and the plain call agreeing), and where
 CuPy is installed, a few real rows on the device (or the one ``skipped:`` line saying why not).
 So a typo in the script shows here, not in a GPU session's only device call."""

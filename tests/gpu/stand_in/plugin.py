@@ -1,6 +1,6 @@
 """Run tests/gpu/test_cuda_shared_memory.py on a machine without a GPU, against the host
 stand-in for CUDA IPC (support/device_stand_in.py), so that module and the server's CUDA
-shared-memory paths over HTTP and gRPC are exercised by ``make test`` between GPU sessions
+shared-memory paths over HTTP and gRPC are exercised by the suite on every machine, GPU or not
 (tests/live/test_gpu_tests_on_stand_in.py runs it)::
 
     PYTHONPATH=tests python -m pytest -p gpu.stand_in.plugin tests/gpu/test_cuda_shared_memory.py

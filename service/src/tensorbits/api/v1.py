@@ -24,6 +24,7 @@ from tensorbits.api.v2_infer import through_the_plane
 from tensorbits.api.v2_openapi import ERROR_EXAMPLES, request_schema
 from tensorbits.core import batch
 from tensorbits.core.backends.base import Backend
+from tensorbits.core.backends.placement import placed
 from tensorbits.core.dataplane import Call, DataPlane, HoldWords, Needs
 from tensorbits.runtime import Runtime
 from tensorbits_protocol import codec
@@ -166,9 +167,11 @@ BATCH_WORDS = HoldWords("batch", "body, zero-filled buffers, outputs", "buffers"
 
 
 def _needs(plan: batch.BatchPlan, backend: Backend) -> Needs:
-    """What a planned batch holds and touches while it runs on ``backend``, and what its
-    statistics count it for: each dispatch an inference of its operator."""
-    needed = plan.memory_needed(device_copies=not backend.host_memory)
+    """What a planned batch holds and touches while it runs on ``backend`` (on a server that
+    places work, the backend its placement chooses: a batch on the device holds its copies
+    there), and what its statistics count it for: each dispatch an inference of its operator."""
+    on = placed(backend, batch.batch_work(plan))
+    needed = plan.memory_needed(device_copies=not on.host_memory)
     return Needs(needed, needed, [dispatch.call.op.name for dispatch in plan.dispatches])
 
 

@@ -677,14 +677,18 @@ def run_dispatches(
         backend.run(dispatch.call, inputs, views.of(dispatch.output))
 
 
+def batch_work(plan: BatchPlan) -> Work:
+    """What a planned batch computes, for placement: its body's bytes, one step a dispatch."""
+    return Work(WorkKind.BATCH, Residence.BODY, plan.body_bytes, len(plan.dispatches))
+
+
 def run_batch(
     plan: BatchPlan, body: bytearray, backend: Backend, sinks: Sequence[memoryview]
 ) -> None:
     """Run a planned batch (``plan_batch``) over the request ``body``; copy each output
     buffer into its sink (in ``plan.outputs`` order). Blocking (it waits for the device). On
     a server that places work (backends/placement.py) the whole batch runs on one backend."""
-    work = Work(WorkKind.BATCH, Residence.BODY, plan.body_bytes, len(plan.dispatches))
-    backend = placed(backend, work)
+    backend = placed(backend, batch_work(plan))
     arrays = [_place(backend, body, b) for b in plan.buffers]
     run_dispatches(backend, arrays, plan.dispatches)
     for i, sink in zip(plan.outputs, sinks, strict=True):
