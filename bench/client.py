@@ -1,17 +1,14 @@
 """Client SDK benchmark: is the SDK the bottleneck? Ratios against baselines timed in the same run.
 
-Against one real server (``tensorbits serve``, NumPy backend, loopback), each row is best-of-N,
-the clients interleaved round by round so that machine drift hits all of them alike:
+Against one ``tensorbits serve`` (NumPy backend, loopback), best of ``--repeat`` interleaved rounds:
 
-  (a) DML BIT_XOR, 2 x 32 MiB UINT8 in, 32 MiB out (a 64 MiB request body), v2 binary:
-        sdk      ``client.dml.bit_xor(a, b)``: arrays in, a NumPy array out
-        plain    a plain-socket HTTP/1.1 client sending the SAME request bytes (the SDK's own
-                 encoding), reading the response into one preallocated buffer; target sdk/plain <= 1.3
-        triton   ``tritonclient.http`` (binary inputs and output); target: sdk faster
-        httpx    ``httpx.Client().post(content=body).content``, the naive use of httpx, for scale
-  (b) DML BIT_NOT, 64 MiB in, 64 MiB out: the same four.
-  (c) latency of a 16-element BIT_XOR: the SDK (local validation on, tables cached) against a
-      bare ``httpx.Client.post`` of prebuilt request bytes, min and median of many calls.
+  (a) BIT_XOR, 2 x 32 MiB UINT8 in, 32 MiB out, and (b) BIT_NOT, 64 MiB in and out, v2 binary:
+      ``sdk`` (``client.dml``), ``plain`` (a plain socket sending the SDK's own request bytes,
+      the answer read into one buffer; target sdk/plain <= 1.3), ``triton`` (tritonclient.http;
+      target: sdk faster) and ``httpx`` (the naive ``httpx.Client().post``, for scale)
+  (c) a 16-element BIT_XOR's latency: the SDK against a bare httpx post of prebuilt bytes
+  (d) one /v1 batch of 100 16-element UINT32 XORs against 100 v2 requests through the SDK
+      (header cache on and off); target: the batch 20x faster
 
 Usage: .venv/bin/python bench/client.py [--repeat N] [--calls N]. About a minute; loopback only.
 """
@@ -38,13 +35,14 @@ import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.harness import PlainClient, interleaved_best, note, tensorbits_server  # noqa: E402
-from tensorbits_client import Client  # noqa: E402
+from tensorbits_client import Batch, Client  # noqa: E402
 from tensorbits_client._codec import Framed, encode_infer  # noqa: E402
 
 MiB = 1 << 20
 XOR = "DML_OPERATOR_ELEMENT_WISE_BIT_XOR"
 NOT = "DML_OPERATOR_ELEMENT_WISE_BIT_NOT"
 TARGET_PLAIN = 1.3
+TARGET_BATCH = 20.0  # (d): one /v1 batch against 100 v2 requests
 
 
 def _request(model: str, inputs: dict[str, np.ndarray[Any, Any]]) -> tuple[str, Framed]:
@@ -158,6 +156,53 @@ def small_latency(port: int, calls: int) -> dict[str, tuple[float, float]]:
     return {name: (min(ts), statistics.median(ts)) for name, ts in times.items()}
 
 
+def row_xors(dispatches: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """Two ``(dispatches, 16)`` UINT32 arrays, one small XOR per row (the same every call)."""
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 2**32, (dispatches, 16), dtype=np.uint32)
+    b = rng.integers(0, 2**32, (dispatches, 16), dtype=np.uint32)
+    return a, b
+
+
+def row_xor_batch(
+    client: Client, a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]
+) -> Batch[dict[str, np.ndarray[Any, Any]]]:
+    """One /v1 batch of a 16-element XOR per row of ``a`` and ``b``: the small tensors packed into
+    three buffers ("a", "b" and the output "c"), each dispatch bound at its row's offset."""
+    row = 16 * a.itemsize
+    batch = client.batch()
+    buf_a, buf_b = batch.input("a", a), batch.input("b", b)
+    buf_c = batch.empty("c", a.shape, "UINT32")
+    for i in range(len(a)):
+        batch.bit_xor(
+            buf_a.tensor("UINT32", (16,), offset=i * row),
+            buf_b.tensor("UINT32", (16,), offset=i * row),
+            out=buf_c.tensor("UINT32", (16,), offset=i * row),
+        )
+    batch.output(buf_c)
+    return batch
+
+
+def batch_vs_requests(
+    repeat: int, env: dict[str, str], dispatches: int = 100
+) -> tuple[float, float]:
+    """(d): best seconds of one /v1 batch and of ``dispatches`` v2 requests."""
+    a, b = row_xors(dispatches)
+    with tensorbits_server(**env) as port, Client(f"http://127.0.0.1:{port}") as client:
+
+        def one_batch() -> None:
+            result = row_xor_batch(client, a, b).run()["c"]
+            if not np.array_equal(result.reshape(a.shape), a ^ b):
+                raise RuntimeError("batch returned a wrong result")
+
+        def many_requests() -> None:
+            for i in range(dispatches):
+                client.dml.bit_xor(a[i], b[i])
+
+        best = interleaved_best({"batch": one_batch, "requests": many_requests}, repeat)
+    return best["batch"], best["requests"]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=7, help="best of N for the big rows")
@@ -194,6 +239,14 @@ def main() -> int:
         print(f"| {label} | {low * 1e6:.0f} | {mid * 1e6:.0f} |")
     overhead = latency["sdk"][1] - latency["httpx"][1]
     print(f"\nSDK overhead per small call (median): {overhead * 1e6:.0f} µs")
+    print(f"\n(d) 100 dispatches of a 16-element BIT_XOR, SDK, best of {args.repeat}")
+    for label, env in (("", {}), ("header cache off: ", {"TENSORBITS_HEADER_CACHE_BYTES": "0"})):
+        one, many = batch_vs_requests(args.repeat, env)
+        ok &= many / one >= TARGET_BATCH
+        print(
+            f"{label}one /v1 batch {one * 1e3:.1f} ms; 100 v2 requests {many * 1e3:.1f} ms; "
+            f"batch is {many / one:.1f}x faster (target >= {TARGET_BATCH:g}x)"
+        )
     print("targets met" if ok else "TARGET MISSED")
     return 0 if ok else 1
 

@@ -1,32 +1,20 @@
 """CUDA shared memory through the server against a device-to-device copy, in one run.
 
-Starts ``tensorbits serve`` (CuPy backend, ``TENSORBITS_SHARED_MEMORY=true``, HTTP and gRPC on
-free loopback ports) and times a ``--mib`` MiB UINT8 BIT_NOT (default 256 MiB in, 256 MiB out),
-best of ``--rounds`` rounds, every contestant once per round, interleaved so that drift in the
-machine hits all of them alike. The two regions are device memory made by stock
-``tritonclient.utils.cuda_shared_memory`` (cudaMalloc + cudaIpcGetMemHandle in this process):
+``tensorbits serve`` (CuPy backend, CUDA shared memory on) and a ``--mib`` MiB UINT8 BIT_NOT
+(default 256 in, 256 out), best of ``--rounds`` interleaved rounds, in two device regions made
+by stock ``tritonclient.utils.cuda_shared_memory`` in this process. The rows:
 
-  cuda-shm-http  input and output in the CUDA regions, through tritonclient.http: no tensor byte
-                 on the socket; the server runs the kernel on this process's device memory
-  cuda-shm-grpc  the same request through tritonclient.grpc
-  cuda-shm-{http,grpc}-4k  the same requests on the first 4 KiB of the regions: what a request
-                 costs beyond its kernel, whatever its size (the protocol, the server's Python)
-  http-binary    the same request with the tensors in host memory: v2 binary over HTTP
-                 (tritonclient.http), the bytes over the socket and host<->device in the server
-  d2d-copy       ``out[...] = in`` between the same two regions (CuPy, synchronized): read N
-                 bytes and write N, what the kernel itself has to move
-  d2d-in-out     two such copies, a staged tensor into the input region and the output region
-                 out to a buffer: 2x the bytes, what a client copying through regions would pay
-  cupy-not       ``cupy.invert(in, out=out)`` in this process (synchronized): CuPy's kernel alone
-  core-not       the server's own operator core in this process (the CuPy backend's run of the
-                 validated call, synchronized) on the same regions: the server's kernel alone
+  cuda-shm-http  input and output in the regions, through tritonclient.http: no tensor byte on
+                 the socket; cuda-shm-grpc: the same through tritonclient.grpc
+  cuda-shm-{http,grpc}-4k  the same on the first 4 KiB: a request's cost whatever its size
+  http-binary    the tensors in host memory instead: v2 binary over HTTP
+  d2d-copy       ``out[...] = in`` between the two regions: what the kernel has to move
+  d2d-in-out     a staged tensor copied in and the output out: what a client copying pays
+  cupy-not       ``cupy.invert`` in this process; core-not: the server's operator core here
 
-GB/s is bytes read plus bytes written over time. Ratios printed: cuda-shm-{http,grpc} / d2d-copy
-(target: at most 2x) and / d2d-in-out, http-binary / cuda-shm-http, the server's time per request
-beyond its kernel (cuda-shm - core-not), the fixed cost of a request (the 4 KiB rows), and the
-server's kernel against the copy and against CuPy's own. Where there is no CuPy, no CUDA device or no
-``tritonclient.utils.cuda_shared_memory`` (it needs cuda-bindings), prints ``skipped: <reason>``
-and exits 0. Usage (docs/gpu.md: how a GPU session runs it):
+Then the ratios (cuda-shm / d2d-copy: target at most 2x) and where a request's time goes in the
+server (the model's statistics). Without CuPy, a device or cuda-bindings: ``skipped: <reason>``,
+exit 0. On a GPU host, with the environment ``make gpu-check`` sets up (docs/gpu.md):
 
   python bench/cuda_shared_memory.py [--rounds N] [--mib N]
 """
@@ -41,23 +29,27 @@ from pathlib import Path
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.path.insert(0, str(_HERE.parent))
+# Host arrays validated in one step, as the tests do (tests/support/host_calls.py).
+sys.path.insert(0, str(_HERE.parent / "tests"))
 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
+import functools  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402
 from typing import Any  # noqa: E402
 
-from bench.harness import free_port, interleaved_best, server  # noqa: E402
+import numpy as np  # noqa: E402
+from support.host_calls import validate_arrays  # noqa: E402
 
-MiB = 1 << 20
+from bench.harness import NOT, MiB, free_port, interleaved_best, tensorbits_server  # noqa: E402
+from tensorbits.core.backends import select_backend  # noqa: E402
+
 GiB = 1 << 30
-NOT = "DML_OPERATOR_ELEMENT_WISE_BIT_NOT"
 DEVICE = 0
 SMALL = 4096  # bytes: the small request, whose time is the fixed cost of one
-START_TIMEOUT_S = 180.0  # a fresh GPU machine compiles the backend's probe kernels first
 
 
 def unavailable() -> str | None:
@@ -82,21 +74,17 @@ def unavailable() -> str | None:
 @contextlib.contextmanager
 def cupy_server(n: int) -> Iterator[tuple[str, str]]:
     """``tensorbits serve`` on the CuPy backend with CUDA shared memory; (HTTP, gRPC) as
-    ``host:port``. Started with this interpreter (``-m tensorbits.server.cli``): a GPU machine given
-    the source tree on PYTHONPATH has no ``tensorbits`` script."""
-    port, grpc_port = free_port(), free_port()
-    env = {
-        "TENSORBITS_BACKEND": "cupy",
-        "TENSORBITS_DEVICE_ID": str(DEVICE),
-        "TENSORBITS_SHARED_MEMORY": "true",
-        "TENSORBITS_GRPC_PORT": str(grpc_port),
-        "TENSORBITS_LOG_LEVEL": "warning",
+    ``host:port``."""
+    grpc_port = free_port()
+    with tensorbits_server(
+        TENSORBITS_BACKEND="cupy",
+        TENSORBITS_DEVICE_ID=str(DEVICE),
+        TENSORBITS_SHARED_MEMORY="true",
+        TENSORBITS_GRPC_PORT=str(grpc_port),
         # http-binary sends the tensor in the body: room for it and its JSON header.
-        "TENSORBITS_MAX_BODY_BYTES": str(n + MiB),
-        "TENSORBITS_MAX_INFLIGHT_BYTES": str(max(2 * GiB, 4 * n)),
-    }
-    argv = [sys.executable, "-m", "tensorbits.server.cli", "serve", "--port", str(port)]
-    with server(argv, f"http://127.0.0.1:{port}/v2/health/ready", env, START_TIMEOUT_S):
+        TENSORBITS_MAX_BODY_BYTES=str(n + MiB),
+        TENSORBITS_MAX_INFLIGHT_BYTES=str(max(2 * GiB, 4 * n)),
+    ) as port:
         yield f"127.0.0.1:{port}", f"127.0.0.1:{grpc_port}"
 
 
@@ -105,7 +93,6 @@ class Contestants:
 
     def __init__(self, stack: contextlib.ExitStack, urls: tuple[str, str], n: int) -> None:
         import cupy
-        import numpy as np
         import tritonclient.grpc as triton_grpc
         import tritonclient.http as triton
         import tritonclient.utils.cuda_shared_memory as cudashm
@@ -131,9 +118,6 @@ class Contestants:
         self.x.set(self.x_host)
         self.staged = self.x.copy()  # d2d-in-out copies it in: the input region keeps its bytes
         self.copied_out = cupy.empty_like(self.y)
-        from tensorbits.core.backends import select_backend
-        from tensorbits.core.engine import validate_arrays
-
         self.core = select_backend("cupy", device_id=DEVICE).backend
         stack.callback(self.core.close)
         self.core_call = validate_arrays(NOT, {"InputTensor": self.x_host}, None)
@@ -162,13 +146,9 @@ class Contestants:
     def sync(self) -> None:
         self.cupy.cuda.Device(DEVICE).synchronize()
 
-    def shm(self, label: str) -> Callable[[], None]:
+    def shm(self, label: str) -> Callable[[], object]:
         client, inputs, outputs = self.requests[label]
-
-        def once() -> None:
-            client.infer(NOT, inputs, outputs=outputs)
-
-        return once
+        return functools.partial(client.infer, NOT, inputs, outputs=outputs)
 
     def http_binary(self) -> Any:
         result = self.http.infer(NOT, [self.host_input], outputs=[self.host_output])
@@ -193,8 +173,6 @@ class Contestants:
 
     def check(self) -> None:
         """Each server contestant writes the right bytes (the output cleared before each)."""
-        import numpy as np
-
         want = ~self.x
         for label in self.requests:
             self.y.fill(0)
@@ -249,7 +227,6 @@ class Contestants:
 
 def header(args: argparse.Namespace) -> str:
     import cupy
-    import numpy as np
 
     runtime = cupy.cuda.runtime
     name = runtime.getDeviceProperties(DEVICE)["name"]

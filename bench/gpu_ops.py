@@ -1,52 +1,20 @@
 """Operator-core benchmark (GPU): the CuPy backend against the plain CuPy call and a device copy.
 
-The rows of bench/ops.py (every operator x each data type it allows, BIT_COUNT once per output
-type, ONNX BitShift once per direction: 166 per size; ``cases`` imported from there), at sizes
-16, 64 and 256 MiB of one input tensor (``--sizes``). Inputs are random bytes on the device
-(bench/ops.py's ``Inputs`` made with ``xp=cupy``), shift counts uniform in [0, width). Each row
-times, on the same device arrays, interleaved round by round (the order rotates), each keeping
-its best (minimum) time:
+bench/ops.py's rows (166 a size) on device arrays: ``ours`` (``CupyBackend.run`` into a
+preallocated output), ``cupy`` (bench/ops.py's plain call with ``xp=cupy``; each row first checks
+that both write the same bytes: ``DIFFERENT RESULT`` is a finding, not noise; shifts past the
+width follow another rule, ``rule differs``) and ``copy`` (a device-to-device copy of one
+input-sized array). Timed with CUDA events on the stream: perf_counter around a synchronize
+would add the host's wake-up to every contestant (``--clock wall`` to compare). Targets at 64 MiB
+and above (below, the L2 cache flatters): ``/copy`` >= 0.8 for every row, and ours within 1.1x of
+the plain call's time where both compute the same. Without CuPy or a device it prints
+``skipped: <reason>`` and exits 0; ``--xp numpy`` is a dry run on NumPy, with no timing claims.
 
-* ``ours``: ``CupyBackend.run(call, inputs, out)`` into a preallocated device output
-  (``select_backend("cupy")``): what the service runs after validation, on device arrays
-  (``as_kernel_operands`` views, the device context, the backend's shift and popcount kernels).
-* ``cupy``: the one plain CuPy call into the same output, on the views the kernel sees
-  (``cupy.bitwise_and(a, b, out=o)``, ``cupy.invert``, ``cupy.bitwise_count``,
-  ``cupy.left_shift``, ...: bench/ops.py's ``plain_call`` with ``xp=cupy``). For shifts that is
-  C's ``<<``/``>>``, undefined past the width where our rule (docs/semantics.md rule 3) gives 0
-  or -1: the row is timed (its counts are in range) and marked ``rule differs``; a CuPy without
-  ``bitwise_count`` has no plain popcount (``-`` in the row). Before timing, each row runs both
-  once and compares the outputs: ``DIFFERENT RESULT`` in a row is a finding, not noise.
-* ``copy``: ``dst[...] = src``, a device-to-device copy of one input-sized byte array (read N,
-  write N).
+  python bench/gpu_ops.py [--sizes 16,64,256] [--ops SUBSTR,...] [--dtypes T,...] [--quick]
 
-Timing: CUDA events (``cupy.cuda.Event``, ``cupy.cuda.get_elapsed_time``) recorded on the
-stream just before and just after a contestant's launch, then ``end.synchronize()``. The events
-are stamped by the device, so the figure is the stream's time from the first to the last: it
-counts the host's launch work while the stream waits for it (ours' Python before its kernel
-starts: the service pays that too) but not the host's wake-up after the synchronize, which
-perf_counter around a synchronize adds to every contestant alike (tens of microseconds of OS
-scheduling, a large share of a 64 MiB kernel's ~0.1 ms). ``--clock wall`` times with
-perf_counter around the launch and a synchronize instead, to compare the two.
-
-GB/s is bytes moved over time, 1 GB = 1e9 bytes: every input plus the output for an operator,
-2N for the copy. ``/copy`` is ours GB/s over copy GB/s; ``/cupy`` is the plain call's time over
-ours (above 1: we are faster). At 16 MiB a row's working set partly fits in the L2 cache (50 MB
-on an H100), so the targets start at 64 MiB.
-
-The targets: at 64 MiB and above, ``/copy`` >= 0.8 for every row, and ours
-within 1.1x of the plain call's time (``/cupy`` >= 1/1.1) for every row where both compute the
-same (not the shifts; not where the results differed).
-
-Without CuPy or a CUDA device it prints ``skipped: <reason>`` and exits 0. ``--xp numpy`` is a
-dry run of the same code path with NumPy standing in for CuPy and the NumPy backend for ours
-(perf_counter; default 1 MiB): it proves the script end to end on a machine without a GPU and
-claims nothing about speed.
-
-Run: ``python bench/gpu_ops.py [--sizes 16,64,256] [--ops SUBSTR,...] [--dtypes T,...]
-[--repeat N] [--retries N] [--clock events|wall] [--quick] [--xp cupy|numpy]``. ``--quick``:
-64 MiB, UINT8 and UINT32 rows only (40 rows), 3 rounds. The table is Markdown; on a GPU
-machine scripts/gpu_session.sh runs it, and the figures are in docs/gpu.md.
+A run of every row on a device also writes its figures per size into bench/results/gpu_ops.json
+(its device's entry; the others kept) and redraws gpu_ops.svg beside it; ``--replot`` redraws
+the chart from the data file alone, without a device.
 """
 
 from __future__ import annotations
@@ -62,11 +30,13 @@ sys.path.insert(0, str(_HERE.parent))
 
 import argparse  # noqa: E402
 import gc  # noqa: E402
+import json  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
+from dataclasses import asdict, dataclass, field  # noqa: E402
+from datetime import UTC, datetime  # noqa: E402
 from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -85,10 +55,6 @@ from bench.ops import (  # noqa: E402
     target_lines,
 )
 from tensorbits.core.backends import Backend, BackendUnavailable, select_backend  # noqa: E402
-from tensorbits.core.engine import validate_arrays  # noqa: E402
-from tensorbits.core.kernels import as_kernel_operands  # noqa: E402
-from tensorbits_protocol.dtypes import DTYPES  # noqa: E402
-from tensorbits_protocol.operators import Function  # noqa: E402
 
 TARGET_MIB = 64  # the targets apply at this size and above (below, the L2 cache flatters)
 TARGET_COPY = 0.8
@@ -96,7 +62,8 @@ TARGET_CUPY = 1 / 1.1  # ours' time within 1.1x of the plain call's
 # Plain calls whose rule is not ours past the data the benchmark feeds them (docs/semantics.md
 # rule 3: CUDA's native shifts are undefined at or past the width).
 RULE_DIFFERS = {"left_shift", "right_shift"}
-SHIFTS = (Function.SHIFT, Function.SHIFT_LEFT, Function.SHIFT_RIGHT)
+RESULTS = _HERE / "results"
+DATA_FILE, CHART_FILE = "gpu_ops.json", "gpu_ops.svg"
 
 Timed = Callable[[Callable[[], object]], float]
 
@@ -206,21 +173,13 @@ class Measurement(Timing):
 
     def __init__(self, stand: Stand, case: Case, data: Inputs, copy_dst: Any, mib: int) -> None:
         xp, backend = stand.xp, stand.backend
-        a, b = data.get(case.datatype, case.op.function in SHIFTS)
-        arrays = dict(zip(case.op.inputs, (a, b), strict=False))
-        call = validate_arrays(case.op.name, arrays, case.parameters)
-        inputs = [arrays[name] for name in case.op.inputs]
-        out = backend.empty(call.output_shape, np.dtype(DTYPES[call.output_datatype].numpy))
-        operands, target = as_kernel_operands(call, inputs, out)
+        ours, operands, target = self.prepare(case, data, mib, backend)
         src = data.pool_a
-
-        def ours() -> None:
-            backend.run(call, inputs, out)
 
         def copy() -> None:
             copy_dst[...] = src
 
-        self.case, self.mib, self.timed = case, mib, stand.timed
+        self.timed = stand.timed
         self.call = plain_ufunc_name(case)
         self.fns: list[Callable[[], object]] = [ours, copy]
         self.same: bool | None = None
@@ -238,10 +197,7 @@ class Measurement(Timing):
         for fn in self.fns:
             fn()
         backend.synchronize()
-        self.moved = sum(x.nbytes for x in inputs) + out.nbytes
-        self.copied = 2 * src.nbytes
         self.best = [float("inf")] * len(self.fns)
-        self.rounds = 0
 
     def add_rounds(self, rounds: int) -> Row:
         best_times(self.fns, rounds, self.best, self.timed)
@@ -303,6 +259,118 @@ def summary(rows: list[Row], name: str) -> list[str]:
     return lines
 
 
+@dataclass
+class SizeFigures:
+    """One size of a device's run: its rows' ``/copy`` (ours GB/s over the copy's), and where
+    known the absolute figures (the entries recorded before this file have ratios only)."""
+
+    mib: int
+    rows: int
+    median_vs_copy: float
+    min_vs_copy: float | None = None
+    rows_at_target: int | None = None  # rows with /copy >= TARGET_COPY
+    median_gb_per_s: float | None = None  # ours
+    median_copy_gb_per_s: float | None = None
+
+
+@dataclass
+class DeviceRun:
+    """A device's entry in bench/results/gpu_ops.json: the latest full run on it."""
+
+    device: str
+    date: str
+    command: str
+    environment: str
+    source: str  # where the figures come from: this benchmark's output, or the page they were on
+    sizes: list[SizeFigures] = field(default_factory=list)
+
+    def record(self) -> dict[str, object]:
+        """As written: the fields in declaration order, unknown figures left out."""
+        record = asdict(self)
+        record["sizes"] = [
+            {k: v for k, v in asdict(s).items() if v is not None} for s in self.sizes
+        ]
+        return record
+
+
+def device_run(rows: list[Row], stand: Stand, command: str) -> DeviceRun:
+    """This run's entry: per size, the median and least /copy, the rows at the target and the
+    median GB/s of ours and of the copy."""
+    device = str(stand.backend.device).split(" ", 1)[-1]  # "cuda:0 NVIDIA H100 ...": the name
+    run = DeviceRun(
+        device=device,
+        date=datetime.now(UTC).date().isoformat(),
+        command=command,
+        environment=stand.describe().removeprefix("# tensorbits operator core on the GPU: "),
+        source="bench/gpu_ops.py",
+    )
+    for mib in sorted({r.mib for r in rows}):
+        sel = [r for r in rows if r.mib == mib]
+        run.sizes.append(
+            SizeFigures(
+                mib=mib,
+                rows=len(sel),
+                median_vs_copy=round(float(np.median([r.vs_copy for r in sel])), 2),
+                min_vs_copy=round(min(r.vs_copy for r in sel), 2),
+                rows_at_target=sum(r.vs_copy >= TARGET_COPY for r in sel),
+                median_gb_per_s=round(float(np.median([r.ours for r in sel])), 1),
+                median_copy_gb_per_s=round(float(np.median([r.copy for r in sel])), 1),
+            )
+        )
+    return run
+
+
+def read_runs(data: Path) -> list[DeviceRun]:
+    """The entries of a results file (none if it does not exist yet)."""
+    if not data.exists():
+        return []
+    runs = []
+    for r in json.loads(data.read_text())["runs"]:
+        sizes = [SizeFigures(**s) for s in r.pop("sizes")]
+        runs.append(DeviceRun(**r, sizes=sizes))
+    return runs
+
+
+def write_results(run: DeviceRun, folder: Path) -> tuple[Path, Path]:
+    """``run`` into ``folder``/gpu_ops.json in place of its device's entry (the others kept,
+    sorted by device: the same figures give the same bytes), then the chart beside it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    data = folder / DATA_FILE
+    runs = [r for r in read_runs(data) if r.device != run.device] + [run]
+    document = {
+        "benchmark": "bench/gpu_ops.py",
+        "vs_copy": "ours GB/s / a device-to-device copy's GB/s of the same bytes, CUDA events",
+        "runs": [r.record() for r in sorted(runs, key=lambda r: r.device)],
+    }
+    data.write_text(json.dumps(document, indent=1) + "\n")
+    return data, draw_chart(data)
+
+
+def draw_chart(data: Path) -> Path:
+    """gpu_ops.svg beside ``data``: the median /copy against the size, a line per device."""
+    runs = read_runs(data)
+    series: dict[str, list[tuple[float, float]]] = {
+        f"{r.device} ({r.date})": [(s.mib, s.median_vs_copy) for s in r.sizes] for r in runs
+    }
+    sizes = sorted({s.mib for r in runs for s in r.sizes})
+    series["device-to-device copy"] = [(mib, 1.0) for mib in sizes]
+    chart = data.with_name(CHART_FILE)
+    counts = {s.rows for r in runs for s in r.sizes}
+    rows = f" ({counts.pop()} rows a size)" if len(counts) == 1 else ""
+    # matplotlib only where a chart is drawn: the GPU check's wheelhouse runs --quick without it
+    from bench.harness.charts import line_chart
+
+    line_chart(
+        chart,
+        title=f"Operator core on the GPU against a device copy{rows}",
+        x_label="MiB of one input tensor",
+        y_label="median of ours GB/s / copy GB/s",
+        series=series,
+        log_x=True,
+    )
+    return chart
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_row_options(parser, "16,64,256", "that misses a target (default 2, --quick 1)")
@@ -319,7 +387,22 @@ def main(argv: list[str] | None = None) -> int:
         default="cupy",
         help="numpy: a dry run without a GPU (NumPy for CuPy, default 1 MiB, no timing claims)",
     )
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=RESULTS,
+        help="folder of gpu_ops.json and gpu_ops.svg (default bench/results; written by a run "
+        "of every row on a device)",
+    )
+    parser.add_argument(
+        "--replot",
+        action="store_true",
+        help="only redraw gpu_ops.svg from gpu_ops.json (no device needed)",
+    )
     args = parser.parse_args(argv)
+    if args.replot:
+        print(f"# wrote {os.path.relpath(draw_chart(args.results / DATA_FILE))}")
+        return 0
     default_sizes = "1" if args.xp == "numpy" else ("64" if args.quick else "16,64,256")
     sizes = [int(s) for s in (args.sizes or default_sizes).split(",")]
     repeat = args.repeat or (3 if args.quick else 7)
@@ -358,10 +441,12 @@ def main(argv: list[str] | None = None) -> int:
             stand.release()
     finally:
         stand.backend.close()
-    print()
-    for line in summary(rows, stand.name):
-        print(line)
+    print("\n" + "\n".join(summary(rows, stand.name)))
     print(f"# {time.perf_counter() - started:.0f} s")
+    if not (stand.dry or args.ops or args.dtypes or args.quick):
+        command = " ".join(["bench/gpu_ops.py", *(sys.argv[1:] if argv is None else argv)])
+        written = write_results(device_run(rows, stand, command), args.results)
+        print(f"# wrote {', '.join(os.path.relpath(p) for p in written)}")
     return 0
 
 

@@ -1,48 +1,20 @@
 """Bounded load test of ``tensorbits serve`` on loopback, with abusive clients beside it.
 
-Starts the real server (NumPy backend) on a free 127.0.0.1 port, runs N concurrent asyncio
-clients (httpx.AsyncClient) for a fixed time and at most a fixed count of requests, each sending a
-mix of valid large, valid small and invalid /v2 infer requests. Every valid request carries its
-own random data (seeded by its sequence number), so an answer sent to the wrong request, or
-corrupted, is caught: each 200 is checked byte for byte against NumPy.
-
-Beside them, ``--abusers`` abusive clients (``bench/harness/abuse.py``, a process of their own) send
-requests the server must refuse cheaply: a 1 MiB header, 20,000 headers, a 1 MiB URL, a
-trickled body, a /v1 batch of 300,000 dispatches, malformed request lines. They abuse in every
-other window of ``--abuse-window`` seconds (calm first), so the normal clients' latency with and
-without abuse comes from the same run, interleaved: drift in a shared machine hits both alike.
-Each normal request counts for the window it started in.
-
-The server's RSS is sampled every ``--sample-every`` seconds (``bench/harness/memory.py``) and
-printed as a series and a peak per minute. ``--probe`` runs the server under that module's probe,
-which also samples what malloc holds (in use, free, per arena), the objects the garbage collector
-tracks and the header caches' and metrics' sizes (``--probe-tracemalloc``: and the bytes Python
-and NumPy hold; ``--probe-collect``: and what a ``gc.collect()`` before each sample frees): that
-tells a leak from allocator slack, and both from memory held by reference cycles. ``--server-env NAME=VALUE`` sets more
-server environment (``TENSORBITS_MALLOC_TUNING=0`` runs without ``tensorbits.server.memory``'s
-allocator settings).
-
-Reports: requests served, answers by status, p50/p99 latency by kind and by window (calm,
-abuse), the abusive requests' outcomes, the RSS series, and checks:
-
-* every 200 was correct;
-* no answer was a 5xx other than 503 with Retry-After (load shedding by admission);
-* every invalid request got a 4xx with a JSON ``error``;
-* every abusive request was refused with a 4xx and a JSON ``error`` (or its connection closed),
-  none left unanswered;
-* normal p99 latency under abuse at most ``--max-abuse-ratio`` (2.0) times the calm p99, for
-  large and small requests alike;
-* peak RSS <= TENSORBITS_MAX_INFLIGHT_BYTES + the fixed overhead (``--overhead-mib``, default
-  256 MiB: interpreter, NumPy, the baseline RSS, plus responses already handed to the transport
-  but not yet read by a slow client, which admission no longer counts);
-* for runs of 2 minutes or more, the run's peak RSS at most ``--max-growth`` (1.10) times its
-  first minute's: memory does not grow with the length of the run.
+``--clients`` asyncio clients (httpx) send a mix of valid large, valid small and invalid /v2
+infer requests for ``--duration`` seconds, every 200 checked byte for byte (each valid request
+carries its own seeded data), while ``--abusers`` abusive clients (bench/harness/abuse.py, a
+process of their own) send requests the server must refuse cheaply in every other
+``--abuse-window`` (calm first): latency with and without abuse comes from the same run. The
+server's RSS is sampled every ``--sample-every`` seconds. Each check prints ok or FAIL (exit
+status 1 on a FAIL); the memory bound is TENSORBITS_MAX_INFLIGHT_BYTES + ``--overhead-mib``
+(responses a slow client has not read yet are no longer counted by admission).
 
     .venv/bin/python bench/load.py                      # 20 s, 16 clients, 4 abusers
     .venv/bin/python bench/load.py --clients 32 --duration 600
-    .venv/bin/python bench/load.py --duration 5 --clients 4 --max-requests 500 --abusers 0
 
-Exit status 0 when every check holds, 1 otherwise.
+``soak-refusals [--seconds 40] [--clients 32]`` and ``rolling-restart [--replicas 3] [--runs 3]
+[--drain-delay 2]`` run the harnesses of tests/support/refusal_soak.py and
+tests/support/rolling.py (bench/README.md), printing JSON lines.
 """
 
 from __future__ import annotations
@@ -54,12 +26,9 @@ import json
 import os
 import random
 import signal
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-import urllib.request
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,46 +38,24 @@ import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# The soak and the rolling restart are the tests' harnesses (tests/support/).
+sys.path.append(str(Path(__file__).resolve().parent.parent / "tests"))
 
-from bench.harness import free_port
+from bench.harness import BIN, free_port, server
 from bench.harness.abuse import KINDS, AbuseProcess, failed
 from bench.harness.memory import MiB, RssSampler, vm
 from tensorbits.server.memory import tune_allocator
 
-ROOT = Path(__file__).resolve().parent.parent
 HEADER = "Inference-Header-Content-Length"
 MODEL = "onnx.BitwiseXor-18"
-PHASES = ("calm", "abuse")
 GC_EVERY = 1.0
 
 
-def start_server(port: int, env: dict[str, str], probe: bool = False) -> subprocess.Popen[bytes]:
-    # --probe: the same server, watched from inside (bench.harness.memory calls the same cli.main).
-    command = (
-        [str(ROOT / ".venv" / "bin" / "python"), "-m", "bench.harness.memory"]
-        if probe
-        else [str(ROOT / ".venv" / "bin" / "tensorbits")]
-    )
-    proc = subprocess.Popen(
-        [*command, "serve", "--host", "127.0.0.1", "--port", str(port)],
-        env={**os.environ, **env},
-        cwd=ROOT,  # -m bench.harness.memory: the repository root on sys.path
-        stdout=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2):
-                return proc
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("server not ready in 60 s")
-
-
 # --- requests ---------------------------------------------------------------------------------
+def binary_input(name: str, elements: int, nbytes: int) -> dict[str, object]:
+    """A UINT8 input's entry in a v2 binary header (``nbytes`` may disagree with its shape)."""
+    parameters = {"binary_data_size": nbytes}
+    return {"name": name, "shape": [elements], "datatype": "UINT8", "parameters": parameters}
 
 
 def valid_request(seq: int, nbytes: int) -> tuple[bytes, dict[str, str], np.ndarray[Any, Any]]:
@@ -117,15 +64,7 @@ def valid_request(seq: int, nbytes: int) -> tuple[bytes, dict[str, str], np.ndar
     b = np.frombuffer(rng.bytes(nbytes), np.uint8)
     header = {
         "id": str(seq),
-        "inputs": [
-            {
-                "name": n,
-                "shape": [nbytes],
-                "datatype": "UINT8",
-                "parameters": {"binary_data_size": nbytes},
-            }
-            for n in ("A", "B")
-        ],
+        "inputs": [binary_input(n, nbytes, nbytes) for n in ("A", "B")],
         "parameters": {"binary_data_output": True},
     }
     head = json.dumps(header).encode()
@@ -138,24 +77,7 @@ INVALID: list[tuple[str, bytes, dict[str, str]]] = [
     ("garbage_json", b"\x00\xff{not json", {"Content-Type": "application/json"}),
     (
         "size_mismatch",
-        json.dumps(
-            {
-                "inputs": [
-                    {
-                        "name": "A",
-                        "shape": [4],
-                        "datatype": "UINT8",
-                        "parameters": {"binary_data_size": 5},
-                    },
-                    {
-                        "name": "B",
-                        "shape": [4],
-                        "datatype": "UINT8",
-                        "parameters": {"binary_data_size": 4},
-                    },
-                ]
-            }
-        ).encode()
+        json.dumps({"inputs": [binary_input("A", 4, 5), binary_input("B", 4, 4)]}).encode()
         + bytes(9),
         {},
     ),
@@ -320,12 +242,6 @@ OPTIONS: tuple[tuple[str, type, float, str | None], ...] = (
     ("--sample-every", float, 5.0, "seconds between RSS samples"),
     ("--max-growth", float, 1.10, "allowed peak RSS / first minute's peak"),
 )
-# The switches: (option, help).
-SWITCHES = (
-    ("--probe", "run the server under bench.harness.memory's probe"),
-    ("--probe-tracemalloc", "--probe, with tracemalloc on"),
-    ("--probe-collect", "--probe, gc.collect() before each sample"),
-)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -334,20 +250,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.add_argument(option, type=kind, default=default, help=text)
     parser.add_argument(
         "--server-env", action="append", default=[], metavar="NAME=VALUE",
-        help="more server environment (repeatable)",
+        help="more server environment, repeatable (TENSORBITS_MALLOC_TUNING=0: malloc untuned)",
     )  # fmt: skip
-    for option, text in SWITCHES:
-        parser.add_argument(option, action="store_true", help=text)
     args = parser.parse_args(argv)
     if args.duration > 600 or args.clients > 256 or args.abusers > 64:
         parser.error("bounded: --duration <= 600, --clients <= 256, --abusers <= 64")
     if any("=" not in item for item in args.server_env):
         parser.error("--server-env takes NAME=VALUE")
-    args.probe = args.probe or args.probe_tracemalloc or args.probe_collect
     return args
 
 
-def server_env(args: argparse.Namespace, probe_out: Path) -> dict[str, str]:
+def server_env(args: argparse.Namespace) -> dict[str, str]:
     env = {
         "TENSORBITS_BACKEND": "numpy",
         "TENSORBITS_LOG_LEVEL": "warning",
@@ -356,11 +269,6 @@ def server_env(args: argparse.Namespace, probe_out: Path) -> dict[str, str]:
         "TENSORBITS_MAX_INFLIGHT_REQUESTS": "64",
         "TENSORBITS_GRPC_PORT": str(free_port()),  # the default port may be taken here
     }
-    if args.probe:
-        env["TENSORBITS_PROBE_OUT"] = str(probe_out)
-        env["TENSORBITS_PROBE_INTERVAL"] = str(args.sample_every)
-        env["TENSORBITS_PROBE_TRACEMALLOC"] = "1" if args.probe_tracemalloc else "0"
-        env["TENSORBITS_PROBE_COLLECT"] = "1" if args.probe_collect else "0"
     env.update(item.split("=", 1) for item in args.server_env)
     return env
 
@@ -378,12 +286,13 @@ class Run:
     abuse: Counter[tuple[str, str]]
 
 
-def run(args: argparse.Namespace, probe_out: Path) -> Run:
+def run(args: argparse.Namespace) -> Run:
     port = free_port()
-    proc = start_server(port, server_env(args, probe_out), probe=args.probe)
+    argv = [str(BIN / "tensorbits"), "serve", "--host", "127.0.0.1", "--port", str(port)]
+    ready = f"http://127.0.0.1:{port}/v2/health/ready"
     stats = Stats()
     abuse: Counter[tuple[str, str]] = Counter()
-    try:
+    with server(argv, ready, server_env(args), 60.0) as proc:  # stopped by SIGTERM
         warm = argparse.Namespace(
             **{**vars(args), "duration": 0.5, "clients": 1, "max_requests": 5}
         )
@@ -401,14 +310,7 @@ def run(args: argparse.Namespace, probe_out: Path) -> Run:
                 elapsed = asyncio.run(run_load(port, args, stats, Phase(None)))
         peak = vm(proc.pid, "VmHWM")
         alive = proc.poll() is None
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            code = proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code = proc.wait()
-    return Run(stats, elapsed, baseline, peak, alive, code, sampler, own, abuse)
+    return Run(stats, elapsed, baseline, peak, alive, proc.returncode, sampler, own, abuse)
 
 
 def report_latency(args: argparse.Namespace, stats: Stats) -> dict[str, bool]:
@@ -471,79 +373,73 @@ def report_memory(args: argparse.Namespace, result: Run, bound: int) -> dict[str
     return checks
 
 
-def report_probe(path: Path) -> None:
-    """What the probe (bench.harness.memory) saw inside the server, a line per sample."""
-    if not path.exists():
-        print("probe: no samples")
-        return
-    print(
-        "probe (MiB)   rss  in use   free  mmapped  heap  arenas (MiB each)"
-        "  traced  gc objects  cache entries  tally rows"
-    )
-    growth: list[dict[str, Any]] = []
-    for line in path.read_text().splitlines():
-        record = json.loads(line)
-        if "tracemalloc_growth" in record:
-            growth = record["tracemalloc_growth"]
-            continue
-        m = record["malloc"]
-        each = "/".join(f"{size / MiB:.0f}" for size in record["arenas"])
-        traced = f"{record['traced'] / MiB:6.0f}" if "traced" in record else "     -"
-        if "collected" in record:
-            print(
-                f"  {record['t']:6.0f}s gc.collect(): {record['collected']} objects, RSS "
-                f"{record['rss_before_collect'] / MiB:.0f} -> {record['rss'] / MiB:.0f} MiB"
-            )
-        print(
-            f"  {record['t']:6.0f}s {record['rss'] / MiB:5.0f} {m['in_use'] / MiB:6.0f} "
-            f"{m['free'] / MiB:6.0f} {m['mmapped'] / MiB:7.0f} {m['heap'] / MiB:5.0f}  "
-            f"{len(record['arenas'])} ({each})  {traced} {record['gc_objects']:10d}  "
-            f"{record['cache_entries']}  {record['tally_rows']}"
-        )
-    if growth:
-        print("tracemalloc: largest growth since the first snapshot (bytes, blocks, where):")
-        for stat in growth:
-            print(f"  {stat['grown']:+12d} {stat['count']:+8d}  {stat['where']}")
+def soak_refusals(argv: list[str]) -> int:
+    """The ``soak-refusals`` load (the module's help)."""
+    from support.live import serve
+    from support.refusal_soak import SERVER_ENV, run_mix
+
+    parser = argparse.ArgumentParser(prog="load.py soak-refusals")
+    parser.add_argument("--seconds", type=float, default=40.0)
+    parser.add_argument("--clients", type=int, default=32)
+    args = parser.parse_args(argv)
+    # No gRPC nor metrics listener: this measures HTTP, on whatever ports are free.
+    os.environ.setdefault("TENSORBITS_GRPC_PORT", "0")
+    os.environ.setdefault("TENSORBITS_METRICS_PORT", "0")
+    with serve(dict(SERVER_ENV)) as server:
+        start = server.reset_peak_rss()
+        figures = run_mix(server, clients=args.clients, seconds=args.seconds)
+        rss = {"start": start, "peak": server.peak_rss(), "end": server.rss()}
+    line = {
+        "seconds": args.seconds,
+        "clients": args.clients,
+        **figures.summary(),
+        "rss_mib": {name: round(value / MiB) for name, value in rss.items()},
+    }
+    print(json.dumps(line), flush=True)
+    return 1 if figures.transport_errors else 0
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["soak-refusals"]:
+        return soak_refusals(argv[1:])
+    if argv[:1] == ["rolling-restart"]:
+        from support.rolling import main as rolling_restart
+
+        return rolling_restart(argv[1:])
     args = parse_args(argv)
     # The load generator allocates large buffers as the server does (bodies, expected answers,
     # responses) and, without the same malloc setting, its RSS grew to several GiB in a few
     # minutes on this shared machine; the server's own setting is what the run measures.
     tune_allocator(os.environ.copy())
     gc.freeze()  # the start-up objects: collect_cycles never needs to walk them
-    with tempfile.TemporaryDirectory() as tmp:
-        probe_out = Path(tmp) / "probe.jsonl"
-        result = run(args, probe_out)
-        stats = result.stats
-        elapsed = result.elapsed
-        total = sum(stats.statuses.values())
-        print(
-            f"tensorbits load test: {args.clients} clients, {elapsed:.1f} s, model {MODEL}, "
-            f"large {args.large_mib} MiB x2 inputs ({args.large_share:.0%}), small "
-            f"{args.small_bytes} B, invalid {args.invalid_share:.0%}; {args.abusers} abusers in "
-            f"every other {args.abuse_window:g} s window"
-        )
-        print(
-            f"limits: max_inflight_bytes {args.max_inflight_mib} MiB, max_body_bytes "
-            f"{args.max_body_mib} MiB; server env {args.server_env or '-'}"
-        )
-        print(
-            f"answers: {total} ({total / elapsed:.0f}/s); served (200 or expected 4xx): {stats.served}"
-        )
-        for (group, status), count in sorted(stats.statuses.items()):
-            print(f"  {group:<8} {status}: {count}")
-        if stats.transport_errors:
-            print(f"  transport errors: {dict(stats.transport_errors)}")
-        checks: dict[str, bool] = {}
-        checks.update(report_latency(args, stats))
-        if args.abusers:
-            checks.update(report_abuse(result.abuse))
-        bound = (args.max_inflight_mib + args.overhead_mib) * MiB
-        checks.update(report_memory(args, result, bound))
-        if args.probe:
-            report_probe(probe_out)
+    result = run(args)
+    stats = result.stats
+    elapsed = result.elapsed
+    total = sum(stats.statuses.values())
+    print(
+        f"tensorbits load test: {args.clients} clients, {elapsed:.1f} s, model {MODEL}, "
+        f"large {args.large_mib} MiB x2 inputs ({args.large_share:.0%}), small "
+        f"{args.small_bytes} B, invalid {args.invalid_share:.0%}; {args.abusers} abusers in "
+        f"every other {args.abuse_window:g} s window"
+    )
+    print(
+        f"limits: max_inflight_bytes {args.max_inflight_mib} MiB, max_body_bytes "
+        f"{args.max_body_mib} MiB; server env {args.server_env or '-'}"
+    )
+    print(
+        f"answers: {total} ({total / elapsed:.0f}/s); served (200 or expected 4xx): {stats.served}"
+    )
+    for (group, status), count in sorted(stats.statuses.items()):
+        print(f"  {group:<8} {status}: {count}")
+    if stats.transport_errors:
+        print(f"  transport errors: {dict(stats.transport_errors)}")
+    checks: dict[str, bool] = {}
+    checks.update(report_latency(args, stats))
+    if args.abusers:
+        checks.update(report_abuse(result.abuse))
+    bound = (args.max_inflight_mib + args.overhead_mib) * MiB
+    checks.update(report_memory(args, result, bound))
     print(f"server exit code after SIGTERM: {result.code}")
     checks = {
         "every 200 correct": not stats.wrong,

@@ -1,41 +1,25 @@
 """Operator-core benchmark (CPU): the NumPy backend against a plain NumPy call and np.copyto.
 
-Rows: every operator of the registry x each data type it allows (DML at the default feature
-level 6_4), BIT_COUNT once per output type (UINT8, UINT32), ONNX BitShift once per direction:
-166 rows per size. Sizes are MiB of one input tensor (default 1, 16, 64; all rows at every
-size, about 1-2 minutes on a quiet 2-core machine). Inputs are random bytes; shift counts are
-uniform in [0, width). Timed on the same arrays, interleaved round by round (the order rotates,
-so a burst of noise lands on all of them alike), each keeping its best (minimum) time:
+Every operator of the registry x each data type it allows (166 rows a size), at sizes in MiB of
+one input tensor, each row timed on the same arrays in interleaved rounds, every contestant
+keeping its best: ``ours`` (``NumpyBackend.run`` into a preallocated output: what the service runs
+after validation), ``numpy`` (one plain NumPy call into the same output, on the views the kernel
+sees), ``copy`` (``np.copyto`` of one input-sized array) and a probe, the copy split over two
+threads (``2-core``: below 1.3 the second core was busy, and the row gets more rounds). GB/s is
+bytes read plus bytes written over time; ``/copy`` is ours GB/s over the copy's, ``/numpy`` the
+plain call's time over ours. Targets at 16 MiB and above: ``/copy`` >= 0.8, ``/numpy`` >= 1.0.
 
-* ``ours``:  ``NumpyBackend.run(call, inputs, out)`` into a preallocated output: what the service
-  runs after validation (``as_kernel_operands`` views and the thread-pool chunking included).
-* ``numpy``: one plain NumPy call into the same preallocated output, on the views the kernel sees
-  (unsigned views for DML): ``np.bitwise_and(a, b, out=o)``, ``np.invert(a, out=o)``,
-  ``np.bitwise_count(a, out=o)``, ``np.left_shift(a, b, out=o)``, ...
-* ``copy``:  ``np.copyto(dst, src)`` of one input-sized byte array (the "same bytes": the size in
-  the table), into a separate preallocated destination; one thread, as np.copyto is.
-* probe: the same copy split in two halves over two threads. ``2-core`` is its speed-up over
-  ``copy``; below 1.3 another process held the second core during the row (this machine is
-  shared), and the row gets more rounds (``--retries``; also when ours came out slower than the
-  plain call). Every contestant keeps its best over all rounds; ``rounds`` says how many.
+  .venv/bin/python bench/ops.py [--sizes 1,16,64] [--ops SUBSTR,...] [--dtypes T,...] [--quick]
 
-GB/s is bytes moved over time, 1 GB = 1e9 bytes: for an operator, the bytes of every input plus
-the bytes of the output (a binary op on N bytes moves 3N, NOT moves 2N, BIT_COUNT to UINT32 from
-UINT8 moves 5N); for the copy, 2N (read N, write N). ``/copy`` is ours GB/s over copy GB/s;
-``/numpy`` is the plain call's time over ours (above 1: we are faster).
-
-Targets: at 16 MiB and above, ``/copy`` >= 0.8 and ``/numpy`` >= 1.0 for every row.
-
-Run: ``.venv/bin/python bench/ops.py [--sizes 1,16,64] [--ops SUBSTR,...] [--dtypes T,...]
-[--repeat N] [--retries N] [--threads N] [--quick]``. ``--quick``: 16 MiB, UINT8 and UINT32
-rows only (40 rows), 3 rounds: well under 30 s. The table is Markdown, for bench/results/ops_cpu.md
-(its summary goes in docs/benchmarks.md).
+A run of every row also writes bench/results/ops_cpu.json and its chart, ops_cpu.svg
+(``--replot`` redraws the chart from the data file alone).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import platform
 import sys
@@ -43,18 +27,30 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 
+# Host arrays validated in one step, as the tests do (tests/support/host_calls.py).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from support.host_calls import validate_arrays
+
+# ... and the repository root, for bench.harness (already there when imported as bench.ops).
+sys.path.append(str(Path(__file__).resolve().parents[1]))
+
+from tensorbits.core.backends import Backend
 from tensorbits.core.backends.numpy_backend import NumpyBackend
-from tensorbits.core.engine import validate_arrays
 from tensorbits.core.kernels import as_kernel_operands
 from tensorbits_protocol.dtypes import DTYPES, DataType
 from tensorbits_protocol.operators import OPERATORS, Function, OperatorSpec
 from tensorbits_protocol.validation import resolve_parameters, support_row
 
 MIB = 1 << 20
+RESULTS = Path(__file__).resolve().parent / "results"
+DATA_FILE, CHART_FILE = "ops_cpu.json", "ops_cpu.svg"
 TARGET_MIB = 16  # the targets apply at this size and above
 TARGET_COPY = 0.8
 TARGET_NUMPY = 1.0
@@ -213,6 +209,9 @@ class Measured:
 M = TypeVar("M", bound=Measured)
 
 
+SHIFTS = (Function.SHIFT, Function.SHIFT_LEFT, Function.SHIFT_RIGHT)
+
+
 class Timing:
     """What a row's measurement keeps (bench/gpu_ops.py's too): its case and size, the bytes ours
     and the copy move, and the rounds so far; ``row`` makes its row from the best times."""
@@ -222,6 +221,23 @@ class Timing:
     moved: int
     copied: int
     rounds: int
+
+    def prepare(
+        self, case: Case, data: Inputs, mib: int, backend: Backend
+    ) -> tuple[Callable[[], None], list[Arr], Arr]:
+        """The case's call validated on ``data``'s arrays, its output preallocated, what ``row``
+        reads set; ours (``backend.run`` into that output), and the kernel's operands and output
+        (for the plain call)."""
+        a, b = data.get(case.datatype, case.op.function in SHIFTS)
+        arrays = dict(zip(case.op.inputs, (a, b), strict=False))
+        call = validate_arrays(case.op.name, arrays, case.parameters)
+        inputs = [arrays[name] for name in case.op.inputs]
+        out = backend.empty(call.output_shape, np.dtype(DTYPES[call.output_datatype].numpy))
+        self.case, self.mib, self.rounds = case, mib, 0
+        self.moved = sum(x.nbytes for x in inputs) + out.nbytes
+        self.copied = 2 * data.pool_a.nbytes
+        operands, target = as_kernel_operands(call, inputs, out)
+        return lambda: backend.run(call, inputs, out), operands, target
 
     def row(self, row: type[M], t_ours: float, t_copy: float, **added: Any) -> M:
         """A ``row`` from the best times (s) of ours and of the copy, and the fields it adds."""
@@ -295,29 +311,15 @@ class Measurement(Timing):
         mib: int,
         probe: SplitCopy,
     ) -> None:
-        shift = case.op.function in (Function.SHIFT, Function.SHIFT_LEFT, Function.SHIFT_RIGHT)
-        a, b = data.get(case.datatype, shift)
-        arrays = dict(zip(case.op.inputs, (a, b), strict=False))
-        call = validate_arrays(case.op.name, arrays, case.parameters)
-        inputs = [arrays[name] for name in case.op.inputs]
-        out = np.empty(call.output_shape, DTYPES[call.output_datatype].numpy)
-        operands, target = as_kernel_operands(call, inputs, out)
+        ours, operands, target = self.prepare(case, data, mib, backend)
         src = data.pool_a
-
-        def ours() -> None:
-            backend.run(call, inputs, out)
-
-        self.case, self.mib = case, mib
         self.fns: list[Callable[[], object]] = [
             ours,
             plain_call(case, operands, target),
             lambda: np.copyto(copy_dst, src),
             lambda: probe(copy_dst, src),
         ]
-        self.moved = sum(x.nbytes for x in inputs) + out.nbytes
-        self.copied = 2 * src.nbytes
         self.best = [float("inf")] * len(self.fns)
-        self.rounds = 0
         for fn in self.fns:  # warm-up: page faults, thread start-up
             fn()
 
@@ -374,6 +376,114 @@ def summary(rows: list[Row]) -> list[str]:
     return lines
 
 
+def kind(label: str, datatype: DataType) -> str:
+    """The kind of operator a row belongs to, as bench/results/ops_cpu_by_kind.md groups them:
+    the logic operators alike whatever their type; shifts and population counts by element width,
+    where the CPU's vector instructions differ."""
+    bits = 8 * DTYPES[datatype].itemsize
+    if "->" in label:  # BIT_COUNT, once per output type
+        output = label.rsplit("->", 1)[1]
+        widths = "8/64-bit" if bits in (8, 64) else "16/32-bit"
+        return f"count {widths} ->{output}"
+    if "SHIFT" in label.upper():
+        return "shift 8-bit" if bits == 8 else "shift 16-64-bit"
+    return "AND/OR/XOR/NOT"
+
+
+def cpu_model() -> str:
+    """The CPU's model name and a comma (``AMD EPYC, ``), from /proc/cpuinfo; '' where there is
+    none: platform.processor() says only ``x86_64`` on Linux, and figures differ by CPU."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip() + ", "
+    except OSError:
+        pass
+    return ""
+
+
+def write_results(
+    rows: list[Row], folder: Path, *, machine: str, command: str, seconds: float
+) -> tuple[Path, Path]:
+    """Every row to ``folder``/ops_cpu.json (one row a line, keys in a fixed order: the same
+    figures give the same bytes) and its chart beside it, ops_cpu.svg."""
+    folder.mkdir(parents=True, exist_ok=True)
+    data, chart = folder / DATA_FILE, folder / CHART_FILE
+    head = {
+        "benchmark": "bench/ops.py",
+        "command": command,
+        "date": datetime.now(UTC).date().isoformat(),
+        "machine": machine,
+        "seconds": round(seconds),
+        "gb_per_s": "1e9 bytes a second: ours and numpy, every input plus the output; copy, 2N",
+    }
+    lines = [json.dumps(row_record(r)) for r in rows]
+    body = json.dumps(head, indent=1)[:-2] + ',\n "rows": [\n  ' + ",\n  ".join(lines) + "\n ]\n}\n"
+    data.write_text(body)
+    # From the file's rounded figures, as --replot draws it: the same chart, byte for byte.
+    draw_chart(read_rows(data), chart)
+    return data, chart
+
+
+def row_record(row: Row) -> dict[str, object]:
+    return {
+        "operator": row.label,
+        "dtype": str(row.datatype),
+        "mib": row.mib,
+        "ours_gb_per_s": round(row.ours, 2),
+        "numpy_gb_per_s": round(row.numpy, 2),
+        "copy_gb_per_s": round(row.copy, 2),
+        "two_core_speedup": round(row.cores, 2),
+        "rounds": row.rounds,
+        "busy": row.busy,
+    }
+
+
+def read_rows(data: Path) -> list[Row]:
+    """The rows of a results file ``write_results`` wrote (``--replot``)."""
+    return [
+        Row(
+            label=r["operator"],
+            datatype=DataType(r["dtype"]),
+            mib=r["mib"],
+            ours=r["ours_gb_per_s"],
+            copy=r["copy_gb_per_s"],
+            rounds=r["rounds"],
+            numpy=r["numpy_gb_per_s"],
+            cores=r["two_core_speedup"],
+        )
+        for r in json.loads(data.read_text())["rows"]
+    ]
+
+
+def draw_chart(rows: list[Row], chart: Path) -> None:
+    """Median GB/s of ours, the plain call and the copy by kind of operator, at 16 MiB (where the
+    targets start) or the largest size run below it; a shared machine's busy rows are counted in
+    the title."""
+    mib = TARGET_MIB if any(r.mib == TARGET_MIB for r in rows) else max(r.mib for r in rows)
+    at_size = [r for r in rows if r.mib == mib]
+    kinds: dict[str, list[Row]] = {}
+    for r in at_size:
+        kinds.setdefault(kind(r.label, r.datatype), []).append(r)
+    groups = {
+        f"{name} ({len(sel)})": {
+            "tensorbits": float(np.median([r.ours for r in sel])),
+            "one NumPy call": float(np.median([r.numpy for r in sel])),
+            "np.copyto": float(np.median([r.copy for r in sel])),
+        }
+        for name, sel in sorted(kinds.items())
+    }
+    title = f"Operator core on the CPU, {mib} MiB: median GB/s by kind (rows)"
+    busy = sum(r.busy for r in at_size)
+    if busy:
+        title += f"\n{busy} of {len(at_size)} rows measured while another process held a core"
+    # matplotlib only where a chart is drawn: the GPU check's wheelhouse runs --quick without it
+    from bench.harness.charts import bar_chart
+
+    bar_chart(chart, title=title, y_label="GB/s (bytes in and out / time)", groups=groups)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_row_options(parser, "1,16,64", "measured while busy (default 3, --quick 1)")
@@ -381,7 +491,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick", action="store_true", help="16 MiB, UINT8/UINT32 only, 3 rounds (< 30 s)"
     )
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=RESULTS,
+        help="folder for ops_cpu.json and ops_cpu.svg (default bench/results; not written when "
+        "--ops or --dtypes pick a subset)",
+    )
+    parser.add_argument(
+        "--replot", action="store_true", help="only redraw ops_cpu.svg from ops_cpu.json"
+    )
     args = parser.parse_args(argv)
+    if args.replot:
+        draw_chart(read_rows(args.results / DATA_FILE), args.results / CHART_FILE)
+        print(f"# wrote {os.path.relpath(args.results / CHART_FILE)}")
+        return 0
     sizes = [int(s) for s in (args.sizes or ("16" if args.quick else "1,16,64")).split(",")]
     repeat = args.repeat or (3 if args.quick else 7)
     retries = args.retries if args.retries is not None else (1 if args.quick else 3)
@@ -389,11 +513,12 @@ def main(argv: list[str] | None = None) -> int:
 
     backend = NumpyBackend(args.threads)
     probe = SplitCopy()
-    print(
-        f"# tensorbits operator core: {platform.processor() or platform.machine()}, "
+    machine = (
+        f"{cpu_model()}{platform.processor() or platform.machine()}, "
         f"nproc {os.cpu_count()}, backend {backend.device}, numpy {np.__version__}, "
         f"python {platform.python_version()}"
     )
+    print(f"# tensorbits operator core: {machine}")
     print(f"# sizes {sizes} MiB, {len(selected)} operator/data-type rows per size, {repeat} rounds")
     print(HEADER)
     rows: list[Row] = []
@@ -424,10 +549,17 @@ def main(argv: list[str] | None = None) -> int:
         gc.enable()
         backend.close()
         probe.pool.shutdown()
-    print()
-    for line in summary(rows):
-        print(line)
-    print(f"# {time.perf_counter() - started:.0f} s")
+    print("\n" + "\n".join(summary(rows)))
+    seconds = time.perf_counter() - started
+    print(f"# {seconds:.0f} s")
+    if args.ops or args.dtypes:
+        print("# results not written: --ops/--dtypes ran a subset of the rows")
+    else:
+        command = " ".join(["bench/ops.py", *(sys.argv[1:] if argv is None else argv)])
+        written = write_results(
+            rows, args.results, machine=machine, command=command, seconds=seconds
+        )
+        print(f"# wrote {', '.join(os.path.relpath(p) for p in written)}")
     return 0
 
 

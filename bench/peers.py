@@ -1,25 +1,9 @@
 """The benchmarks' peer: a real Triton Inference Server, started by the benchmark itself.
 
-The ``nvidia-pytriton`` wheel ships the ``tritonserver`` binary and its Python backend. It is
-installed ON DEMAND into a throwaway venv outside the project's lock (default
-``~/.cache/tensorbits-bench/pytriton-venv``, or ``$BENCH_PYTRITON_VENV``), never by
-``make test``. When it cannot be installed (no network, no wheel for this platform), ``triton_peer``
-raises ``PeerUnavailable`` with the reason, and the benchmarks say so and carry on without it.
-
-The binary is started DIRECTLY on a model repository written here, not through PyTriton's own
-proxy (the proxy relays each request over ZeroMQ to the Python process that made it: small
-requests went about 20x slower, which would not be a fair peer). Each model is a Python-backend
-model doing the same NumPy call as ours, under the same model name, with the same input and
-output names (``GET /v2/models/DML_OPERATOR_ELEMENT_WISE_BIT_NOT`` on ours), so one request path
-and one body serve both servers. Beside them, ``CHAIN``: a graph of the family (XOR, shift right,
-NOT; UINT32) as one model, named and bound like the graph model that ``bench/graph_models.py``
-loads into ours.
-
-The backend's stub embeds libpython: it must load the same libpython as the interpreter whose venv
-hosts the model (the venv's base interpreter), or loading fails with an ``_thread.RLock`` error.
-So that interpreter's library folder goes first on ``LD_LIBRARY_PATH``, and the venv's ``bin``
-first on ``PATH`` (the embedded interpreter finds its prefix, hence the venv's NumPy, through
-``python3`` on ``PATH``, as PyTriton arranges it).
+The ``nvidia-pytriton`` wheel's ``tritonserver``, installed on demand into a venv outside the
+project's lock (``$BENCH_PYTRITON_VENV``), serving Python-backend models named and bound like
+ours; bench/README.md ("The Triton peer") says how and why. Where it cannot run, ``triton_peer``
+raises ``PeerUnavailable`` with the reason, and the benchmarks carry on without it.
 
     with triton_peer() as peer:
         peer.http_url, peer.grpc_url      # "http://127.0.0.1:PORT", "127.0.0.1:PORT"
@@ -72,26 +56,13 @@ class Model:
     datatype: str = "UINT8"
 
 
-# A graph of the family as one model: XOR of x and y, shifted right by 3, then NOT, UINT32 (the
-# graph model bench/graph_models.py loads under the same name, with the same tensor names). One
-# execute, NumPy's calls in place after the first.
-CHAIN = "chain_xor_shr_not"
-CHAIN_SHIFT = 3
-
-# The same names as ours (DirectML's binding names), UINT8, rank 1, any length; and the chain.
+# The same names as ours (DirectML's binding names), UINT8, rank 1, any length.
 AB = ("ATensor", "BTensor")
 MODELS: tuple[Model, ...] = (
     Model("DML_OPERATOR_ELEMENT_WISE_BIT_NOT", ("InputTensor",), "np.bitwise_not(InputTensor)"),
     Model("DML_OPERATOR_ELEMENT_WISE_BIT_AND", AB, "np.bitwise_and(ATensor, BTensor)"),
     Model("DML_OPERATOR_ELEMENT_WISE_BIT_OR", AB, "np.bitwise_or(ATensor, BTensor)"),
     Model("DML_OPERATOR_ELEMENT_WISE_BIT_XOR", AB, "np.bitwise_xor(ATensor, BTensor)"),
-    Model(
-        CHAIN,
-        ("x", "y"),
-        f"np.bitwise_not(np.right_shift(t := np.bitwise_xor(x, y), {CHAIN_SHIFT}, out=t), out=t)",
-        output="z",
-        datatype="UINT32",
-    ),
 )
 
 MODEL_PY = """\
@@ -146,10 +117,6 @@ def venv_dir() -> Path:
     return Path(os.environ.get("BENCH_PYTRITON_VENV", DEFAULT_VENV))
 
 
-def _venv_python(venv: Path) -> Path:
-    return venv / "bin" / "python"
-
-
 def _run(argv: list[str], what: str) -> str:
     try:
         done = subprocess.run(
@@ -166,7 +133,7 @@ def _run(argv: list[str], what: str) -> str:
 def ensure_pytriton(venv: Path | None = None) -> Path:
     """The venv's site-packages holding ``pytriton``, installing it first when missing."""
     venv = venv or venv_dir()
-    python = _venv_python(venv)
+    python = venv / "bin" / "python"
     probe = "import pathlib, pytriton; print(pathlib.Path(pytriton.__file__).parent.parent)"
     if python.exists():
         with contextlib.suppress(PeerUnavailable):
@@ -188,7 +155,7 @@ def _interpreter_facts(venv: Path) -> tuple[str, str]:
         "print(f'{sys.version_info[0]}.{sys.version_info[1]}'); "
         "print(sysconfig.get_config_var('LIBDIR'))"
     )
-    version, libdir = _run([str(_venv_python(venv)), "-c", code], "venv python").split()
+    version, libdir = _run([str(venv / "bin" / "python"), "-c", code], "venv python").split()
     return version, libdir
 
 
@@ -230,6 +197,9 @@ def _backends(site: Path, version: str, into: Path) -> Path:
 
 
 def _environment(venv: Path, site: Path, libdir: str) -> dict[str, str]:
+    """The backend's stub embeds libpython: the venv's base interpreter's must load first (another
+    fails with an ``_thread.RLock`` error), and ``python3`` on ``PATH`` gives it the venv's prefix,
+    hence its NumPy, as PyTriton arranges it."""
     env = dict(os.environ)
     libs = [libdir, str(site / "nvidia_pytriton.libs")]
     if env.get("LD_LIBRARY_PATH"):
@@ -276,7 +246,9 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 @contextlib.contextmanager
 def triton_peer(venv: Path | None = None) -> Iterator[TritonPeer]:
-    """A ``tritonserver`` on two free 127.0.0.1 ports (HTTP, gRPC) serving ``MODELS``."""
+    """A ``tritonserver`` on two free 127.0.0.1 ports (HTTP, gRPC) serving ``MODELS``: started
+    directly, not through PyTriton's proxy, whose ZeroMQ hop per request made small requests
+    about 20x slower (no fair peer)."""
     venv = venv or venv_dir()
     site = ensure_pytriton(venv)
     version, libdir = _interpreter_facts(venv)
@@ -290,21 +262,15 @@ def triton_peer(venv: Path | None = None) -> Iterator[TritonPeer]:
         backends = _backends(site, version, work)
         http_port, grpc_port = free_port(), free_port()
         argv = [
-            str(binary),
-            f"--model-repository={repository}",
-            f"--backend-directory={backends}",
+            str(binary), f"--model-repository={repository}", f"--backend-directory={backends}",
             f"--cache-directory={site / 'pytriton' / 'tritonserver' / 'caches'}",
-            "--http-address=127.0.0.1",
-            f"--http-port={http_port}",
-            "--grpc-address=127.0.0.1",
-            f"--grpc-port={grpc_port}",
-            "--allow-metrics=false",
-            "--allow-gpu-metrics=false",
-            "--allow-cpu-metrics=false",
+            "--http-address=127.0.0.1", f"--http-port={http_port}",
+            "--grpc-address=127.0.0.1", f"--grpc-port={grpc_port}",
+            "--allow-metrics=false", "--allow-gpu-metrics=false", "--allow-cpu-metrics=false",
             f"--backend-config=python,shm-default-byte-size={SHM_BYTES}",
             f"--backend-config=python,shm-growth-byte-size={SHM_BYTES}",
             "--log-verbose=0",
-        ]
+        ]  # fmt: skip
         log = work / "tritonserver.log"
         with log.open("wb") as sink:
             proc = subprocess.Popen(

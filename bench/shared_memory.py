@@ -1,24 +1,20 @@
 """System shared memory against HTTP and against memcpy, in one run.
 
-Starts ``tensorbits serve`` (NumPy backend, ``TENSORBITS_SHARED_MEMORY=true``, loopback) and,
-when it can, the Triton peer (bench/peers.py: Triton 2.51, Python-backend BIT_NOT), then
-times a 64 MiB UINT8 BIT_NOT (64 MiB in, 64 MiB out), best of ``--repeat`` rounds, every
-contestant once per round, interleaved so that machine drift hits all of them alike:
+``tensorbits serve`` (NumPy backend, shared memory on) and, when it can, the Triton peer
+(bench/peers.py); a ``--mib`` MiB UINT8 BIT_NOT (default 64), best of ``--repeat`` interleaved
+rounds:
 
-  sdk-shm       the SDK's region (``client.shared_memory``): the input already in the region,
-                ``y = region.dml.bit_not(x)``, the result a view of the region (the server reads
-                the input with preadv and writes the output with pwritev: one copy in, one out)
+  sdk-shm       the SDK's region (``client.shared_memory``): input in the region, the result a
+                view of it (the server reads with preadv, writes with pwritev)
   raw-shm       the same request through stock tritonclient.http + tritonclient.utils.shared_memory
-                (output read back as a NumPy view of the region)
-  http          the SDK's ordinary ``client.dml.bit_not(x)``: v2 binary over HTTP, 64 MiB each way
-  memcpy        ``np.copyto`` of the 64 MiB into a region and of 64 MiB out of one: the bound for
-                moving the bytes in and out at all
+  http          the SDK's ``client.dml.bit_not(x)``: v2 binary over HTTP, the tensor each way
+  memcpy        ``np.copyto`` into a region and out of one: moving the bytes at all
   triton-shm    the sdk-shm request against Triton with system shared memory (tritonclient)
 
-Ratios printed: sdk-shm / memcpy (target <= 3), http / sdk-shm (target >= 5), triton-shm / sdk-shm
-(target > 1: ours faster). With ``--server-env TENSORBITS_BACKEND=cupy --no-triton`` the same
-requests go to a CuPy server (a GPU session runs that: docs/gpu.md): the server then copies each
-tensor host -> device and the result back, which the NumPy targets above do not count. Usage:
+Ratios: sdk-shm / memcpy (target <= 3), http / sdk-shm (target >= 5), triton-shm / sdk-shm
+(target > 1). ``--server-env TENSORBITS_BACKEND=cupy --no-triton`` sends the same requests to a
+CuPy server on a GPU host (docs/gpu.md), which also copies each tensor to the device and back:
+the targets above do not count that. Usage:
 
   .venv/bin/python bench/shared_memory.py [--repeat N] [--mib N] [--no-triton] [--server-env K=V]
 """
@@ -38,16 +34,15 @@ import argparse  # noqa: E402
 import contextlib  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
-from collections.abc import Callable, Iterator  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from bench.harness import interleaved_best, note, tensorbits_server  # noqa: E402
+from bench.harness import NOT, MiB, interleaved_best, note, tensorbits_server  # noqa: E402
+from bench.peers import PeerUnavailable, triton_peer  # noqa: E402
 from tensorbits_client import Client  # noqa: E402
 
-MiB = 1 << 20
-NOT = "DML_OPERATOR_ELEMENT_WISE_BIT_NOT"
 Arr = np.ndarray[Any, Any]
 
 
@@ -82,21 +77,15 @@ class TritonShm:
         )
         return view
 
-    def close(self) -> None:
+    def __enter__(self) -> TritonShm:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
         try:
             self.client.unregister_system_shared_memory(self.name)
         finally:
             self.shm.destroy_shared_memory_region(self.handle)
             self.client.close()
-
-
-@contextlib.contextmanager
-def triton_shm(url: str, x: Arr, tag: str) -> Iterator[TritonShm]:
-    runner = TritonShm(url, x, tag)
-    try:
-        yield runner
-    finally:
-        runner.close()
 
 
 def check(name: str, got: Arr, x: Arr) -> None:
@@ -134,7 +123,7 @@ def main() -> int:
         rx = region.put(x)
         check("sdk-shm", region.dml.bit_not(rx), x)
         check("http", client.dml.bit_not(x), x)
-        raw = stack.enter_context(triton_shm(url, x, "tb"))
+        raw = stack.enter_context(TritonShm(url, x, "tb"))
         check("raw-shm", raw(), x)
         # The memcpy bound: the bytes into a region and out of one, as a client would copy them.
         dst = np.empty_like(x)
@@ -169,13 +158,8 @@ def main() -> int:
 def triton_contestant(stack: contextlib.ExitStack, x: Arr) -> dict[str, Callable[[], object]]:
     """The Triton peer's contestant, or nothing (with the reason) when it cannot run."""
     try:
-        from bench.peers import PeerUnavailable, triton_peer
-    except ImportError as exc:
-        note(f"no Triton peer: {exc}")
-        return {}
-    try:
         peer = stack.enter_context(triton_peer())
-        runner = stack.enter_context(triton_shm(peer.http_url.removeprefix("http://"), x, "tr"))
+        runner = stack.enter_context(TritonShm(peer.http_url.removeprefix("http://"), x, "tr"))
         check("triton-shm", runner(), x)
     except (PeerUnavailable, OSError) as exc:
         note(f"no Triton peer: {exc}")

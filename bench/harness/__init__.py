@@ -1,26 +1,11 @@
 """The benchmarks' harness: servers started on free loopback ports, a plain-socket HTTP/1.1 client
 that reads a response into one preallocated buffer, and best-of-N timing in interleaved rounds.
-
-Its modules, one concept each:
-
-* ``bench.harness`` (this one): ``free_port``, ``server``/``tensorbits_server``/``baseline_server``
-  (a process started, waited for until its health URL answers, stopped), ``PlainClient``,
-  ``best_of``, ``best_per_call`` and ``interleaved_best`` (every contestant once per round, so
-  drift in a shared machine hits all of them alike), ``in_process_rounds``, ``note``;
-* ``bench.harness.baselines``: the floors measured beside the service: a bare FastAPI app
-  (``/echo``, ``/ping``), a raw loopback TCP echo, a bare grpc.aio server;
-* ``bench.harness.memory``: a process's resident memory from ``/proc`` (``vm``, ``RssSampler``),
-  and ``tensorbits serve`` with its memory watched from inside (the probe);
-* ``bench.harness.grpc_load``: bounded gRPC load generators (grpc.aio, h2load);
-* ``bench.harness.abuse``: abusive HTTP clients in a process of their own.
-
-The real Triton peer is ``bench/peers.py``."""
+Its other modules (baselines, memory, grpc_load, abuse, charts) are listed in bench/README.md."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import logging
+import json
 import os
 import socket
 import subprocess
@@ -30,18 +15,15 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / ".venv" / "bin"
+MiB = 1 << 20
+NOT = "DML_OPERATOR_ELEMENT_WISE_BIT_NOT"
 START_TIMEOUT_S = 180.0  # at most; a server that exits first is reported at once
-UVICORN_FLAGS = [
-    "--loop",
-    "uvloop",
-    "--http",
-    "httptools",
-    "--no-access-log",
-    "--log-level",
-    "warning",
-]
+UVICORN_FLAGS = ["--loop", "uvloop", "--http", "httptools", "--no-access-log",
+                 "--log-level", "warning"]  # fmt: skip
 
 
 def free_port() -> int:
@@ -51,45 +33,44 @@ def free_port() -> int:
         return port
 
 
-def wait_until_up(
-    url: str, timeout: float = 30.0, proc: subprocess.Popen[bytes] | None = None
-) -> None:
-    """Until ``url`` answers; with ``proc`` (the server's process), an error at once when it
-    exits first (its stderr, inherited, says why: e.g. a CuPy backend that cannot start)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise SystemExit(f"{proc.args!r} exited with {proc.returncode} before it was ready")
-        try:
-            with urllib.request.urlopen(url, timeout=1):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"server at {url} did not come up in {timeout} s")
-
-
 @contextlib.contextmanager
 def server(
     argv: list[str], health_url: str, env: dict[str, str] | None = None, timeout: float = 30.0
-) -> Iterator[None]:
+) -> Iterator[subprocess.Popen[bytes]]:
+    """``argv`` started from the repository root and waited for until ``health_url`` answers (a
+    process that exits first is an error at once: its stderr, inherited, says why); stopped with
+    SIGTERM (killed after 30 s), so that its exit status can be read after."""
     proc = subprocess.Popen(
         argv, env={**os.environ, **(env or {})}, cwd=ROOT, stdout=subprocess.DEVNULL
     )
+    deadline = time.monotonic() + timeout
     try:
-        wait_until_up(health_url, timeout, proc)
-        yield
+        while True:
+            if proc.poll() is not None:
+                raise SystemExit(f"{argv!r} exited with {proc.returncode} before it was ready")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"server at {health_url} did not come up in {timeout} s")
+            try:
+                with urllib.request.urlopen(health_url, timeout=1):
+                    break
+            except OSError:
+                time.sleep(0.1)
+        yield proc
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 @contextlib.contextmanager
 def tensorbits_server(**env: str) -> Iterator[int]:
-    """``tensorbits serve`` on a free port, NumPy backend unless ``env`` says otherwise. Started
-    with this interpreter (``-m tensorbits.server.cli``): a GPU machine given the source tree on
-    PYTHONPATH has no .venv and no ``tensorbits`` script; a CuPy server there may compile its
-    probe kernels first (START_TIMEOUT_S). Its gRPC endpoint gets a free port too (the default
-    one may be taken by another server on the machine)."""
+    """``tensorbits serve`` on a free port (its gRPC endpoint on another: the default one may be
+    taken), NumPy backend unless ``env`` says otherwise. Started with this interpreter: a GPU
+    machine given the source tree on PYTHONPATH has no ``tensorbits`` script, and a CuPy server
+    there may compile its probe kernels first (START_TIMEOUT_S)."""
     port = free_port()
     settings = {
         "TENSORBITS_BACKEND": "numpy",
@@ -98,22 +79,24 @@ def tensorbits_server(**env: str) -> Iterator[int]:
         **env,
     }
     argv = [sys.executable, "-m", "tensorbits.server.cli", "serve", "--port", str(port)]
-    with server(argv, f"http://127.0.0.1:{port}/v2/health/live", settings, START_TIMEOUT_S):
+    with server(argv, f"http://127.0.0.1:{port}/v2/health/ready", settings, START_TIMEOUT_S):
         yield port
 
 
-@contextlib.contextmanager
-def baseline_server() -> Iterator[int]:
-    port = free_port()
-    argv = [
-        str(BIN / "uvicorn"),
-        "bench.harness.baselines:app",
-        "--port",
-        str(port),
-        *UVICORN_FLAGS,
-    ]
-    with server(argv, f"http://127.0.0.1:{port}/ping"):
-        yield port
+def v2_binary_request(
+    inputs: dict[str, np.ndarray], output: str
+) -> tuple[bytes, list[bytes | memoryview]]:
+    """The v2 binary-extension body: JSON header, then each input's bytes; returns (header, parts)."""
+    header = {
+        "inputs": [
+            {"name": name, "shape": list(a.shape), "datatype": "UINT8",
+             "parameters": {"binary_data_size": a.nbytes}}
+            for name, a in inputs.items()
+        ],
+        "outputs": [{"name": output, "parameters": {"binary_data": True}}],
+    }  # fmt: skip
+    head = json.dumps(header).encode()
+    return head, [head, *(a.data.cast("B") for a in inputs.values())]
 
 
 class PlainClient:
@@ -164,29 +147,6 @@ class PlainClient:
         self.sock.close()
 
 
-def best_of(fn: Callable[[], object], repeat: int) -> float:
-    fn()  # warm-up: connections, allocator, page faults
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
-def best_per_call(fn: Callable[[], object], rounds: int, calls: int) -> float:
-    """Seconds per call of the best of ``rounds`` rounds of ``calls`` calls each: for calls too
-    quick to time one by one."""
-    fn()  # warm-up, as in best_of
-    best = float("inf")
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.perf_counter() - start) / calls)
-    return best
-
-
 def interleaved_best(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
     """Best time of each, measured round-robin so drift in the machine hits all of them alike."""
     for fn in fns.values():
@@ -198,19 +158,6 @@ def interleaved_best(fns: dict[str, Callable[[], object]], repeat: int) -> dict[
             fn()
             best[name] = min(best[name], time.perf_counter() - start)
     return best
-
-
-def in_process_rounds(doc: str | None, default: int) -> int:
-    """``--rounds`` of a benchmark that runs the app in this process (its docstring is the
-    help). The app's logging is set to warnings, as a server's is: its info lines would land
-    among the figures."""
-    parser = argparse.ArgumentParser(
-        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--rounds", type=int, default=default)
-    rounds: int = parser.parse_args().rounds
-    logging.getLogger().setLevel(logging.WARNING)
-    return rounds
 
 
 def note(text: str) -> None:

@@ -1,29 +1,18 @@
 """Abusive clients for ``bench/load.py``: requests a server must refuse cheaply while it serves
-everyone else.
+everyone else, sent from a process of their own (``AbuseProcess``), so that building megabytes
+of junk does not slow the normal clients' event loop. Each abuser opens a raw socket (no HTTP
+library would send most of these), sends one request of the next kind, reads the answer and
+starts over while ``active`` is set. The kinds:
 
-They run in a process of their own (``AbuseProcess``), so that building and sending megabytes
-of junk does not slow the normal clients' event loop: what the normal clients see under abuse is
-then the server's doing, not the load generator's. Each abuser opens a raw socket (no HTTP
-library would send most of these), sends one abusive request, reads the answer (or notes how
-the connection ended) and starts over, while the ``active`` event is set.
+* ``huge_header`` (a 1 MiB header value: 431), ``many_headers`` (20,000 headers: 431),
+  ``huge_url`` (a 1 MiB request target: 414), ``malformed_line`` (a malformed request line: 400);
+* ``slow_body``: 256 KiB declared, trickled 64 bytes every 0.2 s and abandoned when the abuse
+  window ends (the body deadline, TENSORBITS_TIMEOUT_BODY_READ, is longer than a window);
+* ``refused_batch``: a /v1 batch of 300,000 dispatches (413 by TENSORBITS_MAX_DISPATCHES).
 
-Kinds, taken in turn:
-
-* ``huge_header``: a 1 MiB header value on a v2 infer request (431 once the request head is
-  bounded, TENSORBITS_MAX_HEAD_BYTES);
-* ``many_headers``: 20,000 small headers, about 300 KiB (431);
-* ``huge_url``: a 1 MiB request target (414);
-* ``slow_body``: a v2 request declaring 256 KiB of body, trickled 64 bytes every 0.2 s and
-  abandoned when the abuse window ends (the body deadline, TENSORBITS_TIMEOUT_BODY_READ, is
-  longer than a window: the server sees a client gone mid-body);
-* ``refused_batch``: a /v1 batch whose JSON header declares 300,000 dispatches (about 9 MiB;
-  413 by the dispatch count limit, TENSORBITS_MAX_DISPATCHES);
-* ``malformed_line``: a malformed request line or framing (400).
-
-An outcome is the answer's status (with `` not JSON`` when its body is not a JSON ``error``), or
-how the connection ended: ``closed`` (the server closed without an answer, or reset it while
-the abuser was still sending), ``abandoned`` (the abuser gave up at the window's end),
-``timeout`` (no answer and no close within ``ANSWER_TIMEOUT``: a failure).
+An outcome is the answer's status (`` not JSON`` when its body is no JSON ``error``) or how the
+connection ended: ``closed`` (closed or reset by the server), ``abandoned`` (at the window's
+end), ``timeout`` (no answer within ``ANSWER_TIMEOUT``: a failure).
 """
 
 from __future__ import annotations
@@ -32,20 +21,13 @@ import asyncio
 import contextlib
 import json
 import multiprocessing
-import multiprocessing.synchronize
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
+from multiprocessing.synchronize import Event
 from typing import Any
 
-KINDS = (
-    "huge_header",
-    "many_headers",
-    "huge_url",
-    "slow_body",
-    "refused_batch",
-    "malformed_line",
-)
+KINDS = ("huge_header", "many_headers", "huge_url", "slow_body", "refused_batch", "malformed_line")
 MiB = 1 << 20
 ANSWER_TIMEOUT = 30.0
 MODEL = "onnx.BitwiseXor-18"
@@ -186,12 +168,7 @@ async def _abuser(
         outcomes[(kind, outcome)] += 1
 
 
-async def _abuse(
-    port: int,
-    abusers: int,
-    active: multiprocessing.synchronize.Event,
-    stop: multiprocessing.synchronize.Event,
-) -> Counter[tuple[str, str]]:
+async def _abuse(port: int, abusers: int, active: Event, stop: Event) -> Counter[tuple[str, str]]:
     requests = _requests()
     outcomes: Counter[tuple[str, str]] = Counter()
     await asyncio.gather(
@@ -200,13 +177,7 @@ async def _abuse(
     return outcomes
 
 
-def _main(
-    port: int,
-    abusers: int,
-    active: multiprocessing.synchronize.Event,
-    stop: multiprocessing.synchronize.Event,
-    results: Any,
-) -> None:
+def _main(port: int, abusers: int, active: Event, stop: Event, results: Any) -> None:
     results.put(asyncio.run(_abuse(port, abusers, active, stop)))
 
 

@@ -1,22 +1,13 @@
-"""The floors the service is measured against, each doing no work of its own:
+"""The floors the service is measured against, each doing no work of its own: ``app``, a bare
+FastAPI app (``POST /echo``, ``GET``/``POST /ping``); ``RawEcho``, a loopback TCP echo; and a bare
+``grpc.aio`` server on uvloop whose ``ModelInfer`` answers a request it has seen with a cached
+serialized response (computed once, so the load generator's check passes) and whose
+``ModelStatistics`` counts the successes. Its handlers take and give bytes, and ``ModelInfer`` is
+stream-unary, as ``tensorbits.grpc.server`` registers it (to bound the wait for the message;
+unary-unary was 8% cheaper a call): what any grpcio servicer in Python pays at least. Run from
+the repository root:
 
-* ``app``: a bare FastAPI app that echoes the request body (``POST /echo``) and answers a ping
-  (``GET``/``POST /ping``), served by the same uvicorn settings as tensorbits
-  (``bench.harness.baseline_server`` starts it; ``bench/small_request_in_process.py`` calls it
-  in process);
-* ``RawEcho``: a loopback TCP server that sends back exactly the bytes it got, the floor of a
-  round trip;
-* a bare ``grpc.aio`` server, the gRPC analogue of the ping (on uvloop, as ``tensorbits serve``
-  runs): its ``ModelInfer`` answers a request it has seen with a cached serialized
-  ``ModelInferResponse`` (the first answer to each distinct request is computed once, NumPy
-  BIT_NOT on the raw input, so the load generator's check passes), and ``ModelStatistics``
-  reports the successes counted. Its handlers take and give bytes (no protobuf work per call).
-  ``--stream-unary`` registers ``ModelInfer`` as a stream-unary handler reading its one message
-  from the request iterator, as ``tensorbits.grpc.server`` does (to bound the wait for the
-  message); the default is unary-unary. Whatever a call costs there, every grpcio servicer in
-  Python pays at least that. Run from the repository root:
-
-    .venv/bin/python -m bench.harness.baselines PORT [--stream-unary]
+    .venv/bin/python -m bench.harness.baselines PORT
 """
 
 from __future__ import annotations
@@ -132,10 +123,7 @@ class Canned:
         return data_out
 
 
-def handlers(canned: Canned, stream_unary: bool) -> grpc.GenericRpcHandler:
-    async def infer(data: bytes, context: Any) -> bytes:
-        return canned.answer(data)
-
+def handlers(canned: Canned) -> grpc.GenericRpcHandler:
     async def infer_stream(requests: AsyncIterator[bytes], context: Any) -> bytes:
         return canned.answer(await anext(requests))
 
@@ -145,15 +133,10 @@ def handlers(canned: Canned, stream_unary: bool) -> grpc.GenericRpcHandler:
         model.inference_stats.success.count = canned.served
         return stats
 
-    infer_handler: grpc.RpcMethodHandler[Any, Any] = (
-        grpc.stream_unary_rpc_method_handler(infer_stream)
-        if stream_unary
-        else grpc.unary_unary_rpc_method_handler(infer)
-    )
     return grpc.method_handlers_generic_handler(
         SERVICE,
         {
-            "ModelInfer": infer_handler,
+            "ModelInfer": grpc.stream_unary_rpc_method_handler(infer_stream),
             "ModelStatistics": grpc.unary_unary_rpc_method_handler(
                 statistics,
                 request_deserializer=service_pb2.ModelStatisticsRequest.FromString,
@@ -163,7 +146,7 @@ def handlers(canned: Canned, stream_unary: bool) -> grpc.GenericRpcHandler:
     )
 
 
-async def serve(port: int, stream_unary: bool) -> None:
+async def serve(port: int) -> None:
     limit = 2**31 - 1
     server = grpc.aio.server(
         options=[
@@ -171,7 +154,7 @@ async def serve(port: int, stream_unary: bool) -> None:
             ("grpc.max_send_message_length", limit),
         ]
     )
-    server.add_generic_rpc_handlers((handlers(Canned(), stream_unary),))
+    server.add_generic_rpc_handlers((handlers(Canned()),))
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     await server.wait_for_termination()
@@ -180,14 +163,13 @@ async def serve(port: int, stream_unary: bool) -> None:
 def main() -> None:  # runs until killed (SIGTERM)
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("port", type=int)
-    parser.add_argument("--stream-unary", action="store_true")
     args = parser.parse_args()
     try:
         import uvloop
     except ImportError:  # the asyncio loop then; tensorbits serve needs uvloop, so it is there
-        asyncio.run(serve(args.port, args.stream_unary))
+        asyncio.run(serve(args.port))
     else:
-        uvloop.run(serve(args.port, args.stream_unary))
+        uvloop.run(serve(args.port))
 
 
 if __name__ == "__main__":

@@ -1,37 +1,19 @@
-"""Bounded gRPC load generators for small unary ``ModelInfer`` calls (Debian has no ``ghz``).
+"""A bounded gRPC load generator for small unary ``ModelInfer`` calls: h2load (nghttp2's, C;
+``apt-get install -y nghttp2-client``) posting one serialized request in gRPC's framing on
+``--channels`` connections of ``--streams``/``--channels`` streams each (grpc.aio in Python spent
+about as much CPU a call as the server it measured). h2load reads HTTP statuses, not gRPC's: the
+model's statistics (the ModelStatistics RPC, served by Triton and tensorbits alike) are read
+before and after, and a failed inference or fewer successes than answers fails the run (exit
+status 1); one answer is checked against NumPy first. ``calls_made``, warm-up included, is what a
+server's CPU time is divided by.
 
-Two drivers, the same request, the same report:
-
-* ``aio`` (grpc.aio, in Python): ``--streams`` coroutines spread over ``--channels`` channels
-  (each its own HTTP/2 connection), each making one call after another. The request is
-  serialized ONCE (``model_infer_request``) and sent as bytes through a method with no
-  serializer; the answers stay bytes too. Still, grpcio's Python layer costs 60-200 us of CPU
-  per call, about what a server spends on a small call and several times what h2load spends:
-  on a 2-core machine this client takes a core's share from the server it measures.
-* ``h2load`` (nghttp2's HTTP/2 load generator, C; ``apt-get install -y nghttp2-client``): the
-  same serialized request in gRPC's length-prefixed framing, posted with gRPC's headers on
-  ``--channels`` connections of ``--streams``/``--channels`` streams each; latencies from its
-  per-request log. It reads HTTP statuses, not gRPC's (a gRPC error is a 200 with a
-  ``grpc-status`` trailer), so ...
-
-... both drivers check the outcome on the server: the model's statistics (the ModelStatistics
-RPC, which Triton and tensorbits both serve) are read before and after, and any failed
-inference, or fewer successes than calls answered, fails the run (exit status 1). One answer is
-also checked against NumPy first. The successes counted there are ``calls_made`` (warm-up
-included), what a server's CPU time is divided by.
-
-Reports requests/s, p50 and p99 latency (ms) and the client's CPU per call. The messages are the
-Open Inference Protocol's, from the stock ``tritonclient.grpc`` package (its ``service_pb2``), so
-one request serves Triton and tensorbits.
-
-    .venv/bin/python -m bench.harness.grpc_load 127.0.0.1:8001                 # 16-element BIT_NOT, aio
-    .venv/bin/python -m bench.harness.grpc_load 127.0.0.1:8001 --driver h2load --json
+    .venv/bin/python -m bench.harness.grpc_load 127.0.0.1:8001                 # 16-element BIT_NOT
+    .venv/bin/python -m bench.harness.grpc_load 127.0.0.1:8001 --streams 8 --json
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import re
 import resource
@@ -41,7 +23,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -62,7 +43,6 @@ CHANNEL_OPTIONS = [
 MAX_STREAMS = 512
 MAX_CHANNELS = 64
 MAX_DURATION = 600.0
-DRIVERS = ("aio", "h2load")
 
 
 def model_infer_request(model: str, inputs: dict[str, np.ndarray]) -> bytes:
@@ -89,13 +69,6 @@ def raw_model_infer(channel: grpc.Channel) -> grpc.UnaryUnaryMultiCallable[bytes
     return channel.unary_unary(METHOD, request_serializer=None, response_deserializer=None)
 
 
-def raw_model_infer_aio(
-    channel: grpc.aio.Channel,
-) -> grpc.aio.UnaryUnaryMultiCallable[bytes, bytes]:
-    """``raw_model_infer`` on an asyncio channel."""
-    return channel.unary_unary(METHOD, request_serializer=None, response_deserializer=None)
-
-
 @dataclass(frozen=True)
 class LoadResult:
     target: str
@@ -104,7 +77,7 @@ class LoadResult:
     seconds: float
     p50_ms: float
     p99_ms: float
-    failures: dict[str, int]  # by gRPC status (aio), HTTP outcome (h2load) or "server stats"
+    failures: dict[str, int]  # by HTTP outcome (h2load) or "server stats"
     client_cpu_s: float  # the client's CPU time over the timed part: is the client the bound?
     calls_made: int  # inferences the server counted as successes, warm-up and check included
 
@@ -141,26 +114,7 @@ class Load:
         return str(service_pb2.ModelInferRequest.FromString(self.body).model_name)
 
 
-def add_load_options(parser: argparse.ArgumentParser, part: str = "") -> None:
-    """``--streams`` and ``--channels``, with ``Load``'s defaults: this module's options, and
-    those of a benchmark that runs it (``part`` starts their help)."""
-    parser.add_argument(
-        "--streams",
-        type=int,
-        default=Load.streams,
-        help=f"{part}gRPC calls in flight (default {Load.streams})",
-    )
-    parser.add_argument(
-        "--channels",
-        type=int,
-        default=Load.channels,
-        help=f"{part}gRPC connections (default {Load.channels})",
-    )
-
-
 # --- the check on the server ------------------------------------------------------------------
-
-
 def check_answer(target: str, body: bytes) -> None:
     """One call answered with NOT of the request's input: the peer runs what we think it runs."""
     request = service_pb2.ModelInferRequest.FromString(body)
@@ -185,68 +139,24 @@ def inference_counts(target: str, model: str) -> tuple[int, int]:
     return int(ok), int(failed)
 
 
-def run(load: Load, driver: str) -> LoadResult:
-    """``load`` with ``driver``, its outcome checked against the server's own counts."""
+def run(load: Load) -> LoadResult:
+    """``load`` through h2load, its outcome checked against the server's own counts."""
     model = load.model
     ok_before, failed_before = inference_counts(load.target, model)
     check_answer(load.target, load.body)
-    if driver == "aio":
-        result = asyncio.run(_aio(load))
-    elif driver == "h2load":
-        result = _h2load(load)
-    else:
-        raise ValueError(f"driver: one of {DRIVERS}")
+    result = _h2load(load)
     ok_after, failed_after = inference_counts(load.target, model)
+    # A server of several worker processes adds the others' counts as they publish them
+    # (tensorbits: every second): read again until they have caught up, for at most 3 s.
+    deadline = time.monotonic() + 3.0
+    while ok_after - ok_before < result.requests + 1 and time.monotonic() < deadline:
+        time.sleep(0.25)
+        ok_after, failed_after = inference_counts(load.target, model)
     made, server_failed = ok_after - ok_before, failed_after - failed_before
     failures = dict(result.failures)
     if server_failed or made < result.requests + 1:
         failures["server stats"] = server_failed or result.requests + 1 - made
     return LoadResult(**{**asdict(result), "failures": failures, "calls_made": made})
-
-
-# --- aio: grpc.aio in this process --------------------------------------------------------------
-
-
-async def _aio(load: Load) -> LoadResult:
-    opened = [
-        grpc.aio.insecure_channel(load.target, options=CHANNEL_OPTIONS)
-        for _ in range(load.channels)
-    ]
-    try:
-        calls = [raw_model_infer_aio(channel) for channel in opened]
-        spread = [calls[i % load.channels] for i in range(load.streams)]
-        _, warm_failures, _ = await _round(spread, load.body, load.warmup)  # not timed
-        cpu = time.process_time()
-        latencies, failures, elapsed = await _round(spread, load.body, load.duration)
-        cpu = time.process_time() - cpu
-        failures += warm_failures
-    finally:
-        await asyncio.gather(*(channel.close() for channel in opened))
-    p50, p99 = _percentiles(latencies)
-    return LoadResult(load.target, "aio", len(latencies), elapsed, p50, p99, dict(failures), cpu, 0)
-
-
-async def _round(
-    spread: list[grpc.aio.UnaryUnaryMultiCallable[bytes, bytes]], body: bytes, seconds: float
-) -> tuple[list[float], Counter[str], float]:
-    """Every stream calling, one call after another, until ``seconds`` have passed."""
-    latencies: list[float] = []
-    failures: Counter[str] = Counter()
-    start = time.monotonic()
-    deadline = start + seconds
-
-    async def stream(call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes]) -> None:
-        while time.monotonic() < deadline:
-            began = time.perf_counter()
-            try:
-                await call(body, timeout=30)
-            except grpc.aio.AioRpcError as exc:
-                failures[exc.code().name] += 1
-                continue
-            latencies.append(time.perf_counter() - began)
-
-    await asyncio.gather(*(stream(call) for call in spread))
-    return latencies, failures, time.monotonic() - start
 
 
 def _percentiles(seconds: list[float]) -> tuple[float, float]:
@@ -257,8 +167,6 @@ def _percentiles(seconds: list[float]) -> tuple[float, float]:
 
 
 # --- h2load: nghttp2's load generator -----------------------------------------------------------
-
-
 def grpc_frame(message: bytes) -> bytes:
     """gRPC's length-prefixed message: not compressed (0), then the length, big-endian."""
     return struct.pack(">BI", 0, len(message)) + message
@@ -310,11 +218,15 @@ def _h2load(load: Load) -> LoadResult:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("target", help="host:port of a GRPCInferenceService")
-    parser.add_argument("--driver", choices=DRIVERS, default="aio")
     parser.add_argument("--model", default=NOT)
     parser.add_argument("--input", default="InputTensor", help="the model's input name")
     parser.add_argument("--elements", type=int, default=16, help="UINT8 elements (default 16)")
-    add_load_options(parser)
+    parser.add_argument(
+        "--streams", type=int, default=Load.streams, help=f"calls in flight ({Load.streams})"
+    )
+    parser.add_argument(
+        "--channels", type=int, default=Load.channels, help=f"connections ({Load.channels})"
+    )
     parser.add_argument("--duration", type=float, default=4.0, help="seconds (default 4)")
     parser.add_argument("--warmup", type=float, default=0.5, help="seconds not timed")
     parser.add_argument("--json", action="store_true", help="one JSON line (for bench scripts)")
@@ -325,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     body = model_infer_request(args.model, {args.input: data})
     try:
         load = Load(args.target, body, args.streams, args.channels, args.duration, args.warmup)
-        result = run(load, args.driver)
+        result = run(load)
     except ValueError as exc:
         parser.error(str(exc))
     except grpc.RpcError as exc:  # the check or the statistics call: the server said no

@@ -1,0 +1,169 @@
+"""bench/compare.py's own logic, without a server: the targets' PASS and MISS from the figures of a
+run, and the data file the charts are drawn from (keys sorted, the same figures the same bytes)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.append(str(ROOT))  # bench.harness lives at the repository root, not in a distribution
+
+from bench.compare import (  # noqa: E402
+    TRITON,
+    Rate,
+    Results,
+    Target,
+    chart_series,
+    document,
+    rate_ratio,
+    targets,
+    write,
+)
+
+ONE, TWO = "tensorbits (1 worker)", "tensorbits (2 workers)"
+ARGS = argparse.Namespace(workers=[1, 2], pa_concurrency=8)
+
+
+def rate(rps: float, server_us: float = 300.0) -> Rate:
+    return Rate(rps=rps, p50_ms=1.25, p99_ms=4.5, server_us=server_us)
+
+
+def a_run() -> Results:
+    """Figures as a run on two workers with the Triton peer leaves them (perf_analyzer failed)."""
+    return Results(
+        rates={
+            ("http", ONE, 32): [rate(1000.0), rate(1200.0)],
+            ("http", TRITON, 32): [rate(1000.0), rate(1000.0)],
+            ("http", "bare FastAPI", 32): [rate(2000.0), rate(2100.0)],
+            ("grpc", TWO, 32): [rate(500.0)],
+            ("grpc", TRITON, 32): [rate(1000.0)],
+            ("http", ONE, 8): [rate(800.0), rate(900.0)],
+        },
+        sizes={
+            ("http", ONE, 64.0): [0.30, 0.2812345],
+            ("tcp", "raw TCP echo", 64.0): [0.25, 0.20],
+            ("http", TRITON, 64.0): [1.2, 1.0],
+            ("http", "bare FastAPI", 64.0): [0.5, 0.4],
+            ("grpc", ONE, 64.0): [0.6, 0.7, 0.8],
+            ("grpc", TRITON, 64.0): [1.0, 1.0, 1.0],
+            ("http", ONE, 1.0): [0.004, 0.005],
+        },
+    )
+
+
+def test_a_bound_is_met_at_its_limit_and_a_missing_figure_is_no_verdict() -> None:
+    assert Target("t", "<= 1.3", 1.3).verdict == "PASS"
+    assert Target("t", "<= 1.3", 1.31).verdict == "MISS"
+    assert Target("t", ">= 1.0", 1.0).verdict == "PASS"
+    assert Target("t", ">= 1.0", 0.99).verdict == "MISS"
+    assert Target("t", ">= 1.0", None, "not measured").verdict == "n/a (not measured)"
+
+
+def test_targets_from_a_run() -> None:
+    checked = {t.what: t for t in targets(a_run(), ARGS)}
+    assert list(checked) == [
+        "64 MiB BIT_NOT over HTTP / raw TCP echo, best time",
+        "64 MiB BIT_NOT over HTTP / Triton, best time",
+        "16-element rate over HTTP / Triton, 1 worker, wrk 32 connections",
+        "16-element rate over HTTP / Triton, 2 workers, perf_analyzer 8 in flight",
+        "16-element rate over gRPC / Triton, 2 workers, 32 in flight",
+        "64 MiB BIT_NOT over gRPC / Triton, p50",
+    ]
+    ratio = {what: t.ratio for what, t in checked.items() if t.ratio is not None}
+    verdict = [t.verdict for t in checked.values()]
+    # Best times: 0.281 s against the echo's 0.20 s (1.41, bound 1.3) and Triton's 1.0 s.
+    assert math.isclose(
+        ratio["64 MiB BIT_NOT over HTTP / raw TCP echo, best time"], 0.2812345 / 0.2
+    )
+    assert math.isclose(ratio["64 MiB BIT_NOT over HTTP / Triton, best time"], 0.2812345)
+    # Rates: the median of the rounds' ratios (1.0 and 1.2), not of one round.
+    assert math.isclose(
+        ratio["16-element rate over HTTP / Triton, 1 worker, wrk 32 connections"], 1.1
+    )
+    # gRPC round trips: medians, 0.7 s against 1.0 s.
+    assert math.isclose(ratio["64 MiB BIT_NOT over gRPC / Triton, p50"], 0.7)
+    assert verdict[:3] == ["MISS", "PASS", "PASS"]
+    assert verdict[3] == "n/a (not measured: needs Triton and perf_analyzer)"
+    assert verdict[4:] == ["MISS", "MISS"]
+
+
+def test_without_the_peer_no_target_is_judged() -> None:
+    run = a_run()
+    run.rates = {key: runs for key, runs in run.rates.items() if key[1] != TRITON}
+    run.sizes = {key: times for key, times in run.sizes.items() if key[1] != TRITON}
+    verdicts = [t.verdict for t in targets(run, ARGS)]
+    assert verdicts[0] == "MISS"  # the raw TCP echo is always there
+    assert all(v.startswith("n/a (not measured") for v in verdicts[1:])
+
+
+def test_a_round_left_out_compares_the_medians() -> None:
+    assert math.isclose(rate_ratio([rate(1000), rate(3000)], [rate(1000), rate(1000)]), 2.0)
+    # Three rounds against two: the medians, 2000 / 1000.
+    assert math.isclose(rate_ratio([rate(1000), rate(2000), rate(3000)], [rate(1000)] * 2), 2.0)
+
+
+def test_the_data_file_is_sorted_and_the_same_bytes_for_the_same_figures() -> None:
+    run = a_run()
+    run.perf = {("http", TWO): [rate(3844.0, math.nan)]}  # perf_analyzer reads no server CPU
+    head: dict[str, object] = {"command": "bench/compare.py --quick", "date": "2026-12-02"}
+    first = json.dumps(document(run, targets(run, ARGS), 8, head), indent=1, sort_keys=True)
+    again = json.dumps(document(run, targets(run, ARGS), 8, head), indent=1, sort_keys=True)
+    assert first == again
+    data = json.loads(first)
+    assert list(data) == sorted(data)
+    assert list(data) == ["command", "date", "perf_analyzer", "rates", "round_trips", "targets"]
+    # Rows in key order: protocol, server, load (or MiB first for round trips).
+    assert [(r["protocol"], r["server"], r["concurrency"]) for r in data["rates"]] == sorted(
+        (p, s, c) for p, s, c in a_run().rates
+    )
+    assert [r["mib"] for r in data["round_trips"]] == [1.0] + [64.0] * 6
+    assert data["perf_analyzer"] == [
+        {"in_flight": 8, "p50_ms": 1.25, "p99_ms": 4.5, "protocol": "http", "rps": 3844.0,
+         "server": TWO, "server_us": None}
+    ]  # fmt: skip
+    one_worker = next(r for r in data["rates"] if r["server"] == ONE and r["concurrency"] == 32)
+    assert one_worker["rps"] == 1100.0
+    assert one_worker["rps_each_round"] == [1000.0, 1200.0]
+    # Floats to 4 significant digits (what a shared machine tells apart): 0.2812345 s is 281.2 ms.
+    best = {(r["protocol"], r["server"], r["mib"]): r["best_ms"] for r in data["round_trips"]}
+    assert best[("http", ONE, 64.0)] == 281.2
+    assert [t["verdict"] for t in data["targets"]][:3] == ["MISS", "PASS", "PASS"]
+
+
+def test_the_charts_leave_the_floors_out_but_keep_the_raw_echo() -> None:
+    rates, sizes = chart_series(a_run())
+    assert rates == {
+        "Triton HTTP": [(32, 1000.0)],
+        f"{ONE} HTTP": [(8, 850.0), (32, 1100.0)],
+        f"{TWO} gRPC": [(32, 500.0)],
+        "Triton gRPC": [(32, 1000.0)],
+    }
+    assert set(sizes) == {
+        f"{ONE} HTTP",
+        f"{ONE} gRPC",
+        "Triton HTTP",
+        "Triton gRPC",
+        "raw TCP echo",
+    }
+    assert [x for x, _ in sizes[f"{ONE} HTTP"]] == [1.0, 64.0]
+    assert math.isclose(sizes["raw TCP echo"][0][1], 200.0)  # the best time, in ms
+
+
+def test_write_puts_the_sorted_data_and_both_charts_in_out(tmp_path: Path) -> None:
+    run = a_run()
+    checked = targets(run, ARGS)
+    out = tmp_path / "results"
+    write(run, checked, argparse.Namespace(out=out, pa_concurrency=8), {"cores": 2})
+    text = (out / "compare.json").read_text()
+    data = json.loads(text)
+    assert text == json.dumps(data, indent=1, sort_keys=True) + "\n"
+    assert data["machine_before"] == {"cores": 2}
+    assert data["targets"] == json.loads(json.dumps(document(run, checked, 8, {})))["targets"]
+    rates_svg = (out / "compare_rates.svg").read_text()
+    assert "Triton gRPC" in rates_svg
+    assert "bare FastAPI" not in rates_svg
+    assert "raw TCP echo" in (out / "compare_round_trips.svg").read_text()
