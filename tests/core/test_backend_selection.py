@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 from support.host_calls import compute
+from support.stream_stand_in import stand_in_streams
 
 from tensorbits.core.backends import BackendUnavailable, Selection, select_backend
 from tensorbits.core.backends.numpy_backend import NumpyBackend
@@ -183,6 +184,7 @@ def _bare_cupy_backend() -> Any:
     cupy: Any = types.SimpleNamespace(asarray=lambda host: _DeviceArray(np.array(host)))
     backend._cupy = cupy  # a stand-in for the module: asarray alone
     backend._device = contextlib.nullcontext()  # cupy.cuda.Device, entered around transfers
+    backend.streams = stand_in_streams()  # each thread's stream, stood in for
     return backend
 
 

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 from support.pinned_stand_in import HOST_ALLOC_PORTABLE, PerformanceWarning, PinnedStandIn
+from support.stream_stand_in import stand_in_streams
 
 from tensorbits.core.backends import pinned_pool
 from tensorbits.core.backends.pinned_pool import PAGE, PinnedPool, install
@@ -244,6 +245,7 @@ def test_the_cupy_backend_stages_through_the_pool_and_frees_it_on_close(
     backend = object.__new__(CupyBackend)
     backend._cupy = cuda.cupy
     backend._device = contextlib.nullcontext()
+    backend.streams = stand_in_streams()  # each thread's stream, stood in for
     backend.pinned = pool = _pool(cuda, 256 * KiB)
     small, large = _array(100 * KiB, 1), _array(1024 * KiB, 2).view(">u4")
     with warnings.catch_warnings():

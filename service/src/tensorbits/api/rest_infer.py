@@ -3,8 +3,9 @@ end's codec around the core).
 
 ``plan`` decodes a body (``InferRequest.from_rest``: the JSON, the framing, the tensor counts),
 checks the model the body names against the URL's, and plans it (``core.plan``). It remembers
-the plans of repeated all-binary headers in the data plane's cache (``template_of``: the header's
-bytes and the tail's length are the key), so a repeated request is not decoded again. ``encode``
+the plans of repeated headers whose inputs are binary or in shared memory in the data plane's
+cache (``template_of``: the header's bytes and the tail's length are the key), so a repeated
+request is not decoded again (its regions are located again: ``PlanTemplate.plan``). ``encode``
 runs a plan into the response: it knows the output's shape and type, so it writes the JSON
 header first, allocates ONE buffer for header plus output, and has the kernel write the output
 straight into that buffer's tail, which is sent as it is (no copy from output to response).
@@ -31,6 +32,9 @@ from tensorbits_protocol.operators import OperatorSpec
 
 # The front end's tag in the data plane's cache keys: gRPC keys its own form there too.
 CACHE_TAG = "rest"
+# A body without Inference-Header-Content-Length is keyed apart: the same bytes sent with the
+# header may plan otherwise (an empty binary input is refused without it).
+JSON_BODY_TAG = "rest-json"
 
 
 def plan(
@@ -43,35 +47,40 @@ def plan(
     """Decode and plan one REST inference request for ``op`` (at the URL's ``version``, if it
     names one); raise on anything wrong with it.
 
-    An all-binary header planned before is not decoded again (the plane's cache): the plan is
-    rebuilt from what it decided, with views of this body's bytes."""
+    A header whose inputs are all binary or in shared memory, planned before, is not decoded
+    again (the plane's cache): the plan is rebuilt from what it decided, with views of this
+    body's bytes, its regions located again."""
     head, tail = codec.split_body(memoryview(body), header_length)
     header = bytes(head)
     key = None
-    if header_length is not None and plane.keeps(len(header)):
-        key = (CACHE_TAG, op.name, version, header, len(tail))
+    # A JSON body without binary data is a header too (what tritonclient sends when every
+    # tensor is in shared memory): kept when its inputs all are (``template_of``).
+    if plane.keeps(len(header)):
+        tag = CACHE_TAG if header_length is not None else JSON_BODY_TAG
+        key = (tag, op.name, version, header, len(tail))
         template = plane.template(key, len(header))
-        if template is not None:
-            return template.plan((tail,))
+        if template is not None:  # its regions located again, as planning locates them
+            return template.plan((tail,), plane.regions)
     limits = plane.limits
     request = InferRequest.from_rest(
         header, tail, model=op.name, header_given=header_length is not None, limits=limits
     )
     check_named_model(request, op, version)
     planned = plan_request(op, request, limits, plane.regions)
-    if (
-        key is not None
-        and planned.shared_output is None
-        and all(t.raw is not None for t in request.inputs)
+    if key is not None and all(
+        t.raw is not None or t.shared_memory is not None for t in request.inputs
     ):
         plane.remember(key, template_of(planned, request, plane.backend), len(header))
     return planned
 
 
 def template_of(planned: Plan, request: InferRequest, backend: Backend) -> PlanTemplate:
-    """The template of a plan made from an all-binary request, run on ``backend``: where each
-    input's bytes lie in the tail (``codec.spans``, in the order sent)."""
-    places = codec.spans(tensor.nbytes for tensor in request.inputs)
+    """The template of a plan made from a request whose inputs are binary or in shared memory,
+    run on ``backend``: where each binary input's bytes lie in the tail (``codec.spans``, in the
+    order sent; one in shared memory has none there)."""
+    places = codec.spans(
+        None if tensor.raw is None else tensor.raw.nbytes for tensor in request.inputs
+    )
     where = {
         tensor.name: (0, slice(*place), wire_dtype(tensor.datatype), tensor.shape)
         for tensor, place in zip(request.inputs, places, strict=True)

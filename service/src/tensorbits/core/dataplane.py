@@ -191,7 +191,8 @@ class DataPlane:
     # The cache of planned inferences, the one discipline of both front ends: a request of
     # ``size`` bytes without its tensors' bytes is looked up under its front end's ``key``
     # (``template``) only when a template of it could be kept (``keeps``); one planned anew is
-    # kept (``remember``) when its inputs are all raw bytes. Every entry is a ``PlanTemplate``.
+    # kept (``remember``) when its inputs are all raw bytes or in shared memory (its regions
+    # located again at each use). Every entry is a ``PlanTemplate``.
 
     def keeps(self, size: int) -> bool:
         """Whether the template of a request of ``size`` bytes would be kept (and so is worth

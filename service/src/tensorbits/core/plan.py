@@ -57,8 +57,8 @@ class Plan(NamedTuple):
     binary_output: bool
     output_nbytes: int
     # The front end's answer up to the output's bytes, when already known (a template's plan:
-    # HTTP's JSON header, gRPC's serialized response head): it depends on nothing that running
-    # the plan decides.
+    # HTTP's JSON header, gRPC's serialized response head; gRPC's whole answer for an output in
+    # shared memory): it depends on nothing that running the plan decides.
     response_head: bytes | None = None
     # Inputs in shared memory (their place in ``inputs`` holds an empty array until
     # ``shared_loaded`` reads them) and the region the output goes to (shared_memory.py), a CUDA
@@ -75,8 +75,10 @@ class Plan(NamedTuple):
 
     @property
     def work_bytes(self) -> int:
-        """Memory the run touches: inputs read, output written (and JSON text for JSON output)."""
-        out = self.output_nbytes
+        """Host memory the run touches: inputs read, output written (and JSON text for JSON
+        output); a tensor in a CUDA region touches none (a run all on the device: 0, so it is
+        launched inline, not on a worker thread)."""
+        out = 0 if self.output_on_device else self.output_nbytes  # a CUDA region's: no host byte
         if not self.binary_output and self.shared_output is None:
             out += math.prod(self.call.output_shape) * JSON_BYTES_PER_ELEMENT
         return sum(x.nbytes for x in self.inputs) + self.shared_input_bytes + out
@@ -114,6 +116,7 @@ class SharedInput(NamedTuple):
     dtype: np.dtype[Any]
     shape: tuple[int, ...]
     on_device: bool = False
+    datatype: DataType | None = None  # its wire type, when planned by an operator's plan()
 
     @property
     def nbytes(self) -> int:
@@ -246,24 +249,13 @@ def plan(
         if tensor.shared_memory is None:
             arrays[tensor.name] = tensor.array()
             continue
-        place = locate_shared(
-            regions, tensor.shared_memory, tensor.nbytes, tensor.datatype, tensor.name, "input"
-        )
-        places[tensor.name] = place
         arrays[tensor.name] = _NOT_READ
-        shared.append(
-            SharedInput(
-                op.inputs.index(tensor.name), tensor.name, tensor.shared_memory,
-                wire_dtype(tensor.datatype), tensor.shape, place.on_device,
-            )
+        placed = SharedInput(
+            op.inputs.index(tensor.name), tensor.name, tensor.shared_memory,
+            wire_dtype(tensor.datatype), tensor.shape, datatype=tensor.datatype,
         )  # fmt: skip
-    output_on_device = False
-    if shared_output is not None:
-        out = locate_shared(
-            regions, shared_output, output_nbytes, call.output_datatype, op.output, "output"
-        )
-        check_aliasing(op.name, op.output, out, places, op.in_place)
-        output_on_device = out.on_device
+        shared.append(_located_input(regions, placed, places))
+    output_on_device = _located_output(op, call, regions, shared_output, output_nbytes, places)
     return Plan(
         op=op,
         call=call,
@@ -275,6 +267,36 @@ def plan(
         shared_output=shared_output,
         output_on_device=output_on_device,
     )
+
+
+def _located_input(
+    regions: SharedMemoryRegions | None, shared: SharedInput, places: dict[str, Location]
+) -> SharedInput:
+    """``shared`` located in its region (``locate_shared``: registered, in bounds, aligned),
+    its place added to ``places`` (by name), with where it lies (``on_device``) as it is now:
+    what planning checks, and what a template's every use checks again."""
+    assert shared.datatype is not None  # every input planned here names its type
+    place = locate_shared(regions, shared.ref, shared.nbytes, shared.datatype, shared.name, "input")
+    places[shared.name] = place
+    return shared._replace(on_device=place.on_device)
+
+
+def _located_output(
+    op: OperatorSpec,
+    call: ResolvedCall,
+    regions: SharedMemoryRegions | None,
+    ref: SharedMemoryRef | None,
+    nbytes: int,
+    places: Mapping[str, Location],
+) -> bool:
+    """The output's region (``ref``, None: none) located and checked against the inputs'
+    ``places`` (``check_aliasing``), as planning and a template's every use check it; whether
+    it is a CUDA region."""
+    if ref is None:
+        return False
+    out = locate_shared(regions, ref, nbytes, call.output_datatype, op.output, "output")
+    check_aliasing(op.name, op.output, out, places, op.in_place)
+    return out.on_device
 
 
 def locate_shared(
@@ -338,38 +360,69 @@ InputPlace = tuple[int, slice, np.dtype[Any], tuple[int, ...]]
 
 @dataclass(frozen=True, slots=True)
 class PlanTemplate:
-    """What one request whose inputs are all raw bytes decides: everything in its plan but those
-    bytes, and where they lie (per operator input, an ``InputPlace``). Keyed by the request
-    without those bytes, a repeated request is planned from it without being decoded or checked
-    again: over HTTP the one buffer is the body's tail, over gRPC each input's raw contents is
-    one (each front end makes its templates: ``api/rest_infer.py``, ``grpc/messages.py``).
+    """What one request whose inputs are all raw bytes or in shared memory decides: everything
+    in its plan but those bytes, and where they lie (per operator input, an ``InputPlace``, or
+    None for one in shared memory). Keyed by the request without those bytes, a repeated request
+    is planned from it without being decoded or checked again: over HTTP the one buffer is the
+    body's tail, over gRPC each input's raw contents is one (each front end makes its templates:
+    ``api/rest_infer.py``, ``grpc/messages.py``). Its shared-memory tensors (the regions are in
+    its key) are located again at every use (``plan``): a region unregistered, registered again
+    smaller or as the other kind since is refused as planning refuses it.
 
     Its plans differ only in those bytes, of the sizes in its key, so what each holds and
     touches is decided once too (``held_bytes``, ``work_bytes``: 1.4 us a call when worked out
-    again)."""
+    again; a template with shared memory's hold only while its regions stay of their kind:
+    ``Plan.memory_needed`` tells)."""
 
     op: OperatorSpec
     call: ResolvedCall
     request_id: str | None
     binary_output: bool
     output_nbytes: int
-    inputs: tuple[InputPlace, ...]
+    inputs: tuple[InputPlace | None, ...]
     response_head: bytes | None  # the front end's answer up to the output's bytes
     held_bytes: int  # ``Plan.memory_needed`` but the request's own bytes
     work_bytes: int  # ``Plan.work_bytes``
+    shared_inputs: tuple[SharedInput, ...] = ()  # located again at each use
+    shared_output: SharedMemoryRef | None = None
 
-    def plan(self, buffers: Sequence[memoryview]) -> Plan:
-        return Plan(
+    @property
+    def in_shared_memory(self) -> bool:
+        """Whether any of its tensors is in a shared-memory region."""
+        return bool(self.shared_inputs) or self.shared_output is not None
+
+    def plan(
+        self, buffers: Sequence[memoryview], regions: SharedMemoryRegions | None = None
+    ) -> Plan:
+        """The plan of a request with this template's key whose raw bytes are ``buffers``; its
+        shared-memory tensors located in ``regions`` again, refused as ``plan`` refuses them."""
+        planned = Plan(
             op=self.op,
             call=self.call,
             request_id=self.request_id,
             inputs=[
-                np.frombuffer(buffers[index][span], dtype).reshape(shape)
-                for index, span, dtype, shape in self.inputs
+                _NOT_READ
+                if place is None
+                else np.frombuffer(buffers[place[0]][place[1]], place[2]).reshape(place[3])
+                for place in self.inputs
             ],
             binary_output=self.binary_output,
             output_nbytes=self.output_nbytes,
             response_head=self.response_head,
+        )
+        if not self.in_shared_memory:
+            return planned
+        return self._located(planned, regions)
+
+    def _located(self, planned: Plan, regions: SharedMemoryRegions | None) -> Plan:
+        """``planned`` with its shared-memory tensors located again (as ``plan`` locates them)."""
+        places: dict[str, Location] = {}
+        shared = tuple(_located_input(regions, each, places) for each in self.shared_inputs)
+        on_device = _located_output(
+            self.op, self.call, regions, self.shared_output, self.output_nbytes, places
+        )
+        return planned._replace(
+            shared_inputs=shared, shared_output=self.shared_output, output_on_device=on_device
         )
 
     @classmethod
@@ -381,18 +434,21 @@ class PlanTemplate:
         *,
         response_head: bytes | None,
     ) -> Self:
-        """The template of ``planned`` (all raw bytes, none in shared memory), whose inputs lie
-        ``where`` (by name; kept in the operator's input order), run on ``backend``."""
+        """The template of ``planned`` (its inputs raw bytes or in shared memory), whose raw
+        inputs lie ``where`` (by name; kept in the operator's input order), run on ``backend``."""
+        in_regions = {shared.name for shared in planned.shared_inputs}
         return cls(
             op=planned.op,
             call=planned.call,
             request_id=planned.request_id,
             binary_output=planned.binary_output,
             output_nbytes=planned.output_nbytes,
-            inputs=tuple(where[name] for name in planned.op.inputs),
+            inputs=tuple(None if name in in_regions else where[name] for name in planned.op.inputs),
             response_head=response_head,
             held_bytes=planned.memory_needed(0, backend),  # the request's bytes added per call
             work_bytes=planned.work_bytes,
+            shared_inputs=planned.shared_inputs,
+            shared_output=planned.shared_output,
         )
 
 

@@ -91,6 +91,15 @@ def response_head(plan: Plan) -> bytes:
     )
 
 
+def region_answer(plan: Plan) -> bytes:
+    """The serialized response to a plan whose output goes into shared memory: all of it (the
+    output's bytes are in the region), with that output's entry of ``raw_output_contents``
+    empty, as Triton sends one per output."""
+    response = _response(plan)
+    response.raw_output_contents.append(b"")
+    return response.SerializeToString()
+
+
 def encode(
     plan: Plan,
     backend: Backend,
@@ -109,10 +118,10 @@ def encode(
     if plan.shared_output is not None:
         assert regions is not None  # the core's plan refused shared memory without regions
         run_to_region(plan, backend, regions)
+        if not streamed:  # the whole answer: the template's, made once, when it has one
+            return region_answer(plan) if plan.response_head is None else plan.response_head
         response = _response(plan)
         response.raw_output_contents.append(b"")
-        if not streamed:
-            return response.SerializeToString()
         response.parameters["triton_final_response"].bool_param = True
         return pb.ModelStreamInferResponse(infer_response=response).SerializeToString()
     call = plan.call
@@ -145,21 +154,23 @@ def encode(
 def template_of(
     planned: Plan, message: pb.ModelInferRequest, backend: Backend
 ) -> PlanTemplate | None:
-    """The template of a plan (each input's buffer its raw contents, whole; the response's
-    head; what its runs on ``backend`` hold and touch), or None when its request is not all raw
-    contents (typed contents or shared memory: not worth keeping, or not the same on the next
-    call). The data plane keeps it under the message without its raw contents
-    (``wire.SplitRequest.message``) and their sizes."""
-    if planned.shared_inputs or planned.shared_output is not None:
-        return None
+    """The template of a plan (each raw input's buffer its raw contents, whole, in the order
+    sent; one in shared memory located again at each use; the response's head; what its runs on
+    ``backend`` hold and touch), or None when an input has typed contents (not worth keeping).
+    The data plane keeps it under the message without its raw contents
+    (``wire.SplitRequest.message``, which names the regions) and their sizes."""
     if any(tensor.HasField("contents") for tensor in message.inputs):
         return None
+    in_regions = {shared.name for shared in planned.shared_inputs}
+    raw_inputs = (tensor for tensor in message.inputs if tensor.name not in in_regions)
     whole = slice(None)
     where = {
         tensor.name: (index, whole, wire_dtype(BY_NAME[tensor.datatype]), tuple(tensor.shape))
-        for index, tensor in enumerate(message.inputs)
+        for index, tensor in enumerate(raw_inputs)
     }
-    return PlanTemplate.decided(planned, where, backend, response_head=response_head(planned))
+    # An output in shared memory has no bytes in the answer: its head is the whole answer.
+    head = response_head(planned) if planned.shared_output is None else region_answer(planned)
+    return PlanTemplate.decided(planned, where, backend, response_head=head)
 
 
 __all__ = [
@@ -167,6 +178,7 @@ __all__ = [
     "encode",
     "plan",
     "plan_and_keep",
+    "region_answer",
     "response_head",
     "template_of",
 ]

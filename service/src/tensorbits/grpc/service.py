@@ -441,8 +441,13 @@ class InferenceService:
             op = template.op
             note_model(op.name)
             _note_request_id(template.request_id or "", message_state)
-            decode: Decoder[Plan] = partial(template.plan, split.raw_contents)
-            needs: Reckoner[Plan] = partial(_templated_needs, template=template, size=len(data))
+            # Its regions located again, as planning locates them.
+            decode: Decoder[Plan] = partial(template.plan, split.raw_contents, plane.regions)
+            needs: Reckoner[Plan] = (
+                partial(_operator_needs, size=len(data), backend=plane.backend)
+                if template.in_shared_memory  # its regions' kinds decide, as they are now
+                else partial(_templated_needs, template=template, size=len(data))
+            )
         else:
             # Walked by its rules before protobuf builds anything of it (a cached message was,
             # when it was cached); on a thread when large, as the HTTP side's JSON is read.

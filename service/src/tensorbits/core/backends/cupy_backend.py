@@ -1,4 +1,5 @@
-"""The CuPy backend: arrays on a CUDA device, kernels compiled by NVRTC on first use.
+"""The CuPy backend: arrays on a CUDA device, kernels compiled by NVRTC on first use, each
+thread's copies and kernels on a stream of its own (``ThreadStreams``).
 
 CuPy is imported lazily, only when this backend is constructed, and the constructor proves the
 device works by running the shift and popcount kernels on a few values before it says yes.
@@ -7,7 +8,9 @@ device works by running the shift and popcount kernels on a few values before it
 from __future__ import annotations
 
 import importlib
+import itertools
 import logging
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -55,6 +58,55 @@ def _device_memory(cupy: Any, device_id: int) -> CupyDeviceMemory | None:
         return None
 
 
+# How many CUDA streams the backend launches on, handed to threads in turn (``ThreadStreams``):
+# as many as the server runs at once at most (the event loop and anyio's 40 worker threads), so
+# that no two running requests share one, and few enough that CuPy's memory pool, which keeps the
+# blocks freed on each stream for that stream alone, does not cache for streams of threads long
+# gone.
+STREAMS = 48
+
+
+class ThreadStreams:
+    """A CUDA stream for each thread that launches, so that requests on two threads overlap on
+    the device instead of queuing on the legacy default stream (which orders every launch of the
+    process after the one before it), and each run waits for its own work alone.
+
+    A thread's stream is given on its first launch (``current``; ``STREAMS`` of them, in turn)
+    and made the thread's current stream (CuPy's is per thread), for good: every copy and kernel
+    the thread issues through CuPy from then on, the backend's and any other of the request it
+    runs, is ordered on it. The streams block with respect to the legacy stream
+    (``non_blocking=False``): anything a library still issues there waits for them, and they for
+    it, so nothing is left unordered; they overlap one another."""
+
+    def __init__(self, cupy: Any, count: int = STREAMS) -> None:
+        self._cupy = cupy
+        self._streams: list[Any] = []  # made as threads first ask, up to ``count``
+        self._count = count
+        self._turn = itertools.count()
+        self._lock = threading.Lock()
+        self._thread = threading.local()
+
+    def current(self) -> Any:
+        """The calling thread's stream, its current stream from now on (with the device the
+        caller has entered: a stream belongs to the device it was made on)."""
+        stream = getattr(self._thread, "stream", None)
+        if stream is None:
+            stream = self._thread.stream = self._next()
+        stream.use()  # cheap (a thread-local); again each time, in case a library changed it
+        return stream
+
+    def _next(self) -> Any:
+        with self._lock:
+            turn = next(self._turn) % self._count
+            if turn == len(self._streams):
+                self._streams.append(self._cupy.cuda.Stream(non_blocking=False))
+            return self._streams[turn]
+
+    def synchronize(self) -> None:
+        """Wait for the work the calling thread launched (and only its stream's)."""
+        self.current().synchronize()
+
+
 class CupyBackend:
     name = "cupy"
     host_memory = False
@@ -72,6 +124,8 @@ class CupyBackend:
             # too (device 0 unless told): every call that allocates or launches enters this.
             self._device = cupy.cuda.Device(device_id)
             self._device.use()
+            # Each thread's launches on its own stream (``ThreadStreams``), the probe's too.
+            self.streams = ThreadStreams(cupy)
             # Host-to-device copies stage in a bounded pinned pool, pageable past it (even the
             # probe's: installed before any copy).
             self.pinned: PinnedPool = install(cupy, pinned_pool_bytes)
@@ -138,25 +192,33 @@ class CupyBackend:
     def asarray(self, host: np.ndarray[Any, Any]) -> DeviceArray:
         # CuPy arrays are native-endian only; a big-endian host array is converted (values kept).
         with self._device:
+            self.streams.current()  # the copy is ordered on the thread's stream
             return self._cupy.asarray(host.astype(host.dtype.newbyteorder("="), copy=False))
 
     def to_host(
         self, array: DeviceArray, out: np.ndarray[Any, Any] | None = None
     ) -> np.ndarray[Any, Any]:
-        if out is not None and not (out.flags.c_contiguous and out.dtype == array.dtype):
-            # cupy.ndarray.get(out=) refuses a strided or differently typed (e.g. big-endian) out.
-            np.copyto(out, array.get())
-            return out
-        result: np.ndarray[Any, Any] = array.get(out=out)
-        return result
+        with self._device:
+            # After the thread's launches on its stream (``get`` copies on the current stream
+            # and waits for it).
+            self.streams.current()
+            if out is not None and not (out.flags.c_contiguous and out.dtype == array.dtype):
+                # cupy.ndarray.get(out=) refuses a strided or differently typed (big-endian) out.
+                np.copyto(out, array.get())
+                return out
+            result: np.ndarray[Any, Any] = array.get(out=out)
+            return result
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> DeviceArray:
         with self._device:
+            # CuPy's pool gives blocks per stream: allocated for the stream that will use it.
+            self.streams.current()
             return self._cupy.empty(shape, dtype)
 
     def run(self, call: ResolvedCall, inputs: Sequence[DeviceArray], out: DeviceArray) -> None:
         operands, target = as_kernel_operands(call, inputs, out)
         with self._device:
+            self.streams.current()
             if not self.wide.run(call.op.function, call.shift_left, operands, target):
                 run_kernel(self._cupy, self.ops, call, operands, target)
 
@@ -169,11 +231,14 @@ class CupyBackend:
         """A fused graph plan in one kernel (``backends.base.run_fused``), writing each output
         value into ``into``'s array for its slot where given (a CUDA region's)."""
         with self._device:
+            self.streams.current()
             return self.graphs.run(plan, values, self.empty, into or {})
 
     def synchronize(self) -> None:
+        """Wait for the calling thread's launches: its stream, not the legacy default stream
+        (which would wait for nothing launched on the streams, or for every thread's)."""
         with self._device:
-            self._cupy.cuda.get_current_stream().synchronize()
+            self.streams.synchronize()
 
     def memory_in_use(self) -> int | None:
         used: int = self._cupy.get_default_memory_pool().used_bytes()

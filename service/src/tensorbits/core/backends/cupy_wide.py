@@ -1,12 +1,11 @@
 """Wide kernels for the CuPy backend: each thread loads up to 16 bytes of every operand at once.
 
-CuPy's element-wise kernels give each thread one element, so a one-byte type moves a byte per
-load and per store: on an NVIDIA H100 a UINT8 BIT_NOT over 256 MiB ran at 14 % of the device's
-copy bandwidth, a UINT64 one at 96 % (bench/results/gpu.md). These kernels give each thread a vector of
-elements, as many as fill 16 bytes of the wider of the input and output types, loaded and stored
-as one word each; the elements are computed one by one with the same rules as the element-wise
-kernels (the shift rule of docs/semantics.md and the population count are the very same source
-text).
+CuPy's element-wise kernels give each thread one element, so a one-byte type moves a byte per load
+and per store: on an NVIDIA H100 a UINT8 BIT_NOT over 256 MiB ran at 14 % of the device's copy
+bandwidth, a UINT64 one at 96 % (bench/results/gpu.md). These kernels give each thread a vector of
+elements, as many as fill 16 bytes of the wider of the input and output types, loaded and stored as
+one word each; the elements are computed one by one with the same rules as the element-wise kernels
+(the shift rule of docs/semantics.md and the population count are the very same source text).
 
 They serve the common case: contiguous operands of the output's element count, or a second
 operand of one element (a shift count, a mask), native byte order, every pointer 16-byte aligned.
