@@ -83,6 +83,21 @@ def chain_model(dtype: np.dtype[Any], dims: Dims = ("n",)) -> bytes:
     )
 
 
+def pair_model_bytes() -> bytes:
+    """Two UINT32 inputs of one length, two outputs: ``xor``, and ``nand`` (NOT of AND): a
+    fused chain of three steps."""
+    u32 = TensorProto.UINT32
+    return model_bytes(
+        [
+            helper.make_node("BitwiseXor", ["x", "y"], ["xor"]),
+            helper.make_node("BitwiseAnd", ["x", "y"], ["and"]),
+            helper.make_node("BitwiseNot", ["and"], ["nand"]),
+        ],
+        [tensor("x", u32, ["n"]), tensor("y", u32, ["n"])],
+        [tensor("xor", u32, ["n"]), tensor("nand", u32, ["n"])],
+    )
+
+
 def several_outputs_model(mask: np.ndarray[Any, Any], value: np.ndarray[Any, Any]) -> bytes:
     """Six UINT32 elements in (x), five outputs: ``b`` a node's written in place, ``b_copy`` an
     Identity of it (copied), ``a`` an intermediate also read further on, ``not_b``, and

@@ -37,13 +37,6 @@ Arr = np.ndarray[Any, Any]
 
 
 @pytest.fixture
-def device() -> Iterator[HostDeviceMemory]:
-    made = HostDeviceMemory()
-    yield made
-    made.close_exports()
-
-
-@pytest.fixture
 def regions(device: HostDeviceMemory) -> Iterator[SharedMemoryRegions]:
     made = SharedMemoryRegions(PREFIX, MAX_REGIONS, MAX_BYTES, device, "the stand-in")
     yield made

@@ -30,13 +30,6 @@ RNG = np.random.default_rng(31)
 
 
 @pytest.fixture
-def device() -> Iterator[HostDeviceMemory]:
-    made = HostDeviceMemory()
-    yield made
-    made.close_exports()
-
-
-@pytest.fixture
 def client(device: HostDeviceMemory) -> Iterator[TestClient]:
     regions = SharedMemoryRegions(PREFIX, 8, 4 * SIZE, device, "the stand-in")
     with app_client(shared_memory=True, shared_memory_prefix=PREFIX) as made:

@@ -17,8 +17,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
-from core.graph_models import BATCH_LIMITS, binding_example, broadcast_model, model_bytes, tensor
-from onnx import TensorProto, helper
+from core.graph_models import (
+    BATCH_LIMITS,
+    binding_example,
+    broadcast_model,
+    pair_model_bytes,
+)
 from support.device_backend import StandInDevice
 from support.device_stand_in import HostDeviceMemory
 
@@ -57,19 +61,8 @@ needs_compiler = pytest.mark.skipif(
 
 
 def pair_model() -> GraphModel:
-    """Two UINT32 inputs of one length, two outputs: ``xor``, and ``nand`` (NOT of AND): a
-    fused chain of three steps."""
-    u32 = TensorProto.UINT32
-    data = model_bytes(
-        [
-            helper.make_node("BitwiseXor", ["x", "y"], ["xor"]),
-            helper.make_node("BitwiseAnd", ["x", "y"], ["and"]),
-            helper.make_node("BitwiseNot", ["and"], ["nand"]),
-        ],
-        [tensor("x", u32, ["n"]), tensor("y", u32, ["n"])],
-        [tensor("xor", u32, ["n"]), tensor("nand", u32, ["n"])],
-    )
-    return GraphModel("pair", OnnxGraph(read_onnx(data)), {})
+    """XOR and NAND of two UINT32 inputs, one fused chain (``pair_model_bytes``)."""
+    return GraphModel("pair", OnnxGraph(read_onnx(pair_model_bytes())), {})
 
 
 def binding_model() -> GraphModel:

@@ -82,13 +82,6 @@ def _b64(handle: bytes) -> str:
 
 
 @pytest.fixture
-def device() -> Iterator[HostDeviceMemory]:
-    made = HostDeviceMemory()
-    yield made
-    made.close_exports()
-
-
-@pytest.fixture
 def clients(device: HostDeviceMemory) -> Iterator[tuple[TestClient, TestClient]]:
     """A server with the plan cache and one without, on the same regions."""
     regions = SharedMemoryRegions(PREFIX, 8, 1 << 20, device, "the stand-in")

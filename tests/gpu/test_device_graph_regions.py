@@ -20,9 +20,8 @@ from typing import Any, NamedTuple, cast
 
 import numpy as np
 import pytest
-from core.graph_models import BATCH_LIMITS, binding_example, model_bytes, tensor
+from core.graph_models import BATCH_LIMITS, binding_example, pair_model_bytes
 from gpu.devices import cupy_backend_or_skip, module_backend
-from onnx import TensorProto, helper
 
 from tensorbits.core.backends import Backend
 from tensorbits.core.backends.numpy_backend import NumpyBackend
@@ -128,17 +127,8 @@ def region(cupy_backend: Backend) -> Iterator[Callable[[int], Placed]]:
 
 
 def pair_model() -> GraphModel:
-    u32 = TensorProto.UINT32
-    data = model_bytes(
-        [
-            helper.make_node("BitwiseXor", ["x", "y"], ["xor"]),
-            helper.make_node("BitwiseAnd", ["x", "y"], ["and"]),
-            helper.make_node("BitwiseNot", ["and"], ["nand"]),
-        ],
-        [tensor("x", u32, ["n"]), tensor("y", u32, ["n"])],
-        [tensor("xor", u32, ["n"]), tensor("nand", u32, ["n"])],
-    )
-    return GraphModel("pair", OnnxGraph(read_onnx(data)), {})
+    """XOR and NAND of two UINT32 inputs, one fused chain (``pair_model_bytes``)."""
+    return GraphModel("pair", OnnxGraph(read_onnx(pair_model_bytes())), {})
 
 
 def body_request(inputs: Mapping[str, Arr]) -> InferRequest:
