@@ -1,8 +1,11 @@
 """CUDA shared memory through the server against a device-to-device copy, in one run.
 
 ``tensorbits serve`` (CuPy backend, CUDA shared memory on) and a ``--mib`` MiB UINT8 BIT_NOT
-(default 256 in, 256 out), best of ``--rounds`` interleaved rounds, in two device regions made
-by stock ``tritonclient.utils.cuda_shared_memory`` in this process. The rows:
+(default 256 in, 256 out), ``--rounds`` interleaved rounds after a warm-up of each (best and
+median), in two device regions made by stock ``tritonclient.utils.cuda_shared_memory`` in this
+process. The request rows are wall-clock (what a client sees); the in-process rows (d2d-*, *-not)
+are CUDA events on the stream (bench/gpu_ops.py's ``event_timer``): by wall clock, right after
+other GPU work, two copies once measured less than one. The rows:
 
   cuda-shm-http  input and output in the regions, through tritonclient.http: no tensor byte on
                  the socket; cuda-shm-grpc: the same through tritonclient.grpc
@@ -37,6 +40,7 @@ import contextlib  # noqa: E402
 import functools  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
+import statistics  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402
 from typing import Any  # noqa: E402
@@ -44,7 +48,8 @@ from typing import Any  # noqa: E402
 import numpy as np  # noqa: E402
 from support.host_calls import validate_arrays  # noqa: E402
 
-from bench.harness import NOT, MiB, free_port, interleaved_best, tensorbits_server  # noqa: E402
+from bench.gpu_ops import event_timer  # noqa: E402
+from bench.harness import NOT, MiB, free_port, interleaved_times, tensorbits_server, wall  # noqa: E402
 from tensorbits.core.backends import select_backend  # noqa: E402
 
 GiB = 1 << 30
@@ -154,22 +159,19 @@ class Contestants:
         result = self.http.infer(NOT, [self.host_input], outputs=[self.host_output])
         return result.as_numpy("OutputTensor")
 
+    # The in-process rows launch without a synchronize: their events are recorded on the stream.
     def d2d_copy(self) -> None:
         self.y[...] = self.x
-        self.sync()
 
     def d2d_in_out(self) -> None:
         self.x[...] = self.staged
         self.copied_out[...] = self.y
-        self.sync()
 
     def cupy_not(self) -> None:
         self.cupy.invert(self.x, out=self.y)
-        self.sync()
 
     def core_not(self) -> None:
         self.core.run(self.core_call, [self.x], self.y)
-        self.sync()
 
     def check(self) -> None:
         """Each server contestant writes the right bytes (the output cleared before each)."""
@@ -211,18 +213,20 @@ class Contestants:
             f"compute_infer {ms['compute_infer']:.2f}, compute_output {ms['compute_output']:.2f} ms"
         )
 
-    def rows(self) -> dict[str, Callable[[], object]]:
-        return {
-            "cuda-shm-http": self.shm("http"),
-            "cuda-shm-grpc": self.shm("grpc"),
-            "cuda-shm-http-4k": self.shm("http-4k"),
-            "cuda-shm-grpc-4k": self.shm("grpc-4k"),
-            "http-binary": self.http_binary,
-            "d2d-copy": self.d2d_copy,
-            "d2d-in-out": self.d2d_in_out,
-            "cupy-not": self.cupy_not,
-            "core-not": self.core_not,
-        }
+    def timers(self) -> dict[str, Callable[[], float]]:
+        """Each row's timer. core_not has run (check), so the current stream is the backend's
+        own for this thread, where the copies and the events go too."""
+        events = event_timer(self.cupy.cuda)
+        timers = {f"cuda-shm-{label}": wall(self.shm(label)) for label in self.requests}
+        timers["http-binary"] = wall(self.http_binary)
+        for name, fn in (
+            ("d2d-copy", self.d2d_copy),
+            ("d2d-in-out", self.d2d_in_out),
+            ("cupy-not", self.cupy_not),
+            ("core-not", self.core_not),
+        ):
+            timers[name] = functools.partial(events, fn)
+        return timers
 
 
 def header(args: argparse.Namespace) -> str:
@@ -233,7 +237,7 @@ def header(args: argparse.Namespace) -> str:
     name = name.decode() if isinstance(name, bytes) else str(name)
     return (
         f"# CUDA shared memory vs device-to-device copy vs HTTP: {args.mib} MiB UINT8 BIT_NOT, "
-        f"best of {args.rounds} interleaved rounds; {name} (device {DEVICE}), driver "
+        f"{args.rounds} interleaved rounds; {name} (device {DEVICE}), driver "
         f"{runtime.driverGetVersion()}, CUDA runtime {runtime.runtimeGetVersion()}, cupy "
         f"{cupy.__version__}, numpy {np.__version__}, python {platform.python_version()}, "
         f"nproc {os.cpu_count()}"
@@ -254,16 +258,18 @@ def main() -> int:
         urls = stack.enter_context(cupy_server(n))
         contestants = Contestants(stack, urls, n)
         contestants.check()
-        best = interleaved_best(contestants.rows(), args.rounds)
+        times = interleaved_times(contestants.timers(), args.rounds)
         phases = [contestants.phases(label) for label in contestants.requests]
-    moved = {
-        name: (SMALL if name.endswith("-4k") else n) * (4 if name == "d2d-in-out" else 2)
-        for name in best
-    }
+    best = {name: min(seconds) for name, seconds in times.items()}
     width = max(map(len, best))
-    for name, seconds in best.items():
-        rate = moved[name] / seconds / 1e9
-        print(f"{name:<{width}}  {seconds * 1e3:9.2f} ms  {rate:8.1f} GB/s moved (in + out)")
+    print(f"{'':<{width}}  {'best':>9}     {'median':>9}     best GB/s moved (in + out), clock")
+    for name, seconds in times.items():
+        moved = (SMALL if name.endswith("-4k") else n) * (4 if name == "d2d-in-out" else 2)
+        clock = "CUDA events" if name.startswith(("d2d-", "cupy-", "core-")) else "wall"
+        print(
+            f"{name:<{width}}  {best[name] * 1e3:9.2f} ms  {statistics.median(seconds) * 1e3:9.2f} "
+            f"ms  {moved / best[name] / 1e9:8.1f}  {clock}"
+        )
     for label in ("http", "grpc"):
         shm_s = best[f"cuda-shm-{label}"]
         print(f"cuda-shm-{label} / d2d-copy    {shm_s / best['d2d-copy']:7.2f}x")

@@ -9,12 +9,9 @@ would add the host's wake-up to every contestant (``--clock wall`` to compare). 
 and above (below, the L2 cache flatters): ``/copy`` >= 0.8 for every row, and ours within 1.1x of
 the plain call's time where both compute the same. Without CuPy or a device it prints
 ``skipped: <reason>`` and exits 0; ``--xp numpy`` is a dry run on NumPy, with no timing claims.
+What a run of every row writes into bench/results/: bench/README.md.
 
   python bench/gpu_ops.py [--sizes 16,64,256] [--ops SUBSTR,...] [--dtypes T,...] [--quick]
-
-A run of every row on a device also writes its figures per size into bench/results/gpu_ops.json
-(its device's entry; the others kept) and redraws gpu_ops.svg beside it; ``--replot`` redraws
-the chart from the data file alone, without a device.
 """
 
 from __future__ import annotations
@@ -68,6 +65,21 @@ DATA_FILE, CHART_FILE = "gpu_ops.json", "gpu_ops.svg"
 Timed = Callable[[Callable[[], object]], float]
 
 
+def event_timer(cuda: Any) -> Timed:
+    """``fn``'s seconds between two CUDA events on the current stream: the device's time, without
+    the host's wake-up that perf_counter around a synchronize would add. ``cuda``: ``cupy.cuda``."""
+    begin, end = cuda.Event(), cuda.Event()
+
+    def timed(fn: Callable[[], object]) -> float:
+        begin.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return float(cuda.get_elapsed_time(begin, end)) / 1e3  # ms -> s
+
+    return timed
+
+
 class Stand:
     """What differs between a GPU run and the NumPy dry run: the array namespace, our backend,
     the clock, and the lines that say what ran."""
@@ -78,7 +90,7 @@ class Stand:
         self.xp: Any = self.backend.xp
         self.name = self.xp.__name__
         wall = self.dry or clock == "wall"
-        self.timed: Timed = self._wall if wall else self._events()
+        self.timed: Timed = self._wall if wall else event_timer(self.xp.cuda)
         self.clock = "perf_counter around a synchronize" if wall else "CUDA events"
 
     def _wall(self, fn: Callable[[], object]) -> float:
@@ -86,19 +98,6 @@ class Stand:
         fn()
         self.backend.synchronize()
         return time.perf_counter() - start
-
-    def _events(self) -> Timed:
-        cuda = self.xp.cuda
-        begin, end = cuda.Event(), cuda.Event()
-
-        def timed(fn: Callable[[], object]) -> float:
-            begin.record()
-            fn()
-            end.record()
-            end.synchronize()
-            return float(cuda.get_elapsed_time(begin, end)) / 1e3  # ms -> s
-
-        return timed
 
     def describe(self) -> str:
         common = f"numpy {np.__version__}, python {platform.python_version()}"

@@ -10,9 +10,6 @@ bytes read plus bytes written over time; ``/copy`` is ours GB/s over the copy's,
 plain call's time over ours. Targets at 16 MiB and above: ``/copy`` >= 0.8, ``/numpy`` >= 1.0.
 
   .venv/bin/python bench/ops.py [--sizes 1,16,64] [--ops SUBSTR,...] [--dtypes T,...] [--quick]
-
-A run of every row also writes bench/results/ops_cpu.json and its chart, ops_cpu.svg
-(``--replot`` redraws the chart from the data file alone).
 """
 
 from __future__ import annotations

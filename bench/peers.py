@@ -4,11 +4,6 @@ The ``nvidia-pytriton`` wheel's ``tritonserver``, installed on demand into a ven
 project's lock (``$BENCH_PYTRITON_VENV``), serving Python-backend models named and bound like
 ours; bench/README.md ("The Triton peer") says how and why. Where it cannot run, ``triton_peer``
 raises ``PeerUnavailable`` with the reason, and the benchmarks carry on without it.
-
-    with triton_peer() as peer:
-        peer.http_url, peer.grpc_url      # "http://127.0.0.1:PORT", "127.0.0.1:PORT"
-
-    .venv/bin/python bench/peers.py       # start one, print its URLs, stop on Ctrl-C
 """
 
 from __future__ import annotations

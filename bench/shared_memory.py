@@ -12,11 +12,13 @@ rounds:
   triton-shm    the sdk-shm request against Triton with system shared memory (tritonclient)
 
 Ratios: sdk-shm / memcpy (target <= 3), http / sdk-shm (target >= 5), triton-shm / sdk-shm
-(target > 1). ``--server-env TENSORBITS_BACKEND=cupy --no-triton`` sends the same requests to a
-CuPy server on a GPU host (docs/gpu.md), which also copies each tensor to the device and back:
-the targets above do not count that. Usage:
+(target > 1). Each ``--server-env 'K=V ...'`` (ENV) is a server, all interleaved in every round
+(the order rotated), each one's rows also divided by the first's: ``--server-env
+TENSORBITS_BACKEND=cupy --server-env TENSORBITS_BACKEND=numpy --no-triton`` on a GPU host
+(docs/gpu.md) puts a CuPy server (which also copies each tensor to the device and back: no
+target counts that) beside a NumPy one.
 
-  .venv/bin/python bench/shared_memory.py [--repeat N] [--mib N] [--no-triton] [--server-env K=V]
+  .venv/bin/python bench/shared_memory.py [--repeat N] [--mib N] [--no-triton] [--server-env ENV]...
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from bench.peers import PeerUnavailable, triton_peer  # noqa: E402
 from tensorbits_client import Client  # noqa: E402
 
 Arr = np.ndarray[Any, Any]
+Rows = dict[str, Callable[[], object]]
 
 
 class TritonShm:
@@ -93,6 +96,46 @@ def check(name: str, got: Arr, x: Arr) -> None:
         raise SystemExit(f"{name}: wrong result")
 
 
+def server_envs(values: list[str]) -> list[dict[str, str]]:
+    """One server's environment per ``--server-env`` value; none given, one with the defaults."""
+    envs = []
+    for value in values or [""]:
+        pairs = value.split()
+        if not all("=" in pair for pair in pairs):
+            raise ValueError(f"--server-env takes 'KEY=VALUE ...', not {value!r}")
+        envs.append(dict(pair.split("=", 1) for pair in pairs))
+    return envs
+
+
+def server_rows(stack: contextlib.ExitStack, env: dict[str, str], x: Arr, tag: str) -> Rows:
+    """One server's contestants (sdk-shm, raw-shm, http, their names ending in ``tag``), checked,
+    and the memcpy bound through its region."""
+    n = x.nbytes
+    port = stack.enter_context(tensorbits_server(TENSORBITS_SHARED_MEMORY="true", **env))
+    url = f"127.0.0.1:{port}"
+    client = stack.enter_context(Client(f"http://{url}", timeout=120))
+    region = stack.enter_context(client.shared_memory(3 * n))
+    rx = region.put(x)
+    check(f"sdk-shm{tag}", region.dml.bit_not(rx), x)
+    check(f"http{tag}", client.dml.bit_not(x), x)
+    raw = stack.enter_context(TritonShm(url, x, f"tb{tag.lstrip('@')}"))
+    check(f"raw-shm{tag}", raw(), x)
+    # The memcpy bound: the bytes into a region and out of one, as a client would copy them.
+    dst = np.empty_like(x)
+    copy_in = region.array(np.uint8, n)
+
+    def memcpy() -> None:
+        np.copyto(copy_in, x)
+        np.copyto(dst, rx)
+
+    return {
+        f"sdk-shm{tag}": lambda: region.dml.bit_not(rx),
+        f"raw-shm{tag}": raw,
+        f"http{tag}": lambda: client.dml.bit_not(x),
+        "memcpy": memcpy,
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=7, help="rounds (best of)")
@@ -103,42 +146,29 @@ def main() -> int:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="extra environment of tensorbits serve (e.g. GLIBC_TUNABLES=glibc.malloc.hugetlb=1)",
+        help="one server's extra environment, 'KEY=VALUE ...'; again for another server",
     )
     args = parser.parse_args()
+    try:
+        envs = server_envs(args.server_env)
+    except ValueError as exc:
+        parser.error(str(exc))
+    tags = [""] if len(envs) == 1 else [f"@{i}" for i in range(1, len(envs) + 1)]
     n = args.mib * MiB
     x = np.random.default_rng(1).integers(0, 256, n, dtype=np.uint8)
     print(
         f"# shared memory vs HTTP vs memcpy: {args.mib} MiB UINT8 BIT_NOT, best of {args.repeat} "
         f"interleaved rounds; {platform.machine()}, nproc {os.cpu_count()}, "
         f"python {platform.python_version()}, numpy {np.__version__}; server env "
-        f"{' '.join(args.server_env) or '(default)'}"
+        + "; ".join(
+            f"{t} {v}".strip() for t, v in zip(tags, args.server_env or ["(default)"], strict=True)
+        )
     )
     with contextlib.ExitStack() as stack:
-        env = dict(item.split("=", 1) for item in args.server_env)
-        port = stack.enter_context(tensorbits_server(TENSORBITS_SHARED_MEMORY="true", **env))
-        url = f"127.0.0.1:{port}"
-        client = stack.enter_context(Client(f"http://{url}", timeout=120))
-        region = stack.enter_context(client.shared_memory(3 * n))
-        rx = region.put(x)
-        check("sdk-shm", region.dml.bit_not(rx), x)
-        check("http", client.dml.bit_not(x), x)
-        raw = stack.enter_context(TritonShm(url, x, "tb"))
-        check("raw-shm", raw(), x)
-        # The memcpy bound: the bytes into a region and out of one, as a client would copy them.
-        dst = np.empty_like(x)
-        copy_in = region.array(np.uint8, n)
-
-        def memcpy() -> None:
-            np.copyto(copy_in, x)
-            np.copyto(dst, rx)
-
-        fns: dict[str, Callable[[], object]] = {
-            "sdk-shm": lambda: region.dml.bit_not(rx),
-            "raw-shm": raw,
-            "http": lambda: client.dml.bit_not(x),
-            "memcpy": memcpy,
-        }
+        fns: Rows = {}
+        for env, tag in zip(envs, tags, strict=True):
+            for name, fn in server_rows(stack, env, x, tag).items():
+                fns.setdefault(name, fn)  # memcpy once: through the first server's region
         if not args.no_triton:
             fns.update(triton_contestant(stack, x))
         best = interleaved_best(fns, args.repeat)
@@ -146,12 +176,16 @@ def main() -> int:
     for name, seconds in best.items():
         rate = 2 * n / seconds / 1e9
         print(f"{name:<{width}}  {seconds * 1e3:8.1f} ms   {rate:6.2f} GB/s moved (in + out)")
-    shm_s = best["sdk-shm"]
-    print(f"sdk-shm / memcpy     {shm_s / best['memcpy']:6.2f}x   (target <= 3)")
-    print(f"http / sdk-shm       {best['http'] / shm_s:6.2f}x   (target >= 5)")
-    print(f"raw-shm / sdk-shm    {best['raw-shm'] / shm_s:6.2f}x")
+    pairs = [(f"sdk-shm{t}", "memcpy", "   (target <= 3)") for t in tags]
+    pairs += [(f"http{t}", f"sdk-shm{t}", "   (target >= 5)") for t in tags]
+    pairs += [(f"raw-shm{t}", f"sdk-shm{t}", "") for t in tags]
+    pairs += [
+        (row + t, row + tags[0], "") for t in tags[1:] for row in ("sdk-shm", "raw-shm", "http")
+    ]
     if "triton-shm" in best:
-        print(f"triton-shm / sdk-shm {best['triton-shm'] / shm_s:6.2f}x   (target > 1)")
+        pairs.append(("triton-shm", f"sdk-shm{tags[0]}", "   (target > 1)"))
+    for top, bottom, target in pairs:
+        print(f"{f'{top} / {bottom}':<24} {best[top] / best[bottom]:6.2f}x{target}")
     return 0
 
 

@@ -147,17 +147,41 @@ class PlainClient:
         self.sock.close()
 
 
-def interleaved_best(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
-    """Best time of each, measured round-robin so drift in the machine hits all of them alike."""
-    for fn in fns.values():
+def rotated(names: list[str], round_: int) -> list[str]:
+    """Round ``round_``'s order: each name first in turn, so none always runs after the same one."""
+    k = round_ % len(names) if names else 0
+    return names[k:] + names[:k]
+
+
+def wall(fn: Callable[[], object]) -> Callable[[], float]:
+    """``fn``'s perf_counter seconds, as a timer for ``interleaved_times``."""
+
+    def timer() -> float:
+        start = time.perf_counter()
         fn()
-    best = dict.fromkeys(fns, float("inf"))
-    for _ in range(repeat):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            best[name] = min(best[name], time.perf_counter() - start)
-    return best
+        return time.perf_counter() - start
+
+    return timer
+
+
+def interleaved_times(
+    timers: dict[str, Callable[[], float]], repeat: int
+) -> dict[str, list[float]]:
+    """Each timer's ``repeat`` seconds after one warm-up call of each, measured round-robin in a
+    rotated order so drift in the machine, and what ran just before, hit all of them alike."""
+    for timer in timers.values():
+        timer()
+    times: dict[str, list[float]] = {name: [] for name in timers}
+    for round_ in range(repeat):
+        for name in rotated(list(timers), round_):
+            times[name].append(timers[name]())
+    return times
+
+
+def interleaved_best(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
+    """Best wall-clock time of each (``interleaved_times``)."""
+    times = interleaved_times({name: wall(fn) for name, fn in fns.items()}, repeat)
+    return {name: min(seconds) for name, seconds in times.items()}
 
 
 def note(text: str) -> None:
