@@ -174,8 +174,9 @@ class Unread:
         self.call.cancel()
 
 
-def _settled_inflight_bytes(server: GrpcServer, seconds: float = 20) -> float:
-    """``tensorbits_inflight_bytes`` once it stopped changing (the streams read what they will)."""
+def _settled_inflight_bytes(server: GrpcServer, seconds: float = 60) -> float:
+    """``tensorbits_inflight_bytes`` once it stopped changing (the streams read what they will;
+    on a loaded machine that takes a while)."""
     deadline = time.monotonic() + seconds
     last = -1.0
     while time.monotonic() < deadline:
