@@ -23,7 +23,16 @@ import gpu_check  # noqa: E402
 
 
 def make_n(*args: str) -> str:
-    done = subprocess.run(["make", "-n", *args], cwd=ROOT, capture_output=True, text=True)
+    """What ``make -n ARGS`` would run, as make prints it at the top level: run from inside
+    another make (``make test-all``), it would inherit that make's level and flags and print
+    ``Entering directory`` lines around the commands."""
+    top_level = {
+        k: v for k, v in os.environ.items() if k not in {"MAKELEVEL", "MAKEFLAGS", "MFLAGS"}
+    }
+    done = subprocess.run(
+        ["make", "--no-print-directory", "-n", *args],
+        cwd=ROOT, env=top_level, capture_output=True, text=True,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
     return done.stdout
 
