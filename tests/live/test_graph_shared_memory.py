@@ -25,7 +25,7 @@ import pytest
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 import tritonclient.utils.shared_memory as shm
-from core.graph_models import model_bytes, tensor
+from core.graph_models import model_bytes, pair_model_bytes, tensor
 from live.test_graph_models_served import CONFIG, MODEL_FILE, expected, load
 from onnx import TensorProto, helper
 from support.device_stand_in import HostDeviceMemory
@@ -53,21 +53,7 @@ REGION_BYTES = 16384
 _keys = itertools.count()
 
 
-def pair_model() -> bytes:
-    """Two UINT32 inputs of any one length, two outputs: ``xor`` and ``nand`` (NOT of AND)."""
-    u32 = TensorProto.UINT32
-    return model_bytes(
-        [
-            helper.make_node("BitwiseXor", ["x", "y"], ["xor"]),
-            helper.make_node("BitwiseAnd", ["x", "y"], ["and"]),
-            helper.make_node("BitwiseNot", ["and"], ["nand"]),
-        ],
-        [tensor("x", u32, ["n"]), tensor("y", u32, ["n"])],
-        [tensor("xor", u32, ["n"]), tensor("nand", u32, ["n"])],
-    )
-
-
-MODEL = pair_model()
+MODEL = pair_model_bytes()  # xor and nand of two UINT32 inputs of one length
 WANT = expected(MODEL, {"x": X, "y": Y})
 
 
