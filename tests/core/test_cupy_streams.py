@@ -11,7 +11,7 @@ import threading
 from types import SimpleNamespace
 from typing import Any
 
-from support.stream_stand_in import StandInCuda, StandInStream
+from support.stream_stand_in import StandInCuda, StandInRuntimeError, StandInStream
 
 from tensorbits.core.backends.cupy_backend import CupyBackend, ThreadStreams
 
@@ -98,3 +98,23 @@ def test_the_backend_launches_and_waits_on_the_thread_stream() -> None:
     assert len(launches) == 2  # two threads, a stream each for both their launches
     assert {stream for _, stream in launches}.isdisjoint({cuda.legacy})
     assert set(cuda.synchronized) == launches  # each waited on its launches' stream alone
+
+
+def test_when_done_calls_back_from_the_driver_thread_with_the_streams_outcome() -> None:
+    cuda = StandInCuda()
+    backend = _backend(cuda)
+    outcomes: list[BaseException | None] = []
+    backend.empty((4,), None)  # type: ignore[arg-type]  # a launch on the thread's stream
+    backend.when_done(outcomes.append)
+    ((stream, _, _),) = cuda.callbacks
+    assert stream is cuda.get_current_stream()  # the thread's own stream, not the legacy one
+    assert stream is not cuda.legacy
+    assert outcomes == []  # not before the stream gets there
+    assert threading.get_ident() not in cuda.fire()
+    assert outcomes == [None]
+    backend.when_done(outcomes.append)
+    cuda.fire(status=700)  # cudaErrorIllegalAddress
+    error = outcomes[-1]
+    assert isinstance(error, StandInRuntimeError)
+    assert error.status == 700
+    assert not cuda.synchronized  # never blocked on

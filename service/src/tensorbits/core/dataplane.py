@@ -30,6 +30,7 @@ from typing import NamedTuple, Protocol, TypeVar
 from tensorbits.core.admission import Admission, Grant
 from tensorbits.core.backends.base import Backend
 from tensorbits.core.batch import BatchLimits, BatchPlan
+from tensorbits.core.device_wait import run_woken
 from tensorbits.core.graphs.models import GraphModel, GraphModels
 from tensorbits.core.header_cache import HeaderCache
 from tensorbits.core.models import MODEL_VERSION, ModelStates
@@ -290,15 +291,20 @@ class Call:
         ``decoded_bytes`` it reads are many (JSON parses at about 20 ms per MiB); the grant
         grown to what ``needs`` reckons of the plan (refused in ``words``), then ``on_held``
         told (a stream reads its next message once this one is held); ``encode(plan)``, on a
-        worker thread when the run touches ``COMPUTE_INLINE_MAX_BYTES`` or more."""
-        planned = await offload(decoded_bytes, JSON_INLINE_MAX_BYTES, decode)
+        worker thread when the run touches ``COMPUTE_INLINE_MAX_BYTES`` or more, else inline,
+        its device work awaited by a stream callback, not blocked on (device_wait.py)."""
+        # Inline below the bound without offload's coroutine: a small request's every call.
+        if decoded_bytes < JSON_INLINE_MAX_BYTES:
+            planned = decode()
+        else:
+            planned = await offload(decoded_bytes, JSON_INLINE_MAX_BYTES, decode)
         reckoned = needs(planned)
         if reckoned.models is not None:
             self.models = reckoned.models
         self.hold(reckoned.held, *words)
         if on_held is not None:
             on_held()
-        answer = await offload(reckoned.work, COMPUTE_INLINE_MAX_BYTES, encode, planned)
+        answer = await run_woken(reckoned.work, COMPUTE_INLINE_MAX_BYTES, encode, planned)
         self.executed = perf_counter_ns()
         return answer
 

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from tensorbits.core.backends.base import Backend
+from tensorbits.core.device_wait import finish
 from tensorbits.core.kernels import DeviceArray
 from tensorbits_protocol.dtypes import numpy_dtype
 from tensorbits_protocol.validation import ResolvedCall
@@ -39,10 +40,17 @@ def run_into(
     """Run ``call`` with the result landing in ``out``. Inputs and ``out`` are host arrays, or
     (on a device backend) arrays already on its device, such as a CUDA shared-memory region:
     host inputs are copied to the device, a host ``out`` is written from it, a device ``out``
-    directly, and finished (synchronized) before this returns. A host backend writes straight
-    into ``out``."""
+    directly, and finished before this returns (or, run inline on the event loop, before its
+    answer goes: ``device_wait.finish``); a large element-wise call on host
+    data in overlapped pieces where the backend offers them (``run_pieces``). A host backend
+    writes straight into ``out``."""
     if backend.host_memory:
         run_call(backend, call, inputs, out)
+        return
+    # A large element-wise call on host data, in pieces whose copies overlap its kernels where
+    # the backend offers that (CuPy's: backends/pieces.py); False where it does not qualify.
+    pieces = getattr(backend, "run_pieces", None)
+    if pieces is not None and isinstance(out, np.ndarray) and pieces(call, inputs, out):
         return
     on_device = [
         backend.asarray(np.ascontiguousarray(x)) if isinstance(x, np.ndarray) else x for x in inputs
@@ -51,7 +59,7 @@ def run_into(
         backend.to_host(run_call(backend, call, on_device), out)
         return
     run_call(backend, call, on_device, out)
-    backend.synchronize()
+    finish(backend)  # on the event loop: awaited by a stream callback (device_wait.py)
 
 
 def flat_call(call: ResolvedCall, count: int) -> ResolvedCall:

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from tensorbits.core.backends.base import Backend
+from tensorbits.core.device_wait import hold
 from tensorbits.core.engine import flat_call, run_into
 from tensorbits.core.kernels import DeviceArray
 from tensorbits.core.plan import STREAM_PIECE_BYTES, Plan, SharedInput, streams
@@ -56,8 +57,9 @@ def shared_read(
         with ExitStack() as held:
             for shared in inputs:
                 if shared.on_device:
-                    raw = held.enter_context(
-                        regions.device_bytes(shared.ref, shared.nbytes, shared.name, "input")
+                    # Held until the kernels reading it are done (``device_wait.hold``).
+                    raw = hold(
+                        regions.device_bytes(shared.ref, shared.nbytes, shared.name, "input"), held
                     )
                     arrays.append(raw.view(shared.dtype).reshape(shared.shape))
                     continue
@@ -102,9 +104,14 @@ def run_to_region(plan: Plan, backend: Backend, regions: SharedMemoryRegions) ->
         return
     with shared_loaded(plan, regions) as loaded:
         if plan.output_on_device:
-            with regions.device_bytes(
-                plan.shared_output, plan.output_nbytes, op.output, "output"
-            ) as raw:
+            with ExitStack() as held:
+                # Held until the kernel writing it is done (``device_wait.hold``).
+                raw = hold(
+                    regions.device_bytes(
+                        plan.shared_output, plan.output_nbytes, op.output, "output"
+                    ),
+                    held,
+                )
                 run_into(backend, call, loaded.inputs, raw.view(dtype).reshape(call.output_shape))
             return
         over = _replaceable_input(plan)

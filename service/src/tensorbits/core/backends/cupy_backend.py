@@ -7,11 +7,12 @@ device works by running the shift and popcount kernels on a few values before it
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import itertools
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,7 @@ import numpy as np
 from tensorbits.core.backends.base import BackendUnavailable
 from tensorbits.core.backends.cupy_graphs import FusedChain, GraphKernels
 from tensorbits.core.backends.cupy_wide import WideKernels
+from tensorbits.core.backends.pieces import run_pieces
 from tensorbits.core.backends.pinned_pool import DEFAULT_POOL_BYTES, PinnedPool, install
 from tensorbits.core.cuda_ipc import CupyDeviceMemory
 from tensorbits.core.kernels import BitOps, DeviceArray, as_kernel_operands, run_kernel
@@ -107,6 +109,67 @@ class ThreadStreams:
         self.current().synchronize()
 
 
+class CupyPieces:
+    """``pieces.PieceDevice`` on CuPy: each thread's three non-blocking streams (made on its
+    first call in pieces and kept, as ``ThreadStreams`` keeps its stream: bounded by the
+    server's threads), CUDA events, asynchronous copies between pinned staging from the
+    backend's pool and device buffers, and the backend's kernels launched on a given stream."""
+
+    def __init__(self, backend: CupyBackend) -> None:
+        self._backend = backend
+        self._cupy = backend.xp
+        self._thread = threading.local()
+
+    def streams(self) -> tuple[Any, Any, Any]:
+        made: tuple[Any, Any, Any] | None = getattr(self._thread, "streams", None)
+        if made is None:
+            cuda = self._cupy.cuda
+            made = self._thread.streams = (
+                cuda.Stream(non_blocking=True),
+                cuda.Stream(non_blocking=True),
+                cuda.Stream(non_blocking=True),
+            )
+        return made
+
+    def record(self, stream: Any) -> Any:
+        event = self._cupy.cuda.Event(block=False, disable_timing=True)
+        event.record(stream if stream is not None else self._backend.streams.current())
+        return event
+
+    def wait(self, stream: Any, event: Any) -> None:
+        stream.wait_event(event)
+
+    def host_wait(self, event: Any) -> None:
+        event.synchronize()
+
+    def staging(self, nbytes: int) -> np.ndarray[Any, Any] | None:
+        runtime = self._cupy.cuda.runtime
+        try:
+            pointer = self._backend.pinned.malloc(nbytes)
+        except runtime.CUDARuntimeError as exc:
+            if exc.status != runtime.errorMemoryAllocation:
+                raise
+            return None
+        # The array holds the pointer, and the pointer the pool's lease, until it is dropped.
+        return np.frombuffer(pointer, np.uint8, nbytes)
+
+    def release(self, staging: np.ndarray[Any, Any]) -> None:
+        """Nothing: the pool has its buffer back once the array's last reference goes."""
+
+    def empty(self, nbytes: int) -> Any:
+        return self._cupy.empty((nbytes,), np.uint8)
+
+    def upload(self, stream: Any, device: Any, host: np.ndarray[Any, Any]) -> None:
+        device.data.copy_from_host_async(ctypes.c_void_p(host.ctypes.data), host.nbytes, stream)
+
+    def download(self, stream: Any, host: np.ndarray[Any, Any], device: Any) -> None:
+        device.data.copy_to_host_async(ctypes.c_void_p(host.ctypes.data), host.nbytes, stream)
+
+    def launch(self, stream: Any, call: ResolvedCall, inputs: Sequence[Any], out: Any) -> None:
+        with stream:  # CuPy launches on the current stream
+            self._backend.launch(call, inputs, out)
+
+
 class CupyBackend:
     name = "cupy"
     host_memory = False
@@ -145,6 +208,8 @@ class CupyBackend:
             self.xp: Any = cupy
             self._cupy = cupy
             self.device = f"cuda:{device_id} {name}"
+            # Public: tests/gpu times the pieces' copies and kernels through it.
+            self.pieces = CupyPieces(self)
             self.ops = BitOps(popcount=self._run_popcount, shift=self._run_shift)
             self._probe()
             self.device_memory: DeviceMemory | None = _device_memory(cupy, device_id)
@@ -216,11 +281,30 @@ class CupyBackend:
             return self._cupy.empty(shape, dtype)
 
     def run(self, call: ResolvedCall, inputs: Sequence[DeviceArray], out: DeviceArray) -> None:
-        operands, target = as_kernel_operands(call, inputs, out)
         with self._device:
             self.streams.current()
-            if not self.wide.run(call.op.function, call.shift_left, operands, target):
-                run_kernel(self._cupy, self.ops, call, operands, target)
+            self.launch(call, inputs, out)
+
+    def launch(self, call: ResolvedCall, inputs: Sequence[DeviceArray], out: DeviceArray) -> None:
+        """The call's kernel on the current stream, whichever it is (``run``: the thread's; a
+        piece's: its compute stream)."""
+        operands, target = as_kernel_operands(call, inputs, out)
+        if not self.wide.run(call.op.function, call.shift_left, operands, target):
+            run_kernel(self._cupy, self.ops, call, operands, target)
+
+    def run_pieces(
+        self,
+        call: ResolvedCall,
+        inputs: Sequence[np.ndarray[Any, Any] | DeviceArray],
+        out: np.ndarray[Any, Any],
+    ) -> bool:
+        """A large element-wise call on host data in pieces whose copies overlap its kernels,
+        finished before this returns (backends/pieces.py); False, nothing run, where it does
+        not qualify or the pinned pool cannot lend its staging (``engine.run_into`` then runs
+        it one-shot)."""
+        with self._device:
+            self.streams.current()  # the device buffers from the thread's stream's pool
+            return run_pieces(self.pieces, call, inputs, out)
 
     def run_fused(
         self,
@@ -233,6 +317,19 @@ class CupyBackend:
         with self._device:
             self.streams.current()
             return self.graphs.run(plan, values, self.empty, into or {})
+
+    def when_done(self, done: Callable[[BaseException | None], None]) -> None:
+        """``done`` called once the calling thread's stream has run everything issued on it so
+        far: from the driver's thread, with None, or the CUDA error the stream met
+        (core/device_wait.py, which hands it to the event loop; a callback makes no CUDA
+        call). What the event loop waits on instead of ``synchronize``."""
+        runtime = self._cupy.cuda.runtime
+
+        def fired(stream: Any, status: int, arg: Any) -> None:
+            done(None if status == 0 else runtime.CUDARuntimeError(status))
+
+        with self._device:
+            self.streams.current().add_callback(fired, None)
 
     def synchronize(self) -> None:
         """Wait for the calling thread's launches: its stream, not the legacy default stream

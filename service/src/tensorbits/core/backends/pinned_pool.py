@@ -18,7 +18,8 @@ too):
   of it; kept buffers are freed, largest first, to make room for one that fits none of them.
 
 Device-to-host copies (``cupy.ndarray.get``) stage nothing in CuPy: they copy into the pageable
-destination array directly (CUDA's driver stages them in its own small, fixed buffers).
+destination array directly (CUDA's driver stages them in its own small, fixed buffers). A large
+call run in pieces (pieces.py) takes its staging, both ways, from this pool too (``malloc``).
 
 Admission and the memory bound. The pool's bytes are not charged to the requests: the pool's
 limit is a fixed addition to the bound on the server's memory, which is then

@@ -27,6 +27,7 @@ import numpy as np
 
 from tensorbits.core.backends.base import Backend
 from tensorbits.core.backends.placement import Residence, Work, WorkKind, placed
+from tensorbits.core.device_wait import finish, hold
 from tensorbits.core.graphs.models import GraphModel
 from tensorbits.core.graphs.program import ModelPlan, PlannedTensor
 from tensorbits.core.graphs.refusals import invalid
@@ -308,7 +309,10 @@ def run_request(
     (backends/placement.py) the whole run is on the backend its placement chooses."""
     backend = placed(backend, graph_work(request))
     arrays = dict(outputs or {})
-    with _device_outputs(request) as on_device, _all_inputs(request) as inputs:
+    with ExitStack() as held:
+        # The regions held until the kernels on them are done (``device_wait.hold``).
+        on_device = hold(_device_outputs(request), held)
+        inputs = hold(_all_inputs(request), held)
         for name in on_device:
             arrays.pop(name, None)
         for output in request.plan.outputs:
@@ -317,8 +321,8 @@ def run_request(
         request.model.program.run(request.plan, backend, inputs, {**arrays, **on_device})
         if on_device or request.shared_inputs:
             # Kernels reading or writing a client's device memory finish before its region is
-            # let go (a no-op on the host).
-            backend.synchronize()
+            # let go (a no-op on the host; awaited, not blocked on, inline on the event loop).
+            finish(backend)
     _write_system(request, arrays)
     return arrays
 
