@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import zlib
 from collections.abc import Iterator
@@ -12,8 +13,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.testclient import TestClient
+from starlette.types import Message, Receive
 
-from tensorbits.api.body import inflate, read_body
+from tensorbits.api.body import (
+    HUGE_PAGE_MIN_BYTES,
+    BodyInto,
+    allocate_body,
+    inflate,
+    read_body,
+    receive_body,
+)
 from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge, TensorbitsError
 
 LIMIT = 4096
@@ -112,3 +121,75 @@ def test_unknown_content_encoding_is_a_400(client: TestClient) -> None:
     response = client.post("/", content=b"abc", headers={"Content-Encoding": "br"})
     assert response.status_code == 400
     assert "allowed: gzip, deflate, identity" in response.json()["error"]
+
+
+# --- a declared body: the server's hook (BODY_INTO) and ASGI receive, checked alike ------------
+def _messages(*chunks: bytes | None) -> Receive:
+    """``receive`` giving ``chunks`` as body messages (None: a disconnect)."""
+    queue = list(chunks)
+
+    async def receive() -> Message:
+        chunk = queue.pop(0)
+        if chunk is None:
+            return {"type": "http.disconnect"}
+        return {"type": "http.request", "body": chunk, "more_body": bool(queue)}
+
+    return receive
+
+
+def _hook(*chunks: bytes | None) -> BodyInto:
+    """A ``BODY_INTO`` filling the buffer with ``chunks`` as the server's does (None: the client
+    went before the body ended): bytes past the buffer counted, not written."""
+
+    async def into(view: memoryview) -> tuple[int, bool]:
+        filled = 0
+        for chunk in chunks:
+            if chunk is None:
+                return filled, False
+            end = filled + len(chunk)
+            if end <= len(view):
+                view[filled:end] = chunk
+            filled = end
+        return filled, True
+
+    return into
+
+
+@pytest.mark.parametrize(
+    ("chunks", "rule", "words"),
+    [
+        ((b"abc", b"defg"), "body_length", "longer than its Content-Length 6"),
+        ((b"abc", None), "truncated", "client disconnected before the request body was complete"),
+        ((b"abc",), "truncated", "ended after 3 of its 6 declared bytes"),
+    ],
+    ids=["longer", "disconnected", "shorter"],
+)
+@pytest.mark.parametrize("path", ["hook", "receive"])
+def test_a_declared_body_is_refused_in_the_same_words_either_way(
+    chunks: tuple[bytes | None, ...], rule: str, words: str, path: str
+) -> None:
+    into = _hook(*chunks) if path == "hook" else None
+    receive = _messages(*chunks) if path == "receive" else _messages()
+    with pytest.raises(InvalidRequest, match=words) as caught:
+        asyncio.run(receive_body(receive, 6, None, LIMIT, None, into))
+    assert caught.value.rule == rule
+
+
+@pytest.mark.parametrize("path", ["hook", "receive"])
+def test_a_declared_body_is_read_whole_either_way(path: str) -> None:
+    chunks = (b"ab", b"cdef")
+    into = _hook(*chunks) if path == "hook" else None
+    receive = _messages(*chunks) if path == "receive" else _messages()
+    assert asyncio.run(receive_body(receive, 6, None, LIMIT, None, into)) == b"abcdef"
+
+
+@pytest.mark.parametrize("length", [0, 100, HUGE_PAGE_MIN_BYTES, HUGE_PAGE_MIN_BYTES + 4097])
+def test_a_body_buffer_is_a_bytearray_of_its_declared_length(length: int) -> None:
+    buffer = allocate_body(length)
+    assert type(buffer) is bytearray
+    assert len(buffer) == length
+    if length < HUGE_PAGE_MIN_BYTES:
+        assert not any(buffer)  # small ones zero-filled, as bytearray(n)
+    pattern = bytes(range(256)) * (length // 256) + bytes(length % 256)
+    buffer[:] = pattern  # written whole (a large one's contents before that are not defined)
+    assert buffer == pattern

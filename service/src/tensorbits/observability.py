@@ -35,6 +35,7 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 from starlette.routing import Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from tensorbits.api.body import BODY_INTO
 from tensorbits.core.models import MODEL_VERSION, Model
 from tensorbits.logs import CallNote, begin_call, call_var, note_model, note_refusal
 from tensorbits.runtime import Runtime
@@ -553,6 +554,16 @@ class ObservabilityMiddleware:
             if message["type"] == "http.request":
                 counts["in"] += len(message.get("body", b""))
             return message
+
+        into = scope.get(BODY_INTO)
+        if into is not None:  # the server reads the body into the app's buffer: counted here
+
+            async def into_counted(view: memoryview) -> tuple[int, bool]:
+                filled, ended = await into(view)
+                counts["in"] += min(filled, len(view))
+                return filled, ended
+
+            scope[BODY_INTO] = into_counted
 
         async def send_tagged(message: Message) -> None:
             if message["type"] == "http.response.start":

@@ -23,7 +23,13 @@ from __future__ import annotations
 
 from starlette.types import Message, Receive, Scope, Send
 
-from tensorbits.api.body import declared_length, header_values, receive_body
+from tensorbits.api.body import (
+    BODY_INTO,
+    BodyInto,
+    declared_length,
+    header_values,
+    receive_body,
+)
 from tensorbits.api.compression import accepted_coding, compress, compressed_bound
 from tensorbits.api.guarded_protocol import BODY_RECEIVED
 from tensorbits.core.admission import Admission, Grant
@@ -43,7 +49,7 @@ COMPRESS_INLINE_MAX_BYTES = 64 << 10
 class AdmittedRequest:
     __slots__ = (
         "accept_encoding", "admission", "body_received", "encoding", "grant",
-        "header_length_value", "length", "settings",
+        "header_length_value", "into", "length", "settings",
     )  # fmt: skip
 
     def __init__(self, runtime: Runtime, scope: Scope) -> None:
@@ -56,6 +62,8 @@ class AdmittedRequest:
         self.length = declared_length(length_value, self.settings.max_body_bytes)
         self.grant: Grant = self.admission.acquire(self.length or 0)
         self.body_received: bool = scope.get(BODY_RECEIVED, False)
+        # The server's way to read the body into its buffer (None: another ASGI server).
+        self.into: BodyInto | None = scope.get(BODY_INTO)
 
     async def receive(self, receive: Receive) -> tuple[bytearray, int | None]:
         """The body and its JSON header's length (None: no Inference-Header-Content-Length, the
@@ -66,7 +74,7 @@ class AdmittedRequest:
         # to wait for. Any other is read under TENSORBITS_TIMEOUT_BODY_READ.
         timeout = None if self.body_received else settings.timeout_body_read
         body = await receive_body(
-            receive, self.length, self.encoding, settings.max_body_bytes, timeout
+            receive, self.length, self.encoding, settings.max_body_bytes, timeout, self.into
         )
         return body, codec.parse_header_length(self.header_length_value, len(body))
 
