@@ -179,6 +179,22 @@ def test_an_operator_on_body_data_computes_on_the_host(
     assert fields["bytes"] == 2 * x.nbytes
 
 
+def test_the_metrics_count_each_placement_and_a_numpy_server_shows_none(
+    placed: tuple[PlacedBackend, StandInDevice],
+) -> None:
+    backend, _ = placed
+    x = np.arange(64, dtype=np.uint8)
+    series = "tensorbits_placements_total"
+    with app_client() as client:
+        assert f"\n{series}{{" not in client.get("/metrics").text  # NumPy: nothing placed
+        runtime_of(client).plane.backend = backend
+        for _ in range(3):
+            infer_not(client, x)
+        text = client.get("/metrics").text
+    assert f'{series}{{place="host",work="operator"}} 3.0' in text
+    assert f'{series}{{place="device"' not in text
+
+
 def test_an_operator_on_a_cuda_region_computes_on_the_device(
     placed: tuple[PlacedBackend, StandInDevice],
 ) -> None:

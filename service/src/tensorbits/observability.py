@@ -309,6 +309,28 @@ def _alive(pid: int) -> bool:
     return True
 
 
+class PlacementCounts:
+    """``tensorbits_placements_total``: where a CuPy server's work computed, by work kind
+    (operator, graph, batch) and place (host, device), as ``TENSORBITS_PLACEMENT`` decided it
+    (core/backends/placement.py). Read from the data plane's backend at each scrape; no samples
+    where it does not place (a NumPy server, or placement ``device``: all on the device). A GPU
+    server runs one worker per device, so this worker's counts are the server's."""
+
+    def __init__(self) -> None:
+        # Set once the runtime exists (``Metrics.bind_runtime``).
+        self.counts: Callable[[], dict[tuple[str, str], int] | None] = lambda: None
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "tensorbits_placements",
+            "work placed by TENSORBITS_PLACEMENT, by kind of work and where it computed",
+            labels=["work", "place"],
+        )
+        for (work, place), count in sorted((self.counts() or {}).items()):
+            family.add_metric([work, place], count)
+        yield family
+
+
 @dataclass(frozen=True)
 class Metrics:
     """The server's metrics, in a registry of their own (one per app, so tests can build many)."""
@@ -322,6 +344,7 @@ class Metrics:
     backend: Gauge
     device_memory: Gauge
     workers: Gauge
+    placements: PlacementCounts
 
     @classmethod
     def create(cls) -> Metrics:
@@ -330,9 +353,12 @@ class Metrics:
         if _SHARED_FOLDER is not None:
             tally.share = WorkerShare(_SHARED_FOLDER)
         registry.register(tally)
+        placements = PlacementCounts()
+        registry.register(placements)
         return cls(
             registry=registry,
             tally=tally,
+            placements=placements,
             inflight_requests=Gauge(
                 "tensorbits_inflight_requests", "requests admitted and not yet finished",
                 registry=registry,
@@ -384,6 +410,15 @@ class Metrics:
 
         self.tally.served_version = served_version
         self.backend.labels(backend.name, backend.device, runtime.selection.reason).set(1)
+        plane = runtime.plane
+
+        def placements() -> dict[tuple[str, str], int] | None:
+            counts: Callable[[], dict[tuple[str, str], int]] | None = getattr(
+                plane.backend, "counts", None
+            )
+            return None if counts is None else counts()
+
+        self.placements.counts = placements
         admission = runtime.plane.admission
         own: dict[str, Callable[[], float]] = {
             "inflight_requests": lambda: admission.requests_in_flight,

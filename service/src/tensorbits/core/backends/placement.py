@@ -155,6 +155,12 @@ class PlacedBackend:
             )
         return where
 
+    def counts(self) -> dict[tuple[str, str], int]:
+        """The placements so far by (work kind, place), as the metrics show them
+        (``tensorbits_placements_total``): a copy, taken under the lock ``place`` counts in."""
+        with self._lock:
+            return {(kind.value, where.value): n for (kind, where), n in self.placements.items()}
+
     def backend_for(self, work: Work) -> Backend:
         """The backend a graph's or a batch's whole run uses (``placed``)."""
         return self.gpu if self.place(work) is Place.DEVICE else self.host
