@@ -24,7 +24,7 @@ import os
 import re
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
@@ -35,7 +35,6 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 from starlette.routing import Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tensorbits.api.body import BODY_INTO
 from tensorbits.core.models import MODEL_VERSION, Model
 from tensorbits.logs import CallNote, begin_call, call_var, note_model, note_refusal
 from tensorbits.runtime import Runtime
@@ -664,6 +663,13 @@ def record_call(
         )
 
 
+# The scope key where ``tensorbits serve``'s protocol (``guarded_protocol.OneWriteCycle``) puts
+# its way to read the body into the buffer the app allocated once admitted (here, below both,
+# and the middleware counts what it reads): it returns once the body is all in the buffer, or the client is gone, with (bytes of the body parsed, True where it
+# ended; False: disconnected or refused first). Bytes past the buffer's end are counted, never
+# written: a count past its length is a body longer than declared.
+BODY_INTO = "tensorbits.body_into"
+BodyInto = Callable[[memoryview], Awaitable[tuple[int, bool]]]
 # Where a request's route is unknown: the HTTP layer refused it before the app routed it.
 NO_ROUTE = ""
 # The lifespan state key (``app.py``) under which the app hands its metrics to the HTTP layer:

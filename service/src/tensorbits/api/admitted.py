@@ -23,17 +23,12 @@ from __future__ import annotations
 
 from starlette.types import Message, Receive, Scope, Send
 
-from tensorbits.api.body import (
-    BODY_INTO,
-    BodyInto,
-    declared_length,
-    header_values,
-    receive_body,
-)
+from tensorbits.api.body import declared_length, header_values, receive_body
 from tensorbits.api.compression import accepted_coding, compress, compressed_bound
 from tensorbits.api.guarded_protocol import BODY_RECEIVED
 from tensorbits.core.admission import Admission, Grant
 from tensorbits.core.offload import offload
+from tensorbits.observability import BODY_INTO, BodyInto
 from tensorbits.runtime import Runtime
 from tensorbits_protocol import codec
 from tensorbits_protocol.errors import Overloaded

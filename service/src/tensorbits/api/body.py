@@ -16,13 +16,14 @@ from __future__ import annotations
 import ctypes
 import sys
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 from starlette.requests import Request
 from starlette.types import Message, Receive, Scope
 
 from tensorbits.api.compression import WBITS
 from tensorbits.deadlines import within_read_deadline
+from tensorbits.observability import BODY_INTO, BodyInto
 from tensorbits.runtime import Runtime
 from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
 
@@ -30,13 +31,6 @@ from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
 _WBITS = WBITS
 _INFLATE_STEP = 1 << 20
 
-# The scope key where ``tensorbits serve``'s protocol (``guarded_protocol.OneWriteCycle``) puts
-# its way to read the body into the buffer the app allocated once admitted: it returns once the
-# body is all in the buffer, or the client is gone, with (bytes of the body parsed, True where it
-# ended; False: disconnected or refused first). Bytes past the buffer's end are counted, never
-# written: a count past its length is a body longer than declared.
-BODY_INTO = "tensorbits.body_into"
-BodyInto = Callable[[memoryview], Awaitable[tuple[int, bool]]]
 
 # A declared body at least this large is allocated on transparent huge pages, as NumPy allocates
 # its arrays (and the response's buffer, ``codec.BodyLayout.allocate``): the kernel maps it 2 MiB

@@ -86,10 +86,15 @@ from uvicorn.protocols.http.httptools_impl import (
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 from uvicorn.server import ServerState
 
-from tensorbits.api.body import BODY_INTO
 from tensorbits.config.settings import Settings
 from tensorbits.logs import bounded
-from tensorbits.observability import METRICS_STATE, NO_ROUTE, record_http_layer_refusal, route_label
+from tensorbits.observability import (
+    BODY_INTO,
+    METRICS_STATE,
+    NO_ROUTE,
+    record_http_layer_refusal,
+    route_label,
+)
 from tensorbits_protocol.errors import (
     HeadTooLarge,
     InvalidRequest,
