@@ -17,12 +17,12 @@ from starlette.types import Message, Receive
 
 from tensorbits.api.body import (
     HUGE_PAGE_MIN_BYTES,
-    BodyInto,
     allocate_body,
     inflate,
     read_body,
     receive_body,
 )
+from tensorbits.observability import BodyInto
 from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge, TensorbitsError
 
 LIMIT = 4096

@@ -14,6 +14,9 @@ Plain functions, CPU-bound: the data plane decides whether they run on a worker 
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+from typing import NamedTuple
+
 import numpy as np
 
 from tensorbits.core.backends.base import Backend
@@ -37,30 +40,57 @@ CACHE_TAG = "rest"
 JSON_BODY_TAG = "rest-json"
 
 
+class Found(NamedTuple):
+    """A body's JSON header and tail, split, and what the plane's cache holds for them: the
+    ``key`` they are kept under (None: too long to be kept) and the template planned before."""
+
+    header: bytes
+    tail: memoryview
+    key: Hashable | None
+    template: PlanTemplate | None
+
+
+def look_up(
+    plane: DataPlane,
+    op: OperatorSpec,
+    body: bytearray,
+    header_length: int | None,
+    version: str | None = None,
+) -> Found:
+    """Split a REST body and look its header up in the plane's cache (``plan`` does, when not
+    given the outcome): a front end that knows the template reads what a plan of it holds and
+    touches from the template, as the gRPC side does, not from the plan at every call."""
+    head, tail = codec.split_body(memoryview(body), header_length)
+    header = bytes(head)
+    # A JSON body without binary data is a header too (what tritonclient sends when every
+    # tensor is in shared memory): kept when its inputs all are (``template_of``).
+    if not plane.keeps(len(header)):
+        return Found(header, tail, None, None)
+    tag = CACHE_TAG if header_length is not None else JSON_BODY_TAG
+    key = (tag, op.name, version, header, len(tail))
+    return Found(header, tail, key, plane.template(key, len(header)))
+
+
 def plan(
     plane: DataPlane,
     op: OperatorSpec,
     body: bytearray,
     header_length: int | None,
     version: str | None = None,
+    found: Found | None = None,
 ) -> Plan:
     """Decode and plan one REST inference request for ``op`` (at the URL's ``version``, if it
-    names one); raise on anything wrong with it.
+    names one); raise on anything wrong with it. ``found``: ``look_up``'s outcome for this body,
+    when the caller has it.
 
     A header whose inputs are all binary or in shared memory, planned before, is not decoded
     again (the plane's cache): the plan is rebuilt from what it decided, with views of this
     body's bytes, its regions located again."""
-    head, tail = codec.split_body(memoryview(body), header_length)
-    header = bytes(head)
-    key = None
-    # A JSON body without binary data is a header too (what tritonclient sends when every
-    # tensor is in shared memory): kept when its inputs all are (``template_of``).
-    if plane.keeps(len(header)):
-        tag = CACHE_TAG if header_length is not None else JSON_BODY_TAG
-        key = (tag, op.name, version, header, len(tail))
-        template = plane.template(key, len(header))
-        if template is not None:  # its regions located again, as planning locates them
-            return template.plan((tail,), plane.regions)
+    if found is None:
+        found = look_up(plane, op, body, header_length, version)
+    header, tail, key, template = found
+    if template is not None:  # its regions located again, as planning locates them
+        return template.plan((tail,), plane.regions)
     limits = plane.limits
     request = InferRequest.from_rest(
         header, tail, model=op.name, header_given=header_length is not None, limits=limits
@@ -145,4 +175,12 @@ def check_named(request: InferRequest, name: str, served: str, version: str | No
         )
 
 
-__all__ = ["check_named", "check_named_model", "encode", "plan", "template_of"]
+__all__ = [
+    "Found",
+    "check_named",
+    "check_named_model",
+    "encode",
+    "look_up",
+    "plan",
+    "template_of",
+]

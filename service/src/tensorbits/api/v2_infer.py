@@ -28,6 +28,7 @@ from tensorbits.api.fastpath import FastRoute
 from tensorbits.core.dataplane import Call, HoldWords, Needs
 from tensorbits.core.graphs.request import GraphRequest
 from tensorbits.core.models import resolve_model, resolve_served, version_of
+from tensorbits.core.offload import JSON_INLINE_MAX_BYTES
 from tensorbits.core.plan import Plan
 from tensorbits.logs import note_version
 from tensorbits.runtime import Runtime
@@ -114,12 +115,31 @@ class InferEndpoint:
         async def serve_operator(
             call: Call, body: bytearray, header_length: int | None
         ) -> codec.Framed:
-            def needs(plan: Plan) -> Needs:
-                return Needs(plan.memory_needed(len(body), plane.backend), plan.work_bytes)
+            decoded = _json_bytes(body, header_length)
+            # A header small enough to be planned inline is looked up here: what a plan of a
+            # template (without shared memory) holds and touches is the template's, decided once.
+            found = (
+                rest_infer.look_up(plane, op, body, header_length, version)
+                if decoded < JSON_INLINE_MAX_BYTES
+                else None
+            )
+            template = found.template if found is not None else None
+            if template is not None and not template.in_shared_memory:
+                decided = Needs(len(body) + template.held_bytes, template.work_bytes)
+
+                def needs(plan: Plan) -> Needs:
+                    return decided
+
+            else:
+
+                def needs(plan: Plan) -> Needs:
+                    return Needs(plan.memory_needed(len(body), plane.backend), plan.work_bytes)
 
             return await call.serve(
-                partial(rest_infer.plan, plane, op, body, header_length, version=version),
-                _json_bytes(body, header_length),
+                partial(
+                    rest_infer.plan, plane, op, body, header_length, version=version, found=found
+                ),
+                decoded,
                 needs,
                 OPERATOR_WORDS,
                 partial(rest_infer.encode, backend=plane.backend, regions=plane.regions),

@@ -156,10 +156,10 @@ class InferenceService:
         carried = name in CARRIED
 
         async def answer(
-            requests: AsyncIterator[bytes], context: Context, sizes: list[int]
+            requests: AsyncIterator[bytes], context: Context, peer: str, sizes: list[int]
         ) -> bytes | TensorbitsError:
-            """The call's response, or its refusal; ``sizes``: its message's and response's."""
-            peer = context.peer()
+            """The call's response, or its refusal; ``peer``: the client's address, read once a
+            call; ``sizes``: its message's and response's."""
             holding = False
             try:
                 if slots is not None:
@@ -190,9 +190,10 @@ class InferenceService:
             started = time.perf_counter()
             sizes = [0, 0]
             status = 499  # cancelled by the client or the server's stop, unless answered
-            end_call = begin_call(call_request_id(context), context.peer())
+            peer = context.peer()
+            end_call = begin_call(call_request_id(context), peer)
             try:
-                outcome = await answer(requests, context, sizes)
+                outcome = await answer(requests, context, peer, sizes)
                 if carried and isinstance(outcome, bytes):  # as its grant let go of them
                     _carry_until_sent(self.runtime.plane.admission, len(outcome))
                 status = 200 if isinstance(outcome, bytes) else outcome.status_code
