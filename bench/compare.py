@@ -194,7 +194,7 @@ def servers(args: argparse.Namespace) -> Iterator[list[Server]]:
                 found.append(Server(TRITON, TRITON, peer.pid, http_port, peer.grpc_url))
         if "http" in args.protocol:
             found.append(stack.enter_context(bare_fastapi()))
-        if "grpc" in args.protocol and "rates" in args.parts:
+        if "grpc" in args.protocol:
             found.append(stack.enter_context(bare_grpc()))
         yield found
 
@@ -412,7 +412,7 @@ def measure_sizes(running: list[Server], args: argparse.Namespace) -> dict[SizeK
                         echo_call(client, parts) if s.kind == "floor"
                         else http_call(client, parts, head, tail)
                     )  # fmt: skip
-                if "grpc" in args.protocol and s.grpc_target and s.kind != "floor":
+                if "grpc" in args.protocol and s.grpc_target:  # the floor: a cached answer
                     channel = grpc.insecure_channel(s.grpc_target, options=CHANNEL_OPTIONS)
                     stack.callback(channel.close)
                     calls[("grpc", s.label, mib)] = grpc_call(channel, body, tail)
