@@ -8,19 +8,22 @@ cache (``template_of``: the header's bytes and the tail's length are the key), s
 request is not decoded again (its regions are located again: ``PlanTemplate.plan``). ``encode``
 runs a plan into the response: it knows the output's shape and type, so it writes the JSON
 header first, allocates ONE buffer for header plus output, and has the kernel write the output
-straight into that buffer's tail, which is sent as it is (no copy from output to response).
+straight into that buffer's tail, which is sent as it is (no copy from output to response). A
+large output of an input's type and shape is written over that input's bytes in the request's
+body instead (``written_over``): no buffer at all, the answer sent as its header and those bytes.
 Plain functions, CPU-bound: the data plane decides whether they run on a worker thread.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from tensorbits.core.backends.base import Backend
 from tensorbits.core.dataplane import DataPlane
+from tensorbits.core.engine import is_flat_elementwise
 from tensorbits.core.models import MODEL_VERSION
 from tensorbits.core.plan import Plan, PlanTemplate
 from tensorbits.core.plan import plan as plan_request
@@ -33,6 +36,10 @@ from tensorbits_protocol.infer import InferRequest
 from tensorbits_protocol.jsondata import encode_data
 from tensorbits_protocol.operators import OperatorSpec
 
+# A binary output at least this large is written over an input in the request's body
+# (``written_over``); below it a new buffer is cheap (its pages are reused, not faulted in), and
+# the answer stays one part.
+IN_PLACE_MIN_BYTES = 1 << 20
 # The front end's tag in the data plane's cache keys: gRPC keys its own form there too.
 CACHE_TAG = "rest"
 # A body without Inference-Header-Content-Length is keyed apart: the same bytes sent with the
@@ -125,7 +132,12 @@ def encode(
 ) -> codec.Framed:
     """Run a plan and encode the response (binary: one buffer, written in place; shared
     memory: the inputs read first, the output written into its region, the response its JSON
-    header alone). Called once the request is admitted for ``plan.memory_needed``."""
+    header alone). Called once the request is admitted for ``plan.memory_needed``.
+
+    A large binary output that ``written_over`` allows is written over its input's bytes in
+    the request's body, and sent as two parts, the JSON header and a view of those bytes: no
+    buffer allocated, its pages not faulted in. Its hold stays ``plan.memory_needed``, which
+    counts the output's bytes too: an upper bound, never short."""
     if plan.shared_output is not None:
         assert regions is not None  # plan() refused shared memory without regions
         run_to_region(plan, backend, regions)
@@ -133,6 +145,15 @@ def encode(
     call = plan.call
     dtype = wire_dtype(call.output_datatype)
     if plan.binary_output:
+        # The size first, here: a small answer pays one comparison, not a call.
+        over = written_over(plan, backend) if plan.output_nbytes >= IN_PLACE_MIN_BYTES else None
+        if over is not None:  # no buffer: the output over the input's bytes in the body
+            head = plan.response_head
+            if head is None:
+                head = plan.response().to_rest().header
+            out = plan.inputs[over]
+            run_to_host(plan, backend, regions, out)
+            return codec.Framed((head, out.reshape(-1).view(np.uint8).data), len(head))
         if plan.response_head is not None:
             layout = codec.BodyLayout(plan.response_head, (plan.output_nbytes,))
         else:
@@ -143,6 +164,61 @@ def encode(
     out = np.empty(call.output_shape, dtype)
     run_to_host(plan, backend, regions, out)
     return codec.Framed.json(plan.response(encode_data(plan.op.output, out)).to_rest().header)
+
+
+def written_over(plan: Plan, backend: Backend) -> int | None:
+    """The position of the input whose bytes in the request's body the output of ``plan`` is
+    written over (the answer then its JSON header and a view of those bytes, no new buffer), or
+    None: a new buffer, as for any other answer. Every condition, and why:
+
+    - a binary output (JSON is text made apart) of at least ``IN_PLACE_MIN_BYTES``: tested
+      first, so a small answer pays one comparison; below it the new buffer costs little;
+    - no tensor in shared memory (the output is sent, not written into a region; an input read
+      from a region runs streamed through the regions' buffers, ``run.run_streamed``);
+    - the backend's own kernels proven to give the same bytes over an input (``alias_safe``,
+      of the operator's function: the NumPy backend's single-pass ufuncs); a backend without
+      that list (one that may place the call on a device) keeps the new buffer;
+    - an element-wise call without broadcasting (``is_flat_elementwise``): each output element
+      depends on the input elements at its own position only, so none is read once written;
+    - the input of the output's type and shape: the output's bytes fill exactly its bytes;
+    - the input a view of the request's body, a bytearray (not data decoded from JSON, not
+      read-only bytes): the body is the request's own, admitted already, and nothing reads
+      the input after the kernel, so writing over it changes nothing but the answer;
+    - writable, C-contiguous (the answer is its bytes in order) and in native byte order (a
+      swapped view's bits are the output's only after a conversion the kernel does not do)."""
+    if plan.output_nbytes < IN_PLACE_MIN_BYTES or not plan.binary_output:
+        return None
+    call = plan.call
+    if (
+        plan.shared_inputs
+        or plan.shared_output is not None
+        or call.op.function not in getattr(backend, "alias_safe", ())
+        or not backend.host_memory
+        or not is_flat_elementwise(call)
+    ):
+        return None
+    dtype = wire_dtype(call.output_datatype)
+    for position, x in enumerate(plan.inputs):
+        if (
+            x.dtype == dtype
+            and x.shape == call.output_shape
+            and x.flags.writeable
+            and x.flags.c_contiguous
+            and x.dtype.isnative
+            and _in_body(x)
+        ):
+            return position
+    return None
+
+
+def _in_body(x: np.ndarray[Any, Any]) -> bool:
+    """Whether ``x`` views a bytearray through a memoryview: a binary input in the request's
+    body (``np.frombuffer`` of a slice of it), as no other input of a plan without shared
+    memory is (one decoded from JSON owns its array)."""
+    base: object = x.base  # NumPy's stubs say an array or None; frombuffer's is the buffer
+    while isinstance(base, np.ndarray):
+        base = base.base
+    return isinstance(base, memoryview) and isinstance(base.obj, bytearray)
 
 
 def check_named_model(request: InferRequest, op: OperatorSpec, version: str | None) -> None:
@@ -176,6 +252,7 @@ def check_named(request: InferRequest, name: str, served: str, version: str | No
 
 
 __all__ = [
+    "IN_PLACE_MIN_BYTES",
     "Found",
     "check_named",
     "check_named_model",
@@ -183,4 +260,5 @@ __all__ = [
     "look_up",
     "plan",
     "template_of",
+    "written_over",
 ]

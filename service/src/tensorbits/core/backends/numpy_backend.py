@@ -161,6 +161,22 @@ class _Tasks:
 class NumpyBackend:
     name = "numpy"
     host_memory = True
+    # The functions whose kernels here give the same bytes when ``out`` is one of the inputs
+    # (the same memory, type and shape): each is one NumPy ufunc pass, element by element (a
+    # ufunc reads the inputs at a position before it writes ``out`` there, and NumPy takes an
+    # operand identical to ``out`` as safe), and the parallel chunks (``chunked``) cover the
+    # same disjoint positions of every operand. The shifts' rule (a count past the width or
+    # negative) is decided per element inside that pass, not by a second one; the 16-bit
+    # popcount's blocks (``_popcount16``) each read their whole input block before writing
+    # it, and its output is never 16-bit anyway. A front end may have a call's output written
+    # over an input it owns only for these (``api/rest_infer.written_over``);
+    # tests/core/test_alias_safe_kernels.py checks each against a separate ``out``.
+    alias_safe = frozenset(
+        (
+            Function.AND, Function.OR, Function.XOR, Function.NOT, Function.COUNT,
+            Function.SHIFT_LEFT, Function.SHIFT_RIGHT, Function.SHIFT,
+        )
+    )  # fmt: skip
     device_memory: DeviceMemory | None = None  # no device: CUDA shared memory is refused
     xp: Any = np
 

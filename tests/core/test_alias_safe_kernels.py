@@ -1,0 +1,131 @@
+"""The NumPy kernels that may write their output over an input (``NumpyBackend.alias_safe``):
+for every operator of the catalog, every data type it takes and every input of the output's type
+and shape, the call run with ``out`` that input gives the bytes a separate ``out`` gets, in one
+pass and in parallel chunks. A kernel that read an input after writing ``out`` (a second pass, a
+sign looked at after the shift) would differ here. The HTTP front end writes a large answer over
+its input in the request's body only for these (``api/rest_infer.written_over``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tensorbits.core.backends import numpy_backend as nb
+from tensorbits.core.backends.numpy_backend import NumpyBackend
+from tensorbits.core.engine import run_into
+from tensorbits_protocol.dtypes import DataType, wire_dtype
+from tensorbits_protocol.operators import OPERATORS, Function, OperatorSpec
+from tensorbits_protocol.validation import ResolvedCall, TensorSpec, validate_call
+
+Arr = np.ndarray[Any, Any]
+SHIFTS = (Function.SHIFT, Function.SHIFT_LEFT, Function.SHIFT_RIGHT)
+# Over 3 alignment blocks of 1-byte elements, not a multiple of any: the chunks end unevenly.
+COUNT = 3 * nb.CHUNK_ALIGN_BYTES + 5
+SHAPE = (COUNT,)
+
+
+def _parameter_sets(op: OperatorSpec) -> list[dict[str, str]]:
+    if op.function is Function.SHIFT:
+        return [{"direction": "LEFT"}, {"direction": "RIGHT"}]
+    if op.function is Function.COUNT:
+        return [{"output_datatype": "UINT8"}, {"output_datatype": "UINT32"}]
+    return [{}]
+
+
+def _types(op: OperatorSpec) -> set[DataType]:
+    return {dt for row in op.support for dt in row.input_types}
+
+
+def _cases() -> Iterator[Any]:
+    """Every (operator, type, parameters, input) whose input has the output's type and shape."""
+    for op in OPERATORS:
+        for dt in sorted(_types(op)):
+            for params in _parameter_sets(op):
+                call = validate_call(op, {n: TensorSpec(dt, SHAPE) for n in op.inputs}, params)
+                if call.output_datatype != dt:
+                    continue  # a popcount into another type: never written over its input
+                for position in range(len(op.inputs)):
+                    words = "-".join(params.values())
+                    yield pytest.param(
+                        op, dt, params, position, id=f"{op.name}-{dt}-{words}-over{position}"
+                    )
+
+
+CASES = list(_cases())
+
+
+def _values(dt: DataType, rng: np.random.Generator) -> Arr:
+    dtype = wire_dtype(dt)
+    if dt is DataType.BOOL:
+        return rng.integers(0, 2, COUNT).astype(dtype)
+    raw = rng.integers(0, 256, COUNT * dtype.itemsize, dtype=np.uint8)
+    return raw.view(dtype)
+
+
+def _counts(dt: DataType, rng: np.random.Generator) -> Arr:
+    """Shift counts in range, at and past the width, negative where the type is signed, and the
+    type's extremes."""
+    dtype = wire_dtype(dt)
+    bits = dtype.itemsize * 8
+    low = -3 if dtype.kind == "i" else 0
+    counts = rng.integers(low, bits + 4, COUNT).astype(dtype)
+    info = np.iinfo(dtype.str)  # by name: the stubs take an integer type only
+    counts[:4] = (info.min, info.max, bits, bits - 1)
+    return counts
+
+
+def _inputs(op: OperatorSpec, dt: DataType, seed: int) -> list[Arr]:
+    rng = np.random.default_rng(seed)
+    arrays = [_values(dt, rng) for _ in op.inputs]
+    if op.function in SHIFTS:
+        arrays[1] = _counts(dt, rng)
+    return arrays
+
+
+def _both_ways(backend: NumpyBackend, call: ResolvedCall, arrays: list[Arr], over: int) -> None:
+    apart = np.empty(call.output_shape, wire_dtype(call.output_datatype))
+    run_into(backend, call, [x.copy() for x in arrays], apart)
+    inputs = [x.copy() for x in arrays]
+    run_into(backend, call, inputs, inputs[over])
+    assert inputs[over].tobytes() == apart.tobytes()
+    for position, (x, given) in enumerate(zip(inputs, arrays, strict=True)):
+        if position != over:
+            assert x.tobytes() == given.tobytes()  # the other input untouched
+
+
+def test_every_function_of_the_catalog_is_covered_here() -> None:
+    """Every function the backend calls safe has cases here, and so has every operator."""
+    covered = {case.values[0].function for case in CASES}
+    assert NumpyBackend.alias_safe <= covered
+    assert {case.values[0].name for case in CASES} == {op.name for op in OPERATORS}
+
+
+@pytest.mark.parametrize(("op", "dt", "params", "over"), CASES)
+def test_the_output_over_an_input_is_the_output_apart(
+    op: OperatorSpec, dt: DataType, params: dict[str, str], over: int
+) -> None:
+    assert op.function in NumpyBackend.alias_safe
+    call = validate_call(op, {n: TensorSpec(dt, SHAPE) for n in op.inputs}, params)
+    backend = NumpyBackend(threads=1)
+    try:
+        _both_ways(backend, call, _inputs(op, dt, seed=over), over)
+    finally:
+        backend.close()
+
+
+@pytest.mark.parametrize(("op", "dt", "params", "over"), CASES)
+def test_the_output_over_an_input_is_the_output_apart_in_chunks(
+    op: OperatorSpec, dt: DataType, params: dict[str, str], over: int, monkeypatch: Any
+) -> None:
+    # Every call split into chunks on two threads, whatever its size.
+    monkeypatch.setattr(nb, "PARALLEL_THRESHOLD_BYTES", 0)
+    monkeypatch.setattr(nb, "MIN_CHUNK_BYTES", 1)
+    call = validate_call(op, {n: TensorSpec(dt, SHAPE) for n in op.inputs}, params)
+    backend = NumpyBackend(threads=2)
+    try:
+        _both_ways(backend, call, _inputs(op, dt, seed=7 + over), over)
+    finally:
+        backend.close()
