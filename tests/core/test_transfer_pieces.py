@@ -14,12 +14,12 @@ from typing import Any
 import numpy as np
 import pytest
 from support.device_backend import StandInDevice
+from support.host_calls import on_numpy
 from support.piece_stand_in import PieceStandIn, Unordered
 
 from tensorbits.core.backends import pieces
-from tensorbits.core.backends.numpy_backend import NumpyBackend
 from tensorbits.core.backends.pieces import PIECE_BYTES, PIPELINE_MIN_BYTES, SLOTS, run_pieces
-from tensorbits.core.engine import run_call, run_into
+from tensorbits.core.engine import run_into
 from tensorbits.core.kernels import DeviceArray
 from tensorbits_protocol.dtypes import DataType, numpy_dtype
 from tensorbits_protocol.operators import get_operator
@@ -66,15 +66,6 @@ def _inputs(call: ResolvedCall, count: int) -> list[Arr]:
     return arrays
 
 
-def _numpy(call: ResolvedCall, inputs: Sequence[Arr]) -> Arr:
-    backend = NumpyBackend(1)
-    try:
-        out: Arr = run_call(backend, call, inputs)
-        return out
-    finally:
-        backend.close()
-
-
 @pytest.fixture
 def device() -> Iterator[PieceStandIn]:
     stand_in = PieceStandIn()
@@ -98,7 +89,7 @@ def test_pieces_answer_as_numpy_does(
     inputs = _inputs(call, count)
     out = np.empty(call.output_shape, numpy_dtype(call.output_datatype))
     assert run_pieces(device, call, inputs, out, PIECE)
-    want = _numpy(call, inputs)
+    want = on_numpy(call, inputs)
     assert out.tobytes() == want.tobytes()
     assert device.idle()  # nothing left queued: every copy and kernel ran before the return
     assert device.pool.lent == 0  # the staging is back in the pool
@@ -110,7 +101,7 @@ def test_a_call_of_the_rules_size_runs_in_pieces_of_its_size(device: PieceStandI
     inputs = _inputs(call, count)
     out = np.empty(count, np.uint64)
     assert run_pieces(device, call, inputs, out)
-    assert out.tobytes() == _numpy(call, inputs).tobytes()
+    assert out.tobytes() == on_numpy(call, inputs).tobytes()
     launched = [step for step in device.ran if step[0] == "kernel"]
     assert len(launched) == -(-count * 8 // PIECE_BYTES) == 3
     # Each slot stages a piece of both inputs and of the output.
@@ -157,7 +148,7 @@ def test_the_stand_in_catches_a_schedule_without_its_events() -> None:
     out = np.empty(count, np.uint8)
     try:
         assert run_pieces(device, call, inputs, out, PIECE)
-        assert out.tobytes() != _numpy(call, inputs).tobytes()
+        assert out.tobytes() != on_numpy(call, inputs).tobytes()
     finally:
         device.close()
 
@@ -167,7 +158,7 @@ def test_the_staging_stays_within_the_pool_and_falls_back_when_short() -> None:
     count = 4 * PIECE + 1
     call = _call("DML_OPERATOR_ELEMENT_WISE_BIT_OR", DataType.UINT8, {}, (count,))
     inputs = _inputs(call, count)
-    want = _numpy(call, inputs).tobytes()
+    want = on_numpy(call, inputs).tobytes()
     staging = SLOTS * 3 * PIECE  # three operands of one piece a slot
     fits = PieceStandIn(pool_bytes=staging)
     short = PieceStandIn(pool_bytes=staging - PIECE)
@@ -209,7 +200,7 @@ class PiecedDevice(StandInDevice):
 def _run(backend: PiecedDevice, call: ResolvedCall, inputs: Sequence[Any], out: Arr) -> str:
     """How ``engine.run_into`` ran the call: "pieces" or "one-shot", its answer checked."""
     run_into(backend, call, inputs, out)
-    assert np.array_equal(out, _numpy(call, inputs))  # values: one ``out`` is big-endian
+    assert np.array_equal(out, on_numpy(call, inputs))  # values: one ``out`` is big-endian
     ran_pieces = backend.pieces.counts.bytes_to_device > 0
     one_shot = backend.counts.to_device > 0
     assert ran_pieces != one_shot

@@ -17,12 +17,12 @@ from typing import Any, cast
 import numpy as np
 import pytest
 from gpu.devices import cupy_backend_or_skip, module_backend
+from support.host_calls import on_numpy
 
 from tensorbits.core.backends.cupy_backend import CupyBackend, CupyPieces
-from tensorbits.core.backends.numpy_backend import NumpyBackend
 from tensorbits.core.backends.pieces import PIECE_BYTES, PIPELINE_MIN_BYTES
 from tensorbits.core.device_wait import run_woken
-from tensorbits.core.engine import run_call, run_into
+from tensorbits.core.engine import run_into
 from tensorbits_protocol.dtypes import DataType, numpy_dtype
 from tensorbits_protocol.operators import get_operator
 from tensorbits_protocol.validation import ResolvedCall, TensorSpec, validate_call
@@ -59,22 +59,13 @@ def _inputs(call: ResolvedCall) -> list[Arr]:
     ]
 
 
-def _numpy(call: ResolvedCall, inputs: Sequence[Arr]) -> Arr:
-    backend = NumpyBackend(1)
-    try:
-        out: Arr = run_call(backend, call, inputs)
-        return out
-    finally:
-        backend.close()
-
-
 @pytest.mark.parametrize(("name", "datatype", "params", "count"), CASES)
 def test_pieces_answer_as_numpy_does(
     cupy_backend: CupyBackend, name: str, datatype: DataType, params: dict[str, Any], count: int
 ) -> None:
     call = _call(name, datatype, params, count)
     inputs = _inputs(call)
-    want = _numpy(call, inputs).tobytes()
+    want = on_numpy(call, inputs).tobytes()
     out = np.empty(count, numpy_dtype(call.output_datatype))
     assert cupy_backend.run_pieces(call, inputs, out)  # in pieces, not one-shot
     assert out.tobytes() == want
@@ -120,7 +111,7 @@ def test_the_pieces_copies_and_kernels_overlap(
     timed = Timed(cupy_backend)
     monkeypatch.setattr(cupy_backend, "pieces", timed)
     assert cupy_backend.run_pieces(call, inputs, out)
-    assert out.tobytes() == _numpy(call, inputs).tobytes()
+    assert out.tobytes() == on_numpy(call, inputs).tobytes()
     spans = timed.spans
     assert len(spans) == 3 * (64 * MiB // PIECE_BYTES)  # an upload, a kernel, a download each
     first = spans[0][0]  # the first upload's start, issued before anything else

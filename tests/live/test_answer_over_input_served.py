@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 from support.framing import framed
-from support.live import LiveServer, metric_samples, serve
+from support.live import LiveServer, serve, settled_inflight_bytes
 from support.rawhttp import read_response, request
 from support.v2 import assert_bit_not, binary_input, bit_not_request
 
@@ -38,15 +37,6 @@ def _shift_request(x: np.ndarray[Any, Any], counts: np.ndarray[Any, Any]) -> byt
     }
     body, headers = framed(header, x.tobytes(), counts.tobytes())
     return request("POST", f"/v2/models/{SHIFT}/infer", headers, body)
-
-
-def _settled_inflight_bytes(server: LiveServer, seconds: float = 10) -> float:
-    deadline = time.monotonic() + seconds
-    while True:
-        held = metric_samples(server.base_url)["tensorbits_inflight_bytes"]
-        if held == 0 or time.monotonic() > deadline:
-            return held
-        time.sleep(0.1)
 
 
 def test_large_answers_over_their_inputs_byte_for_byte_on_one_connection(
@@ -72,4 +62,4 @@ def test_large_answers_over_their_inputs_byte_for_byte_on_one_connection(
             np.testing.assert_array_equal(np.frombuffer(body[offset:], "<u4"), shifted)
         sock.sendall(request("GET", "/v2/health/live"))
         assert read_response(sock).status == 200
-    assert _settled_inflight_bytes(server) == 0
+    assert settled_inflight_bytes(server) == 0

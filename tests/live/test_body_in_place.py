@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 from support.framing import framed
-from support.live import LiveServer, metric_samples, serve
+from support.live import LiveServer, metric_samples, serve, settled_inflight_bytes
 from support.rawhttp import assert_json_error, read_replies, read_response, request
 from support.v2 import NOT, assert_bit_not, binary_input, bit_not_request
 
@@ -59,16 +59,6 @@ def _send_in_parts(sock: socket.socket, raw: bytes, parts: int = 4, pause: float
         time.sleep(pause)
 
 
-def _settled_inflight_bytes(server: LiveServer, seconds: float = 10) -> float:
-    """``tensorbits_inflight_bytes`` once it is back to 0, or its last value after ``seconds``."""
-    deadline = time.monotonic() + seconds
-    while True:
-        held = metric_samples(server.base_url)["tensorbits_inflight_bytes"]
-        if held == 0 or time.monotonic() > deadline:
-            return held
-        time.sleep(0.1)
-
-
 def _refusals(server: LiveServer, rule: str) -> float:
     return sum(
         value
@@ -85,7 +75,7 @@ def test_a_body_read_in_place_is_answered_byte_for_byte(server: LiveServer) -> N
             assert_bit_not(read_response(sock), data)
         sock.sendall(request("GET", "/v2/health/live"))
         assert read_response(sock).status == 200
-    assert _settled_inflight_bytes(server) == 0
+    assert settled_inflight_bytes(server) == 0
 
 
 @pytest.mark.parametrize("coding", ["gzip", "deflate"])
@@ -131,7 +121,7 @@ def test_a_large_body_trickled_past_the_deadline_gets_408_and_the_connection_goe
         sock.settimeout(30)
         sock.sendall(raw[sent:] + request("GET", "/v2/health/live"))
         assert read_response(sock).status == 200
-    assert _settled_inflight_bytes(server) == 0
+    assert settled_inflight_bytes(server) == 0
 
 
 def test_a_client_gone_mid_body_is_refused_truncated_and_its_admission_released(
@@ -145,7 +135,7 @@ def test_a_client_gone_mid_body_is_refused_truncated_and_its_admission_released(
         assert metric_samples(server.base_url)["tensorbits_inflight_bytes"] >= len(raw) // 2
         sock.sendall(raw[len(raw) // 4 : len(raw) // 2])
         time.sleep(0.1)
-    assert _settled_inflight_bytes(server) == 0
+    assert settled_inflight_bytes(server) == 0
     deadline = time.monotonic() + 10
     while _refusals(server, "truncated") <= before and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -166,7 +156,7 @@ def test_two_pipelined_large_requests_are_answered_in_order(server: LiveServer) 
             assert read_response(sock).status == 200
         finally:
             sender.join(30)
-    assert _settled_inflight_bytes(server) == 0
+    assert settled_inflight_bytes(server) == 0
 
 
 def test_a_body_longer_than_its_content_length_ends_at_its_length(server: LiveServer) -> None:
@@ -218,4 +208,4 @@ def test_many_clients_declaring_the_largest_body_cost_only_their_admission() -> 
         finally:
             for sock in socks:
                 sock.close()
-        assert _settled_inflight_bytes(server) == 0
+        assert settled_inflight_bytes(server) == 0

@@ -4,18 +4,19 @@ never arrays) and runs through ``core.engine.run_into``."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from tensorbits.core.backends.base import Backend
-from tensorbits.core.engine import run_into
+from tensorbits.core.backends.numpy_backend import NumpyBackend
+from tensorbits.core.engine import run_call, run_into
 from tensorbits_protocol.dtypes import from_numpy, numpy_dtype
 from tensorbits_protocol.operators import get_operator
 from tensorbits_protocol.validation import ResolvedCall, TensorSpec, validate_call
 
-__all__ = ["compute", "spec_of", "validate_arrays"]
+__all__ = ["compute", "on_numpy", "spec_of", "validate_arrays"]
 
 
 def spec_of(array: np.ndarray[Any, Any]) -> TensorSpec:
@@ -44,3 +45,13 @@ def compute(
         out = np.empty(call.output_shape, numpy_dtype(call.output_datatype))
     run_into(backend, call, [np.ascontiguousarray(arrays[n]) for n in call.op.inputs], out)
     return out
+
+
+def on_numpy(call: ResolvedCall, inputs: Sequence[np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
+    """``call``'s answer on the NumPy backend: the reference a device's answer is held to."""
+    backend = NumpyBackend(1)
+    try:
+        out: np.ndarray[Any, Any] = run_call(backend, call, inputs)
+        return out
+    finally:
+        backend.close()

@@ -103,6 +103,12 @@ def settled_metric_samples(
     return samples
 
 
+def settled_inflight_bytes(server: LiveServer, seconds: float = 10) -> float:
+    """``tensorbits_inflight_bytes`` once it is back to 0, or its last value after ``seconds``."""
+    name = "tensorbits_inflight_bytes"
+    return settled_metric_samples(server.base_url, lambda s: s[name] == 0, seconds)[name]
+
+
 def wait_ready(server: LiveServer, path: str = "/v2/health/ready") -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
