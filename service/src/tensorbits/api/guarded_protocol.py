@@ -395,14 +395,11 @@ def declared_length(scope: Any) -> int | None:
 
 def framed_length(scope: Any) -> int | None:
     """The length the parser frames the request's body by: its Content-Length, where it has no
-    Transfer-Encoding (None otherwise, or where the length is not a number)."""
-    length = None
-    for name, value in scope["headers"]:
-        if name == b"transfer-encoding":
-            return None
-        if name == b"content-length":
-            length = int(value) if value.isdigit() else None
-    return length
+    Transfer-Encoding (None otherwise, or where the length is not a number; the parser has
+    refused conflicting lengths already)."""
+    if any(name == b"transfer-encoding" for name, _ in scope["headers"]):
+        return None
+    return declared_length(scope)
 
 
 # Bytes read at most at a time outside a body read in place: uvloop's own read buffer's size.

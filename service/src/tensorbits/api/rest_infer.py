@@ -145,8 +145,7 @@ def encode(
     call = plan.call
     dtype = wire_dtype(call.output_datatype)
     if plan.binary_output:
-        # The size first, here: a small answer pays one comparison, not a call.
-        over = written_over(plan, backend) if plan.output_nbytes >= IN_PLACE_MIN_BYTES else None
+        over = written_over(plan, backend)
         if over is not None:  # no buffer: the output over the input's bytes in the body
             head = plan.response_head
             if head is None:
