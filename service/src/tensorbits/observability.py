@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
@@ -592,9 +592,10 @@ class ObservabilityMiddleware:
         into = scope.get(BODY_INTO)
         if into is not None:  # the server reads the body into the app's buffer: counted here
 
-            async def into_counted(view: memoryview) -> tuple[int, bool]:
-                filled, ended = await into(view)
-                counts["in"] += min(filled, len(view))
+            async def into_counted(view: memoryview, until: int | None = None) -> tuple[int, bool]:
+                filled, ended = await into(view, until)
+                # Called again as a body arrives (``until``): the bytes in so far, counted once.
+                counts["in"] = max(counts["in"], min(filled, len(view)))
                 return filled, ended
 
             scope[BODY_INTO] = into_counted
@@ -664,12 +665,24 @@ def record_call(
 
 
 # The scope key where ``tensorbits serve``'s protocol (``guarded_protocol.OneWriteCycle``) puts
-# its way to read the body into the buffer the app allocated once admitted (here, below both,
-# and the middleware counts what it reads): it returns once the body is all in the buffer, or the client is gone, with (bytes of the body parsed, True where it
-# ended; False: disconnected or refused first). Bytes past the buffer's end are counted, never
-# written: a count past its length is a body longer than declared.
+# its way to read the body into the buffer the app allocated once admitted (``BodyInto``; here,
+# below both, and the middleware counts what it reads).
 BODY_INTO = "tensorbits.body_into"
-BodyInto = Callable[[memoryview], Awaitable[tuple[int, bool]]]
+
+
+class BodyInto(Protocol):
+    """``into(view, until)``: the body read into ``view``, returning once it is all in, or the
+    client is gone, with (bytes of the body parsed, True where it ended; False: disconnected or
+    refused first). Bytes past the view's end are counted, never written: a count past its
+    length is a body longer than declared. ``until``: return as soon as that many bytes are in
+    (the body not ended yet), the rest still read into ``view`` as it arrives; call again with
+    the same view for more. The reading stops once the response starts."""
+
+    def __call__(
+        self, view: memoryview, until: int | None = None, /
+    ) -> Awaitable[tuple[int, bool]]: ...
+
+
 # Where a request's route is unknown: the HTTP layer refused it before the app routed it.
 NO_ROUTE = ""
 # The lifespan state key (``app.py``) under which the app hands its metrics to the HTTP layer:

@@ -21,13 +21,25 @@ never refused for it. Large bodies are compressed off the event loop.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from starlette.types import Message, Receive, Scope, Send
 
-from tensorbits.api.body import declared_length, header_values, receive_body
+from tensorbits.api.body import (
+    IDENTITY,
+    allocate_body,
+    declared_length,
+    header_values,
+    receive_body,
+    receive_first,
+    receive_rest,
+)
 from tensorbits.api.compression import accepted_coding, compress, compressed_bound
 from tensorbits.api.guarded_protocol import BODY_RECEIVED
 from tensorbits.core.admission import Admission, Grant
+from tensorbits.core.arrival import LOOK_BYTES, Arrival
 from tensorbits.core.offload import offload
+from tensorbits.deadlines import within_read_deadline
 from tensorbits.observability import BODY_INTO, BodyInto
 from tensorbits.runtime import Runtime
 from tensorbits_protocol import codec
@@ -39,6 +51,10 @@ _ENCODED_TYPES = {t: t.encode() for t in (codec.JSON_CONTENT_TYPE, codec.BINARY_
 # Bodies up to this size are compressed on the event loop (level 1 runs at about 100 MiB/s and
 # more: well under a millisecond); larger ones on a worker thread (offload.py).
 COMPRESS_INLINE_MAX_BYTES = 64 << 10
+# A declared binary body at least this large is planned from its JSON header while the rest
+# arrives (``header_first``): an element-wise answer is then computed as the tensors arrive.
+# Below it the whole body arrives in a few milliseconds, and one plan after it costs less.
+ARRIVING_MIN_BYTES = 8 << 20
 
 
 class AdmittedRequest:
@@ -72,6 +88,55 @@ class AdmittedRequest:
             receive, self.length, self.encoding, settings.max_body_bytes, timeout, self.into
         )
         return body, codec.parse_header_length(self.header_length_value, len(body))
+
+    def header_first(self) -> int | None:
+        """The JSON header's length of a body that is planned from that header while the rest
+        arrives (``receive_planned``): a declared binary body of ``ARRIVING_MIN_BYTES`` or more,
+        not compressed, read by the server into the app's buffer and not here whole already;
+        None: read it whole first (``receive``). Refused as ``receive`` refuses the header."""
+        length = self.length
+        if (
+            length is None
+            or length < ARRIVING_MIN_BYTES
+            or self.into is None
+            or self.body_received
+            or self.header_length_value is None
+            or (self.encoding is not None and self.encoding.strip().lower() not in IDENTITY)
+        ):
+            return None
+        header_length = codec.parse_header_length(self.header_length_value, length)
+        return header_length if header_length and header_length < length else None
+
+    def allocate(self) -> bytearray:
+        """The buffer of a declared body (``header_first``), admitted already."""
+        assert self.length is not None
+        return allocate_body(self.length)
+
+    async def receive_planned(
+        self,
+        body: bytearray,
+        header_length: int,
+        planned: Callable[[], Awaitable[Arrival | None]],
+    ) -> Arrival | None:
+        """``body`` (``allocate``) read under the read deadline, from its first byte to its last,
+        as ``receive`` reads it: its JSON header first, then ``planned()`` (the request planned
+        and held from it, and how it is computed as the rest arrives: ``Arrival``; None: once
+        it is all in), then the rest, in place, that ``Arrival`` told of every ``LOOK_BYTES``
+        in. Every refusal of a body read whole, in its words; returns ``planned``'s."""
+        into = self.into
+        assert into is not None
+
+        async def read() -> Arrival | None:
+            view = memoryview(body)  # not released here: the server may still write it
+            first = await receive_first(into, view, header_length)
+            arrival = await planned()
+            arrived = None if arrival is None else arrival.arrived
+            await receive_rest(into, view, first, LOOK_BYTES, arrived)
+            return arrival
+
+        return await within_read_deadline(
+            read(), self.settings.timeout_body_read, "the request body"
+        )
 
     async def send(self, send: Send, framed: codec.Framed) -> None:
         """A 200 with the framed body (its parts in order; one message when it is one part),

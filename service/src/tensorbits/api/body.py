@@ -8,7 +8,10 @@ bounded after inflation too.
 Under ``tensorbits serve`` a body with a declared length is read straight into that buffer: the
 server's protocol fills it as the body is parsed and wakes the app once, when it is complete
 (``guarded_protocol.BODY_INTO``); elsewhere (another ASGI server, a test transport) the chunks
-``receive`` gives are copied in. Either way the buffer is checked here, in the same words.
+``receive`` gives are copied in. Either way the buffer is checked here, in the same words. A
+large binary v2 body is read in parts instead (``receive_first``, its JSON header; then
+``receive_rest``): the request is planned from its header, and an element-wise answer computed,
+while the rest arrives (``admitted.AdmittedRequest.receive_planned``).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import ctypes
 import sys
 import zlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from starlette.requests import Request
 from starlette.types import Message, Receive, Scope
@@ -30,6 +33,8 @@ from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
 # zlib's wbits per coding (gzip, and deflate as HTTP means it): the codings responses use too.
 _WBITS = WBITS
 _INFLATE_STEP = 1 << 20
+# The Content-Encoding values (stripped, lower case) of a body sent as it is.
+IDENTITY = ("", "identity")
 
 
 # A declared body at least this large is allocated on transparent huge pages, as NumPy allocates
@@ -144,7 +149,7 @@ async def receive_body(
         _receive(receive, length, limit, into), timeout, "the request body"
     )
     encoding = (encoding or "identity").strip().lower()
-    if encoding in ("", "identity"):
+    if encoding in IDENTITY:
         return buffer
     if encoding not in _WBITS:
         raise InvalidRequest(
@@ -183,6 +188,46 @@ async def _receive_declared(receive: Receive, length: int, into: BodyInto | None
     buffer = allocate_body(length)
     with memoryview(buffer) as view:
         filled, ended = await (_receive_into(receive, view) if into is None else into(view))
+    check_declared(filled, ended, length)
+    return buffer
+
+
+async def receive_first(into: BodyInto, view: memoryview, until: int) -> tuple[int, bool]:
+    """The first ``until`` bytes of a declared body read into ``view`` (``into``: the server's
+    ``BODY_INTO``), the rest still arriving there: (bytes in, whether the body ended), refused
+    as ``receive_body`` refuses a body when it ended early, or long, or the client left."""
+    filled, ended = await into(view, until)
+    if ended or filled < until:
+        check_declared(filled, ended, len(view))
+    return filled, ended
+
+
+async def receive_rest(
+    into: BodyInto,
+    view: memoryview,
+    read: tuple[int, bool],
+    step: int,
+    arrived: Callable[[int], Awaitable[None]] | None,
+) -> None:
+    """The rest of a declared body whose ``read`` = (bytes in, ended) came from
+    ``receive_first``, into ``view``: ``arrived`` told of the bytes in at least every ``step``
+    bytes and awaited (the body keeps arriving in place meanwhile); refused as ``receive_body``
+    refuses it."""
+    filled, ended = read
+    if not ended and arrived is None:
+        filled, ended = await into(view)
+    while not ended and arrived is not None:
+        until = filled + step
+        filled, ended = await into(view, until)
+        if ended or filled < until:  # the end, or it will not come (the client left)
+            break
+        await arrived(min(filled, len(view)))
+    check_declared(filled, ended, len(view))
+
+
+def check_declared(filled: int, ended: bool, length: int) -> None:
+    """A declared body's refusal, if it is one: ``filled`` bytes of the ``length`` declared
+    arrived (more: it is longer), ``ended`` or not (the client left first)."""
     if filled > length:
         raise InvalidRequest(
             f"request body is longer than its Content-Length {length}",
@@ -197,7 +242,6 @@ async def _receive_declared(receive: Receive, length: int, into: BodyInto | None
             field="body",
             rule="truncated",
         )
-    return buffer
 
 
 async def _receive_into(receive: Receive, view: memoryview) -> tuple[int, bool]:

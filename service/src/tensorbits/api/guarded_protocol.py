@@ -173,6 +173,8 @@ BODY_RECEIVED = "tensorbits.body_received"
 # Up to this many body bytes go out in the same write as the response's head (joined: one copy);
 # a larger body is written apart from its head, as uvicorn writes both (no copy of it).
 JOINED_BODY_MAX_BYTES = 64 << 10
+# ``OneWriteCycle.wake_at`` when no ``receive_into`` waits for a part of its body: past any body.
+NO_WAKE = 1 << 62
 
 # nginx's lingering close: lingering_time (all the discarding of one response) and
 # lingering_timeout (the client idle between two reads). A client sending a large body over a
@@ -231,33 +233,49 @@ class OneWriteCycle(RequestResponseCycle):
     # far; None: the body is queued in ``body`` for ``receive``, as uvicorn queues it.
     into: memoryview | None = None
     filled = 0
+    # The fill at which a ``receive_into`` waiting with ``until`` is woken (past any: none waits).
+    wake_at = NO_WAKE
 
-    async def receive_into(self, view: memoryview) -> tuple[int, bool]:
+    async def receive_into(self, view: memoryview, until: int | None = None) -> tuple[int, bool]:
         """The body read into ``view`` (``BODY_INTO``): what is queued copied in, then every
         chunk parsed from now on written in place by ``on_body``, with no read paused at
         uvicorn's high-water mark and no wake of the app per chunk: it is woken once, when the
-        body is complete, the client disconnects or the request is refused. ``receive``'s
+        body is complete, the client disconnects or the request is refused, or (``until``)
+        when that many bytes are in; the rest is still written into ``view`` as it arrives,
+        for the next call with the same view, until the response starts. ``receive``'s
         semantics otherwise (a 100 Continue owed is sent; a disconnect or a response complete
         ends it unended)."""
-        if self.waiting_for_100_continue and not self.transport.is_closing():
-            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            self.waiting_for_100_continue = False
-        queued = self.body
-        filled = len(queued)
-        if filled:
-            put(view, 0, queued)
-            self.body = bytearray()
-        if self.more_body and not (self.disconnected or self.response_complete):
+        if self.into is not view:  # the first call for this body
+            if self.waiting_for_100_continue and not self.transport.is_closing():
+                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                self.waiting_for_100_continue = False
+            queued = self.body
+            filled = len(queued)
+            if filled:
+                put(view, 0, queued)
+                self.body = bytearray()
+            if not self._arriving():
+                return filled, not (self.more_body or self.disconnected or self.response_complete)
             self.into, self.filled = view, filled
             self.flow.resume_reading()  # paused at the high-water mark before the app came
-            try:
-                while self.more_body and not (self.disconnected or self.response_complete):
-                    await self.message_event.wait()
-                    self.message_event.clear()
-            finally:
-                # Cancelled too (the body deadline): nothing is written past this point.
-                filled, self.into = self.filled, None
+        self.wake_at = NO_WAKE if until is None else until
+        try:
+            while self._arriving() and self.filled < self.wake_at:
+                await self.message_event.wait()
+                self.message_event.clear()
+        except BaseException:
+            self.into = None  # cancelled (the body deadline): nothing is written past this point
+            raise
+        finally:
+            self.wake_at = NO_WAKE
+        filled = self.filled
+        if not self._arriving():
+            self.into = None
         return filled, not (self.more_body or self.disconnected or self.response_complete)
+
+    def _arriving(self) -> bool:
+        """Whether more of the body may still arrive for the app."""
+        return self.more_body and not (self.disconnected or self.response_complete)
 
     async def send(self, message: ASGISendEvent) -> None:
         if self.flow.write_paused and not self.disconnected:
@@ -271,6 +289,7 @@ class OneWriteCycle(RequestResponseCycle):
                 )
             self.response_started = True
             self.waiting_for_100_continue = False
+            self.into = None  # the app is done with its body: the rest is not written there
             status_code = message["status"]
             if self.access_log:  # off in tensorbits serve (the middleware logs); kept for others
                 self.access_logger.info(
@@ -543,6 +562,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._body_left -= nbytes
         if not self._body_left:
             self.on_message_complete()  # the parser's callback, as it would have called it
+        elif cycle.filled >= cycle.wake_at:
+            cycle.message_event.set()
 
     def _body_buffer(self, cycle: OneWriteCycle, into: memoryview) -> memoryview | None:
         """Where the rest of the body is read: the part of the app's buffer not filled yet, once
@@ -730,6 +751,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if into is not None:  # the app's buffer (receive_into): the app is woken once, at the end
             put(into, cycle.filled, body)
             cycle.filled += len(body)
+            if cycle.filled >= cycle.wake_at:  # or as it asked, before (``until``)
+                cycle.message_event.set()
             return
         cycle.body += body
         if len(cycle.body) > HIGH_WATER_LIMIT:

@@ -10,7 +10,9 @@ runs a plan into the response: it knows the output's shape and type, so it write
 header first, allocates ONE buffer for header plus output, and has the kernel write the output
 straight into that buffer's tail, which is sent as it is (no copy from output to response). A
 large output of an input's type and shape is written over that input's bytes in the request's
-body instead (``written_over``): no buffer at all, the answer sent as its header and those bytes.
+body instead (``written_over``): no buffer at all, the answer sent as its header and those bytes;
+when the request was planned from its header while the body arrived, in pieces as the inputs'
+bytes came (``arriving``, ``core/arrival.py``), the last of them computed here.
 Plain functions, CPU-bound: the data plane decides whether they run on a worker thread.
 """
 
@@ -21,6 +23,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from tensorbits.core.arrival import Arrival
 from tensorbits.core.backends.base import Backend
 from tensorbits.core.dataplane import DataPlane
 from tensorbits.core.engine import is_flat_elementwise
@@ -128,7 +131,10 @@ def template_of(planned: Plan, request: InferRequest, backend: Backend) -> PlanT
 
 
 def encode(
-    plan: Plan, backend: Backend, regions: SharedMemoryRegions | None = None
+    plan: Plan,
+    backend: Backend,
+    regions: SharedMemoryRegions | None = None,
+    arrival: Arrival | None = None,
 ) -> codec.Framed:
     """Run a plan and encode the response (binary: one buffer, written in place; shared
     memory: the inputs read first, the output written into its region, the response its JSON
@@ -137,7 +143,8 @@ def encode(
     A large binary output that ``written_over`` allows is written over its input's bytes in
     the request's body, and sent as two parts, the JSON header and a view of those bytes: no
     buffer allocated, its pages not faulted in. Its hold stays ``plan.memory_needed``, which
-    counts the output's bytes too: an upper bound, never short."""
+    counts the output's bytes too: an upper bound, never short. ``arrival``: that output
+    computed in part already, as the body arrived (``arriving``): the rest computed here."""
     if plan.shared_output is not None:
         assert regions is not None  # plan() refused shared memory without regions
         run_to_region(plan, backend, regions)
@@ -145,13 +152,16 @@ def encode(
     call = plan.call
     dtype = wire_dtype(call.output_datatype)
     if plan.binary_output:
-        over = written_over(plan, backend)
+        over = written_over(plan, backend) if arrival is None else arrival.over
         if over is not None:  # no buffer: the output over the input's bytes in the body
             head = plan.response_head
             if head is None:
                 head = plan.response().to_rest().header
             out = plan.inputs[over]
-            run_to_host(plan, backend, regions, out)
+            if arrival is None:
+                run_to_host(plan, backend, regions, out)
+            else:
+                arrival.finish()
             return codec.Framed((head, out.reshape(-1).view(np.uint8).data), len(head))
         if plan.response_head is not None:
             layout = codec.BodyLayout(plan.response_head, (plan.output_nbytes,))
@@ -163,6 +173,14 @@ def encode(
     out = np.empty(call.output_shape, dtype)
     run_to_host(plan, backend, regions, out)
     return codec.Framed.json(plan.response(encode_data(plan.op.output, out)).to_rest().header)
+
+
+def arriving(plan: Plan, backend: Backend, body: bytearray) -> Arrival | None:
+    """How ``plan``, made from ``body``'s JSON header while its tensors' bytes still arrive, is
+    computed as they do (``core/arrival.py``): when its output is written over an input in the
+    body (``written_over``); None: once the body is all in, as any plan."""
+    over = written_over(plan, backend)
+    return None if over is None else Arrival(plan, backend, memoryview(body), over)
 
 
 def written_over(plan: Plan, backend: Backend) -> int | None:
@@ -253,6 +271,7 @@ def check_named(request: InferRequest, name: str, served: str, version: str | No
 __all__ = [
     "IN_PLACE_MIN_BYTES",
     "Found",
+    "arriving",
     "check_named",
     "check_named_model",
     "encode",

@@ -25,7 +25,8 @@ from tensorbits.api import rest_graph, rest_infer, v2_openapi
 from tensorbits.api.admitted import AdmittedRequest
 from tensorbits.api.deps import runtime_of_app
 from tensorbits.api.fastpath import FastRoute
-from tensorbits.core.dataplane import Call, HoldWords, Needs
+from tensorbits.core.arrival import Arrival
+from tensorbits.core.dataplane import Call, Decoder, HoldWords, Needs, Reckoner
 from tensorbits.core.graphs.request import GraphRequest
 from tensorbits.core.models import resolve_model, resolve_served, version_of
 from tensorbits.core.offload import JSON_INLINE_MAX_BYTES
@@ -41,6 +42,9 @@ GRAPH_WORDS = HoldWords("inference", "body, outputs, work", "body")
 # A front end's part of a call once its body is here: ``Call.serve`` with its codec, the body
 # and its JSON header's length (None: the whole body is JSON) bound.
 Serving = Callable[[Call, bytearray, int | None], Awaitable[codec.Framed]]
+# Its part of a call whose body is planned from its JSON header while the rest arrives
+# (``AdmittedRequest.header_first``): the call, the exchange and the header's length.
+ArrivingServing = Callable[[Call, AdmittedRequest, int], Awaitable[codec.Framed]]
 
 
 async def through_the_plane(
@@ -50,19 +54,26 @@ async def through_the_plane(
     send: Send,
     models: Sequence[str],
     serving: Serving,
+    arriving: ArrivingServing | None = None,
 ) -> None:
     """One request on a plain ASGI endpoint (v2 inference, the /v1 batch), from its body to the
     response's last byte, through the data plane's lifecycle (core/dataplane.py): admitted for
     its declared body before a byte is read, received, ``serving``'s (``Call.serve``: planned,
     held, run), sent. ``models``: what its statistics count it for, when known before the plan.
-    Every failure is raised before the first byte is sent, so the app's exception handlers
-    answer it."""
+    ``arriving``: how a large binary body is served instead, planned from its JSON header while
+    the rest arrives. Every failure is raised before the first byte is sent, so the app's
+    exception handlers answer it."""
     async with runtime.plane.call(models) as call:
         exchange = AdmittedRequest(runtime, scope)
         call.admitted(exchange.grant)
-        body, header_length = await exchange.receive(receive)
-        call.mark_received()
-        framed = await serving(call, body, header_length)
+        header_length = None if arriving is None else exchange.header_first()
+        if header_length is not None:
+            assert arriving is not None
+            framed = await arriving(call, exchange, header_length)
+        else:
+            body, header_length = await exchange.receive(receive)
+            call.mark_received()
+            framed = await serving(call, body, header_length)
         await exchange.send(send, framed)
 
 
@@ -112,9 +123,10 @@ class InferEndpoint:
         # and not in the planner, whose cached plans would skip the check.
         plane.models.check_loaded(op.name)
 
-        async def serve_operator(
-            call: Call, body: bytearray, header_length: int | None
-        ) -> codec.Framed:
+        def planning(
+            body: bytearray, header_length: int | None
+        ) -> tuple[Decoder[Plan], int, Reckoner[Plan]]:
+            """How a body is planned: the decoder, the JSON bytes it reads, what a plan needs."""
             decoded = _json_bytes(body, header_length)
             # A header small enough to be planned inline is looked up here: what a plan of a
             # template (without shared memory) holds and touches is the template's, decided once.
@@ -122,6 +134,9 @@ class InferEndpoint:
                 rest_infer.look_up(plane, op, body, header_length, version)
                 if decoded < JSON_INLINE_MAX_BYTES
                 else None
+            )
+            decode = partial(
+                rest_infer.plan, plane, op, body, header_length, version=version, found=found
             )
             template = found.template if found is not None else None
             if template is not None and not template.in_shared_memory:
@@ -135,17 +150,42 @@ class InferEndpoint:
                 def needs(plan: Plan) -> Needs:
                     return Needs(plan.memory_needed(len(body), plane.backend), plan.work_bytes)
 
+            return decode, decoded, needs
+
+        async def serve_operator(
+            call: Call, body: bytearray, header_length: int | None
+        ) -> codec.Framed:
+            decode, decoded, needs = planning(body, header_length)
             return await call.serve(
-                partial(
-                    rest_infer.plan, plane, op, body, header_length, version=version, found=found
-                ),
+                decode,
                 decoded,
                 needs,
                 OPERATOR_WORDS,
                 partial(rest_infer.encode, backend=plane.backend, regions=plane.regions),
             )
 
-        await through_the_plane(runtime, scope, receive, send, (op.name,), serve_operator)
+        async def serve_arriving(
+            call: Call, exchange: AdmittedRequest, header_length: int
+        ) -> codec.Framed:
+            body = exchange.allocate()
+            held: tuple[Plan, Needs] | None = None
+
+            async def planned() -> Arrival | None:  # once the header is in, the rest arriving
+                nonlocal held
+                call.mark_received()
+                held = await call.held(*planning(body, header_length), OPERATOR_WORDS)
+                return rest_infer.arriving(held[0], plane.backend, body)
+
+            arrival = await exchange.receive_planned(body, header_length, planned)
+            assert held is not None
+            encode = partial(
+                rest_infer.encode, backend=plane.backend, regions=plane.regions, arrival=arrival
+            )
+            return await call.run(*held, encode)
+
+        await through_the_plane(
+            runtime, scope, receive, send, (op.name,), serve_operator, serve_arriving
+        )
 
 
 _ENDPOINT = InferEndpoint()

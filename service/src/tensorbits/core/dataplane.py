@@ -293,20 +293,41 @@ class Call:
         told (a stream reads its next message once this one is held); ``encode(plan)``, on a
         worker thread when the run touches ``COMPUTE_INLINE_MAX_BYTES`` or more, else inline,
         its device work awaited by a stream callback, not blocked on (device_wait.py)."""
-        # Inline below the bound without offload's coroutine: a small request's every call.
-        if decoded_bytes < JSON_INLINE_MAX_BYTES:
+        # Its halves (``held``, ``run``) written out: a small request's every call, and each
+        # coroutine more costs it.
+        if decoded_bytes < JSON_INLINE_MAX_BYTES:  # inline without offload's coroutine
             planned = decode()
         else:
             planned = await offload(decoded_bytes, JSON_INLINE_MAX_BYTES, decode)
-        reckoned = needs(planned)
-        if reckoned.models is not None:
-            self.models = reckoned.models
-        self.hold(reckoned.held, *words)
+        reckoned = self._held(planned, needs, words)
         if on_held is not None:
             on_held()
         answer = await run_woken(reckoned.work, COMPUTE_INLINE_MAX_BYTES, encode, planned)
         self.executed = perf_counter_ns()
         return answer
+
+    async def held(
+        self, decode: Decoder[PlanT], decoded_bytes: int, needs: Reckoner[PlanT], words: HoldWords
+    ) -> tuple[PlanT, Needs]:
+        """``serve``'s first half: the plan, and what it needs, held (a front end with the rest
+        of its request still arriving runs the second, ``run``, once it is here)."""
+        planned = await offload(decoded_bytes, JSON_INLINE_MAX_BYTES, decode)
+        return planned, self._held(planned, needs, words)
+
+    async def run(
+        self, planned: PlanT, reckoned: Needs, encode: Encoder[PlanT, AnswerT]
+    ) -> AnswerT:
+        """``serve``'s second half: ``encode(planned)``, its needs held already (``held``)."""
+        answer = await run_woken(reckoned.work, COMPUTE_INLINE_MAX_BYTES, encode, planned)
+        self.executed = perf_counter_ns()
+        return answer
+
+    def _held(self, planned: PlanT, needs: Reckoner[PlanT], words: HoldWords) -> Needs:
+        reckoned = needs(planned)
+        if reckoned.models is not None:
+            self.models = reckoned.models
+        self.hold(reckoned.held, *words)
+        return reckoned
 
 
 __all__ = [

@@ -1,0 +1,240 @@
+"""An element-wise plan computed as its body arrives (``core/arrival.py``), and the HTTP body
+read it runs under (``api/body.receive_first``, ``receive_rest``), in process.
+
+The body is filled in uneven parts, as a socket fills it; after each, ``arrived`` may compute only
+elements whose every input byte is in (checked against a count made element by element), and the
+answer, once ``finish`` has run, is byte for byte NumPy's, for every kind of qualifying operator
+and type; an input decoded from JSON never holds a piece back. The reads around it refuse a body
+in the words a body read whole is refused in."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from support.inprocess import TestClient, app_client, runtime_of
+
+from tensorbits.api import rest_infer
+from tensorbits.api.body import receive_first, receive_rest
+from tensorbits.core import arrival as arrival_module
+from tensorbits.core.arrival import Arrival
+from tensorbits.core.dataplane import DataPlane
+from tensorbits.observability import BodyInto
+from tensorbits_protocol.dtypes import from_numpy
+from tensorbits_protocol.errors import InvalidRequest
+from tensorbits_protocol.operators import OPERATORS
+
+Arr = np.ndarray[Any, Any]
+RNG = np.random.default_rng(7)
+PIECE = 64 << 10  # pieces of 64 KiB here, so that small bodies run in many
+
+
+@pytest.fixture(scope="module")
+def plane() -> Iterator[DataPlane]:
+    client: TestClient
+    with app_client() as client:
+        yield runtime_of(client).plane
+
+
+@pytest.fixture(autouse=True)
+def small_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(arrival_module, "PIECE_BYTES", PIECE)
+    monkeypatch.setattr(rest_infer, "IN_PLACE_MIN_BYTES", 1)
+
+
+def _bits(n: int, dtype: str) -> Arr:
+    return RNG.integers(0, 256, n * np.dtype(dtype).itemsize, dtype=np.uint8).view(dtype)
+
+
+def _header(arrays: dict[str, Arr], parameters: dict[str, Any], json_data: str = "") -> bytes:
+    inputs = []
+    for name, x in arrays.items():
+        tensor: dict[str, Any] = {
+            "name": name, "shape": list(x.shape), "datatype": str(from_numpy(x.dtype)),
+        }  # fmt: skip
+        if name == json_data:
+            tensor["data"] = x.reshape(-1).tolist()
+        else:
+            tensor["parameters"] = {"binary_data_size": x.nbytes}
+        inputs.append(tensor)
+    return json.dumps(
+        {"inputs": inputs, "parameters": {**parameters, "binary_data_output": True}}
+    ).encode()
+
+
+# (model, inputs, parameters, the expected output)
+CASES: dict[str, Callable[[], tuple[str, dict[str, Arr], dict[str, Any], Arr]]] = {
+    "not-uint8": lambda: (lambda x: ("DML_OPERATOR_ELEMENT_WISE_BIT_NOT", {"InputTensor": x},
+                                     {}, ~x))(_bits(300_001, "uint8")),
+    "xor-uint32": lambda: (lambda a, b: ("DML_OPERATOR_ELEMENT_WISE_BIT_XOR",
+                                         {"ATensor": a, "BTensor": b}, {}, a ^ b))(
+        _bits(100_003, "uint32"), _bits(100_003, "uint32")),
+    "and-int64": lambda: (lambda a, b: ("onnx.BitwiseAnd-18", {"A": a, "B": b}, {}, a & b))(
+        _bits(40_001, "int64"), _bits(40_001, "int64")),
+    "count-uint8": lambda: (lambda x: ("DML_OPERATOR_ELEMENT_WISE_BIT_COUNT",
+                                       {"InputTensor": x}, {}, np.bitwise_count(x)))(
+        _bits(200_000, "uint8")),
+}  # fmt: skip
+
+
+def _arriving(
+    plane: DataPlane,
+    model: str,
+    arrays: dict[str, Arr],
+    parameters: dict[str, Any],
+    json_data: str = "",
+) -> tuple[bytearray, bytes, Arrival]:
+    """The body's buffer with only its JSON header in, the rest of its bytes, and its arrival."""
+    header = _header(arrays, parameters, json_data)
+    tail = b"".join(x.tobytes() for name, x in arrays.items() if name != json_data)
+    body = bytearray(len(header) + len(tail))
+    body[: len(header)] = header
+    op = next(o for o in OPERATORS if o.name == model)
+    planned = rest_infer.plan(plane, op, body, len(header))
+    arrival = rest_infer.arriving(planned, plane.backend, body)
+    assert arrival is not None, "the case does not qualify"
+    return body, header + tail, arrival
+
+
+def _ready_by_element(arrays: dict[str, Arr], header: int, filled: int, json_data: str) -> int:
+    """How many leading elements have every body input's bytes in, counted one by one."""
+    at = header
+    ends: list[tuple[int, int]] = []
+    for name, x in arrays.items():
+        if name != json_data:
+            ends.append((at, x.dtype.itemsize))
+            at += x.nbytes
+    total = next(iter(arrays.values())).size
+    count = 0
+    while count < total and all(a + (count + 1) * s <= filled for a, s in ends):
+        count += 1
+    return count
+
+
+def _fill(body: bytearray, whole: bytes, arrival: Arrival, start: int) -> list[tuple[int, int]]:
+    """``whole``'s bytes from ``start`` copied into ``body`` in uneven parts, ``arrived`` told
+    after each; (bytes in, elements computed) after each."""
+    seen: list[tuple[int, int]] = []
+
+    async def arrive() -> None:
+        filled = start
+        while filled < len(whole):
+            end = min(len(whole), filled + int(RNG.integers(1, 3 * PIECE)))
+            body[filled:end] = whole[filled:end]
+            filled = end
+            await arrival.arrived(filled)
+            seen.append((filled, arrival.done))
+
+    asyncio.run(arrive())
+    return seen
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_pieces_as_the_body_arrives_give_numpys_answer(plane: DataPlane, case: str) -> None:
+    model, arrays, parameters, want = CASES[case]()
+    body, whole, arrival = _arriving(plane, model, arrays, parameters)
+    header = len(whole) - sum(x.nbytes for x in arrays.values())
+    seen = _fill(body, whole, arrival, header)
+    for filled, done in seen:  # never an element whose bytes are not all in
+        assert done <= _ready_by_element(arrays, header, filled, ""), (filled, done)
+    assert any(0 < done < arrival.total for _, done in seen), "no piece ran before the end"
+    arrival.finish()
+    assert arrival.done == arrival.total
+    at = header + sum(x.nbytes for x in list(arrays.values())[: arrival.over])
+    answer = np.frombuffer(body, want.dtype, want.size, at)
+    np.testing.assert_array_equal(answer, want)
+
+
+def test_ready_counts_each_input_in_the_body(plane: DataPlane) -> None:
+    a, b = _bits(50_001, "uint32"), _bits(50_001, "uint32")
+    arrays = {"ATensor": a, "BTensor": b}
+    _, whole, arrival = _arriving(plane, "DML_OPERATOR_ELEMENT_WISE_BIT_XOR", arrays, {})
+    header = len(whole) - a.nbytes - b.nbytes
+    for filled in (0, header, header + a.nbytes, header + a.nbytes + 3, header + a.nbytes + 4,
+                   header + a.nbytes + 4001, len(whole) - 1, len(whole)):  # fmt: skip
+        assert arrival.ready(filled) == _ready_by_element(arrays, header, filled, "")
+
+
+def test_an_input_decoded_from_json_holds_no_piece_back(plane: DataPlane) -> None:
+    x, y = _bits(20_000, "uint8"), RNG.integers(0, 8, 20_000, dtype=np.uint8)
+    arrays = {"X": x, "Y": y}
+    body, whole, arrival = _arriving(
+        plane, "onnx.BitShift-11", arrays, {"direction": "LEFT"}, json_data="Y"
+    )
+    header = len(whole) - x.nbytes
+    assert arrival.ready(header + 1000) == 1000  # X's bytes alone decide
+    _fill(body, whole, arrival, header)
+    arrival.finish()
+    np.testing.assert_array_equal(np.frombuffer(body, np.uint8, x.size, header), x << y)
+
+
+# --- the reads: the first part of a body, then its rest ---------------------------------------
+def _into(*chunks: bytes | None) -> BodyInto:
+    """A ``BODY_INTO`` as the server's: each call returns once ``until`` bytes are in (or the
+    body ended, or the client left: None), the chunks written in place as they come."""
+    pending = list(chunks)
+    state = {"filled": 0}
+
+    def into(view: memoryview, until: int | None = None) -> Awaitable[tuple[int, bool]]:
+        async def read() -> tuple[int, bool]:
+            while pending:
+                if until is not None and state["filled"] >= until:
+                    return state["filled"], False
+                chunk = pending.pop(0)
+                if chunk is None:
+                    return state["filled"], False
+                end = state["filled"] + len(chunk)
+                if end <= len(view):
+                    view[state["filled"] : end] = chunk
+                state["filled"] = end
+            return state["filled"], True
+
+        return read()
+
+    return into
+
+
+def _read(length: int, first: int, *chunks: bytes | None) -> tuple[bytearray, list[int]]:
+    body = bytearray(length)
+    told: list[int] = []
+
+    async def arrived(filled: int) -> None:
+        told.append(filled)
+
+    async def run() -> None:
+        into = _into(*chunks)
+        view = memoryview(body)
+        read = await receive_first(into, view, first)
+        await receive_rest(into, view, read, 4, arrived)
+
+    asyncio.run(run())
+    return body, told
+
+
+def test_the_rest_is_read_in_place_and_told_as_it_comes() -> None:
+    body, told = _read(12, 3, b"ab", b"cd", b"efgh", b"ijkl")
+    assert body == b"abcdefghijkl"
+    assert told == [8]  # at least every 4 bytes past the last look, until the end
+
+
+@pytest.mark.parametrize(
+    ("chunks", "rule", "words"),
+    [
+        ((b"abc", b"defg"), "body_length", "longer than its Content-Length 6"),
+        ((b"abc", None), "truncated", "client disconnected before the request body was complete"),
+        ((b"ab", None), "truncated", "client disconnected before the request body was complete"),
+        ((b"abc",), "truncated", "ended after 3 of its 6 declared bytes"),
+        ((b"a",), "truncated", "ended after 1 of its 6 declared bytes"),
+    ],
+    ids=["longer", "gone-after-the-first-part", "gone-before-it", "shorter", "shorter-first"],
+)
+def test_a_body_read_in_parts_is_refused_as_one_read_whole(
+    chunks: tuple[bytes | None, ...], rule: str, words: str
+) -> None:
+    with pytest.raises(InvalidRequest, match=words) as caught:
+        _read(6, 2, *chunks)
+    assert caught.value.rule == rule
