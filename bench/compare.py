@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import grpc
@@ -46,16 +47,16 @@ from support.perf_analyzer import SCRIPT as PERF_ANALYZER
 from support.perf_analyzer import run_perf_analyzer
 
 from bench.harness import (
-    BIN,
     NOT,
     ROOT,
-    UVICORN_FLAGS,
     MiB,
     PlainClient,
     free_port,
+    interleaved_times,
     note,
     server,
     v2_binary_request,
+    wall,
 )
 from bench.harness.baselines import RawEcho
 from bench.harness.charts import line_chart
@@ -67,6 +68,7 @@ SMALL = np.arange(16, dtype=np.uint8)
 TICK = 1 / os.sysconf("SC_CLK_TCK")
 RESULTS = ROOT / "bench" / "results"
 TRITON = "Triton"
+FLOORS = {"http": "bare FastAPI", "grpc": "bare grpc.aio"}  # a floor's label: its workers after
 PROTOCOLS, PARTS = ("http", "grpc"), ("rates", "perf", "sizes")
 
 
@@ -109,12 +111,8 @@ def tree_cpu(pid: int) -> float:
 def tensorbits(label: str, kind: str, workers: int, source: Path | None = None) -> Iterator[Server]:
     """``tensorbits serve`` from this checkout, or from ``source`` (an extracted revision)."""
     http_port, grpc_port = free_port(), free_port()
-    env = {
-        "TENSORBITS_BACKEND": "numpy",
-        "TENSORBITS_LOG_LEVEL": "warning",
-        "TENSORBITS_GRPC_PORT": str(grpc_port),
-        "TENSORBITS_WORKERS": str(workers),
-    }
+    env = {"TENSORBITS_BACKEND": "numpy", "TENSORBITS_LOG_LEVEL": "warning",
+           "TENSORBITS_GRPC_PORT": str(grpc_port), "TENSORBITS_WORKERS": str(workers)}  # fmt: skip
     module = "tensorbits.server.cli"
     if source is not None:
         paths = [source / p / "src" for p in ("service", "client", "protocol")]
@@ -131,14 +129,11 @@ def revision_source(revision: str) -> Iterator[Path]:
     """The sources of ``revision`` in a temporary folder (``git archive``: the working tree and
     the repository stay as they are)."""
     with tempfile.TemporaryDirectory(prefix="tensorbits-revision-") as tmp:
-        wanted = ["service/src", "client/src", "protocol/src"]
-        listed = subprocess.run(
-            ["git", "ls-tree", "--name-only", revision, *wanted],
-            cwd=ROOT, capture_output=True, text=True, check=True,
-        ).stdout.split()  # fmt: skip
-        archive = subprocess.Popen(
-            ["git", "archive", revision, *listed], cwd=ROOT, stdout=subprocess.PIPE
-        )
+        wanted = [f"{part}/src" for part in ("service", "client", "protocol")]
+        listed = subprocess.run(["git", "ls-tree", "--name-only", revision, *wanted], cwd=ROOT,
+                                capture_output=True, text=True, check=True)  # fmt: skip
+        archive = subprocess.Popen(["git", "archive", revision, *listed.stdout.split()],
+                                   cwd=ROOT, stdout=subprocess.PIPE)  # fmt: skip
         subprocess.run(["tar", "-x", "-C", tmp], stdin=archive.stdout, check=True)
         if archive.wait() != 0:
             raise RuntimeError(f"git archive {revision} failed")
@@ -146,31 +141,25 @@ def revision_source(revision: str) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def bare_fastapi() -> Iterator[Server]:
-    port = free_port()
-    # Keep-alive as long as tensorbits' (uvicorn's default is 5 s, less than a round of sizes).
-    argv = [str(BIN / "uvicorn"), "bench.harness.baselines:app", "--port", str(port),
-            "--timeout-keep-alive", "65"]  # fmt: skip
-    with server([*argv, *UVICORN_FLAGS], f"http://127.0.0.1:{port}/ping", {}, 120.0) as proc:
-        yield Server("bare FastAPI", "floor", proc.pid, http_port=port, path="/ping")
-
-
-@contextlib.contextmanager
-def bare_grpc() -> Iterator[Server]:
-    port = free_port()
-    argv = [sys.executable, "-m", "bench.harness.baselines", str(port)]
-    proc = subprocess.Popen(argv, cwd=ROOT)
-    try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            grpc.channel_ready_future(channel).result(timeout=30)
-        yield Server("bare grpc.aio", "floor", proc.pid, grpc_target=f"127.0.0.1:{port}")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+def floors(workers: int) -> Iterator[list[Server]]:
+    """The bare FastAPI app and the bare grpc.aio server (harness/baselines.py) in the form of
+    tensorbits' ``--workers``: both in each of ``workers`` processes, their ports shared."""
+    http, grpc_port = free_port(), free_port()
+    w, target = f" ({workers_label(workers)})", f"127.0.0.1:{grpc_port}"
+    argv = [sys.executable, "-m", "bench.harness.baselines", str(http), str(grpc_port),
+            "--workers", str(workers)]  # fmt: skip
+    with server(argv, f"http://127.0.0.1:{http}/v2/health/ready", {}, 120.0) as proc:
+        yield [Server(FLOORS["http"] + w, "floor", proc.pid, http_port=http, path="/ping"),
+               Server(FLOORS["grpc"] + w, "floor", proc.pid, grpc_target=target)]  # fmt: skip
 
 
 def workers_label(workers: int) -> str:
     return f"{workers} worker" + ("s" if workers > 1 else "")
+
+
+def fronts(server: Server, args: argparse.Namespace) -> list[str]:
+    """The protocols of ``--protocol`` that ``server`` speaks."""
+    return [p for p in args.protocol if (server.grpc_target if p == "grpc" else server.http_port)]
 
 
 @contextlib.contextmanager
@@ -192,10 +181,8 @@ def servers(args: argparse.Namespace) -> Iterator[list[Server]]:
                 print(f"Triton peer: Triton Inference Server {peer.version} (nvidia-pytriton)")
                 http_port = urlsplit(peer.http_url).port
                 found.append(Server(TRITON, TRITON, peer.pid, http_port, peer.grpc_url))
-        if "http" in args.protocol:
-            found.append(stack.enter_context(bare_fastapi()))
-        if "grpc" in args.protocol:
-            found.append(stack.enter_context(bare_grpc()))
+        for w in args.workers:
+            found += stack.enter_context(floors(w))
         yield found
 
 
@@ -215,13 +202,11 @@ def wrk_latency_ms(out: str, percentile: int) -> float:
 def wrk_rate(server: Server, seconds: float, connections: int) -> Rate:
     """wrk (one thread) posting the 16-element v2 binary BIT_NOT (the floor reads the same body)."""
     head, parts = v2_binary_request({"InputTensor": SMALL}, "OutputTensor")
-    script = WRK_SCRIPT.format(
-        body="".join(f"\\{b}" for b in b"".join(bytes(p) for p in parts)),
-        name="Inference-Header-Content-Length",
-        value=len(head),
-    )
+    body = "".join(f"\\{b}" for b in b"".join(bytes(p) for p in parts))
     with tempfile.NamedTemporaryFile("w", suffix=".lua") as lua:
-        lua.write(script)
+        lua.write(
+            WRK_SCRIPT.format(body=body, name="Inference-Header-Content-Length", value=len(head))
+        )
         lua.flush()
         cpu = tree_cpu(server.pid)
         out = subprocess.run(
@@ -238,45 +223,36 @@ def wrk_rate(server: Server, seconds: float, connections: int) -> Rate:
     count = re.search(r"(\d+) requests in", out)
     if failed or rate is None or count is None:
         raise RuntimeError(f"wrk against {server.label}:\n{out}")
-    return Rate(
-        float(rate.group(1)), wrk_latency_ms(out, 50), wrk_latency_ms(out, 99),
-        cpu / int(count.group(1)) * 1e6,
-    )  # fmt: skip
+    return Rate(float(rate.group(1)), wrk_latency_ms(out, 50), wrk_latency_ms(out, 99),
+                cpu / int(count.group(1)) * 1e6)  # fmt: skip
 
 
 def grpc_rate(server: Server, seconds: float, in_flight: int) -> Rate:
     """bench.harness.grpc_load in a process of its own; the requests the server counted."""
-    channels = 2 if in_flight % 2 == 0 else 1
     argv = [
         sys.executable, "-m", "bench.harness.grpc_load", str(server.grpc_target), "--json",
         "--elements", str(SMALL.size), "--duration", f"{seconds:g}",
-        "--streams", str(in_flight), "--channels", str(channels),
+        "--streams", str(in_flight), "--channels", "2" if in_flight % 2 == 0 else "1",
     ]  # fmt: skip
     cpu = tree_cpu(server.pid)
     done = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 90, cwd=ROOT)
     cpu = tree_cpu(server.pid) - cpu
     if done.returncode != 0:
         raise RuntimeError(f"gRPC load against {server.label}:\n{done.stdout}{done.stderr}")
-    result = json.loads(done.stdout)
-    return Rate(
-        result["requests"] / result["seconds"], result["p50_ms"], result["p99_ms"],
-        cpu / result["calls_made"] * 1e6,
-    )  # fmt: skip
+    got = json.loads(done.stdout)
+    return Rate(got["requests"] / got["seconds"], got["p50_ms"], got["p99_ms"],
+                cpu / got["calls_made"] * 1e6)  # fmt: skip
 
 
 RateKey = tuple[str, str, int]  # protocol, server label, concurrency
 
 
 def measure_rates(running: list[Server], args: argparse.Namespace) -> dict[RateKey, list[Rate]]:
-    contestants: list[tuple[RateKey, Callable[[], Rate]]] = []
-    for concurrency in args.concurrency:
-        for s in running:
-            if "http" in args.protocol and s.http_port is not None:
-                run = functools.partial(wrk_rate, s, args.seconds, concurrency)
-                contestants.append((("http", s.label, concurrency), run))
-            if "grpc" in args.protocol and s.grpc_target is not None:
-                run = functools.partial(grpc_rate, s, args.seconds, concurrency)
-                contestants.append((("grpc", s.label, concurrency), run))
+    load = {"http": wrk_rate, "grpc": grpc_rate}
+    contestants: list[tuple[RateKey, Callable[[], Rate]]] = [
+        ((p, s.label, c), functools.partial(load[p], s, args.seconds, c))
+        for c in args.concurrency for s in running for p in fronts(s, args)
+    ]  # fmt: skip
     rates: dict[RateKey, list[Rate]] = {key: [] for key, _ in contestants}
     for round_ in range(args.rounds):
         shift = (round_ * max(1, len(contestants) // args.rounds)) % max(1, len(contestants))
@@ -320,12 +296,8 @@ def perf_analyzer(server: Server, protocol: str, args: argparse.Namespace) -> Ra
     if done.returncode != 0 or not done.rows:
         return f"failed (exit {done.returncode}): " + " | ".join(done.output.splitlines()[-2:])
     row = done.rows[0]
-    return Rate(
-        float(row["Inferences/Second"]),
-        float(row["p50 latency"]) / 1e3,
-        float(row["p99 latency"]) / 1e3,
-        float("nan"),
-    )
+    return Rate(float(row["Inferences/Second"]), float(row["p50 latency"]) / 1e3,
+                float(row["p99 latency"]) / 1e3, float("nan"))  # fmt: skip
 
 
 PerfKey = tuple[str, str]  # protocol, server label
@@ -338,11 +310,10 @@ def measure_perf(running: list[Server], args: argparse.Namespace) -> dict[PerfKe
         print(f"perf_analyzer skipped, it cannot be set up: {setup.stderr.strip()[-300:]}")
         return {}
     results: dict[PerfKey, list[Rate]] = {}
-    targets = [s for s in running if s.kind != "floor"]  # perf_analyzer reads model metadata
     for round_ in range(args.rounds):
         for protocol in args.protocol:
-            order = targets if round_ % 2 == 0 else targets[::-1]
-            for s in order:
+            order = [s for s in running if protocol in fronts(s, args)]
+            for s in order if round_ % 2 == 0 else order[::-1]:
                 note(f"  perf_analyzer, round {round_ + 1}/{args.rounds}: {protocol} {s.label}")
                 outcome = perf_analyzer(s, protocol, args)
                 if isinstance(outcome, str):
@@ -353,15 +324,17 @@ def measure_perf(running: list[Server], args: argparse.Namespace) -> dict[PerfKe
 
 
 # --- large tensors: round trips -----------------------------------------------------------------
-def http_call(client: PlainClient, parts: list[bytes | memoryview], head: bytes,
+def http_call(client: PlainClient, server: Server, parts: list[bytes | memoryview], head: bytes,
               tail: bytes) -> Callable[[], None]:  # fmt: skip
-    """One v2 binary BIT_NOT; the answer's last bytes checked."""
-    headers = {"Inference-Header-Content-Length": str(len(head))}
+    """One v2 binary BIT_NOT, the answer's last bytes checked; a floor's /echo: the body back."""
+    echo, size = server.kind == "floor", sum(len(p) for p in parts)
+    headers = {} if echo else {"Inference-Header-Content-Length": str(len(head))}
+    path = "/echo" if echo else PATH
 
     def once() -> None:
-        status, _, body = client.request("POST", PATH, parts, headers)
-        if status != 200 or bytes(body[-len(tail) :]) != tail:
-            raise RuntimeError(f"HTTP answered {status}: {bytes(body[:200])!r}")
+        status, _, body = client.request("POST", path, parts, headers)
+        if status != 200 or (len(body) != size if echo else bytes(body[-len(tail) :]) != tail):
+            raise RuntimeError(f"{path} answered {status}: {bytes(body[:200])!r}")
 
     return once
 
@@ -375,17 +348,6 @@ def grpc_call(channel: grpc.Channel, body: bytes, tail: bytes) -> Callable[[], N
         answer: bytes = call(body, timeout=300, wait_for_ready=True)
         if answer[-len(tail) :] != tail:
             raise RuntimeError(f"gRPC: wrong answer ({len(answer)} bytes)")
-
-    return once
-
-
-def echo_call(client: PlainClient, parts: list[bytes | memoryview]) -> Callable[[], None]:
-    size = sum(len(p) for p in parts)
-
-    def once() -> None:
-        status, _, body = client.request("POST", "/echo", parts, {})
-        if status != 200 or len(body) != size:
-            raise RuntimeError(f"echo answered {status} with {len(body)} of {size} bytes")
 
     return once
 
@@ -406,27 +368,16 @@ def measure_sizes(running: list[Server], args: argparse.Namespace) -> dict[SizeK
         with contextlib.ExitStack() as stack:
             for s in running:
                 if "http" in args.protocol and s.http_port is not None:
-                    client = PlainClient(s.http_port)
-                    stack.callback(client.close)
-                    calls[("http", s.label, mib)] = (
-                        echo_call(client, parts) if s.kind == "floor"
-                        else http_call(client, parts, head, tail)
-                    )  # fmt: skip
-                if "grpc" in args.protocol and s.grpc_target:  # the floor: a cached answer
-                    channel = grpc.insecure_channel(s.grpc_target, options=CHANNEL_OPTIONS)
-                    stack.callback(channel.close)
+                    client = stack.enter_context(contextlib.closing(PlainClient(s.http_port)))
+                    calls[("http", s.label, mib)] = http_call(client, s, parts, head, tail)
+                if "grpc" in args.protocol and (target := s.grpc_target):  # a floor: cached
+                    channel = stack.enter_context(grpc.insecure_channel(target, CHANNEL_OPTIONS))
                     calls[("grpc", s.label, mib)] = grpc_call(channel, body, tail)
             calls[("tcp", "raw TCP echo", mib)] = raw.round_trip_fn(sum(len(p) for p in parts))
-            for call in calls.values():
-                call()
-            order = list(calls)
-            for round_ in range(args.repeat):
-                note(f"  sizes, {mib:g} MiB, round {round_ + 1}/{args.repeat}")
-                shift = round_ % len(order)
-                for key in order[shift:] + order[:shift]:
-                    start = time.perf_counter()
-                    calls[key]()
-                    times.setdefault(key, []).append(time.perf_counter() - start)
+            note(f"  sizes, {mib:g} MiB, {args.repeat} rounds")
+            times |= interleaved_times(
+                {key: wall(call) for key, call in calls.items()}, args.repeat
+            )
     return times
 
 
@@ -455,24 +406,15 @@ class Results:
 
 
 def targets(results: Results, args: argparse.Namespace) -> list[Target]:
-    one, cores = (
-        f"tensorbits ({workers_label(1)})",
-        f"tensorbits ({workers_label(max(args.workers))})",
-    )
-    big = 64.0  # the targets' size
+    c = workers_label(max(args.workers))
+    one, cores, big = f"tensorbits ({workers_label(1)})", f"tensorbits ({c})", 64.0
 
-    def rate(protocol: str, ours: str, concurrency: int, what: str, bound: str) -> Target:
-        a = results.rates.get((protocol, ours, concurrency))
-        b = results.rates.get((protocol, TRITON, concurrency))
+    def rate(table: dict[Any, list[Rate]], key: tuple[Any, ...], what: str, bound: str) -> Target:
+        a, b = table.get(key), table.get((key[0], TRITON, *key[2:]))
         if not a or not b:
-            return Target(what, bound, None, "not measured: needs Triton and that load")
+            why = "perf_analyzer" if table is results.perf else "that load"
+            return Target(what, bound, None, f"not measured: needs Triton and {why}")
         return Target(what, bound, rate_ratio(a, b))
-
-    def perf(protocol: str, what: str, bound: str) -> Target:
-        a, b = results.perf.get((protocol, cores)), results.perf.get((protocol, TRITON))
-        if not a or not b:
-            return Target(what, bound, None, "not measured: needs Triton and perf_analyzer")
-        return Target(what, bound, median_rate(a).rps / median_rate(b).rps)
 
     def size(protocol: str, peer: str, stat: Callable[[list[float]], float], what: str,
              bound: str, peer_protocol: str | None = None) -> Target:  # fmt: skip
@@ -482,42 +424,55 @@ def targets(results: Results, args: argparse.Namespace) -> list[Target]:
             return Target(what, bound, None, "not measured: needs 64 MiB and the peer")
         return Target(what, bound, stat(a) / stat(b))
 
-    c = max(args.workers)
     return [
         size("http", "raw TCP echo", min, "64 MiB BIT_NOT over HTTP / raw TCP echo, best time",
              "<= 1.3", "tcp"),
         size("http", TRITON, min, "64 MiB BIT_NOT over HTTP / Triton, best time", "<= 0.35"),
-        rate("http", one, 32, "16-element rate over HTTP / Triton, 1 worker, wrk 32 connections",
-             ">= 1.0"),
-        perf("http", f"16-element rate over HTTP / Triton, {workers_label(c)}, perf_analyzer "
-             f"{args.pa_concurrency} in flight", ">= 1.3"),
-        rate("grpc", cores, 32, f"16-element rate over gRPC / Triton, {workers_label(c)}, 32 in flight",
-             ">= 1.0"),
+        rate(results.rates, ("http", one, 32),
+             "16-element rate over HTTP / Triton, 1 worker, wrk 32 connections", ">= 1.0"),
+        rate(results.perf, ("http", cores), f"16-element rate over HTTP / Triton, {c}, "
+             f"perf_analyzer {args.pa_concurrency} in flight", ">= 1.3"),
+        rate(results.rates, ("grpc", cores, 32),
+             f"16-element rate over gRPC / Triton, {c}, 32 in flight", ">= 1.0"),
         size("grpc", TRITON, statistics.median, "64 MiB BIT_NOT over gRPC / Triton, p50",
              "<= 0.6"),
     ]  # fmt: skip
 
 
+def against(results: Results, key: tuple[Any, ...]) -> str:
+    """A tensorbits row of rates (or perf_analyzer's: ``key`` without a load), its requests/s
+    over Triton's and over the floor's of as many workers (``rate_ratio``); blank for others."""
+    table: dict[Any, list[Rate]] = results.rates if len(key) == 3 else results.perf
+    protocol, label, *load = key
+    if not label.startswith("tensorbits ("):
+        return ""
+    peers = (TRITON, FLOORS[protocol] + label.removeprefix("tensorbits"))
+    found = [table.get((protocol, peer, *load)) for peer in peers]
+    return "".join(f"{f'{rate_ratio(table[key], b):.2f}x' if b else '-':>8}" for b in found)
+
+
 def report(results: Results, checked: list[Target], args: argparse.Namespace) -> None:
+    ratios = f"{'/Triton':>8}{'/floor':>8}  (the floor: bare, as many workers)"
     if results.rates:
         print(f"\nrates: 16-element UINT8 BIT_NOT, medians of {args.rounds} round(s) of "
               f"{args.seconds:g} s; HTTP wrk -t1, gRPC h2load")  # fmt: skip
-        print(f"{'protocol':<8} {'server':<24} {'load':>5} {'req/s':>9} {'p50 ms':>8} "
-              f"{'p99 ms':>8} {'CPU/req':>9}")  # fmt: skip
-        for (protocol, label, load), runs in sorted(results.rates.items()):
+        print(f"{'protocol':<8} {'server':<26} {'load':>5} {'req/s':>9} {'p50 ms':>8} "
+              f"{'p99 ms':>8} {'CPU/req':>9}{ratios}")  # fmt: skip
+        for key, runs in sorted(results.rates.items()):
             m = median_rate(runs)
-            print(f"{protocol:<8} {label:<24} {load:>5} {m.rps:>9,.0f} {m.p50_ms:>8.2f} "
-                  f"{m.p99_ms:>8.2f} {m.server_us:>6.0f} us")  # fmt: skip
+            print(f"{key[0]:<8} {key[1]:<26} {key[2]:>5} {m.rps:>9,.0f} {m.p50_ms:>8.2f} "
+                  f"{m.p99_ms:>8.2f} {m.server_us:>6.0f} us{against(results, key)}")  # fmt: skip
     if results.perf:
         print(f"\nperf_analyzer: 16-element BIT_NOT, {args.pa_concurrency} in flight")
+        print(f"{'protocol':<8} {'server':<26} {'infer/s':>9} {'p50 ms':>8} {'p99 ms':>8}{ratios}")
         for (protocol, label), runs in sorted(results.perf.items()):
             m = median_rate(runs)
-            print(f"{protocol:<8} {label:<24} {m.rps:>9,.0f} infer/s  p50 {m.p50_ms:.3f} ms  "
-                  f"p99 {m.p99_ms:.3f} ms")  # fmt: skip
+            print(f"{protocol:<8} {label:<26} {m.rps:>9,.0f} {m.p50_ms:>8.3f} {m.p99_ms:>8.3f}"
+                  f"{against(results, (protocol, label))}")  # fmt: skip
     if results.sizes:
         print(f"\nsizes: one BIT_NOT round trip, best and median of {args.repeat} rounds")
         for (protocol, label, mib), seconds in sorted(results.sizes.items(), key=size_order):
-            print(f"{mib:>7g} MiB {protocol:<5} {label:<24} best {min(seconds) * 1e3:9.2f} ms  "
+            print(f"{mib:>7g} MiB {protocol:<5} {label:<26} best {min(seconds) * 1e3:9.2f} ms  "
                   f"p50 {statistics.median(seconds) * 1e3:9.2f} ms")  # fmt: skip
     print("\ntargets (ratios within this run):")
     for t in checked:
@@ -567,7 +522,7 @@ def document(results: Results, checked: list[Target], pa_concurrency: int,
 
 def chart_series(results: Results) -> tuple[Series, Series]:
     """The charts' lines: median requests/s against the load (the bare floors left out), and the
-    best round trip in ms against MiB (the bare FastAPI echo left out)."""
+    best round trip in ms against MiB (the bare FastAPI echoes left out)."""
     rates: Series = {}
     for (protocol, label, load), runs in sorted(results.rates.items()):
         if not label.startswith("bare"):
@@ -575,7 +530,7 @@ def chart_series(results: Results) -> tuple[Series, Series]:
             rates.setdefault(name, []).append((load, median_rate(runs).rps))
     sizes: Series = {}
     for (protocol, label, mib), seconds in sorted(results.sizes.items(), key=size_order):
-        if label != "bare FastAPI":
+        if not label.startswith(FLOORS["http"]):
             name = label if protocol == "tcp" else f"{label} {PROTOCOL_NAMES[protocol]}"
             sizes.setdefault(name, []).append((mib, min(seconds) * 1e3))
     return rates, sizes
@@ -586,11 +541,9 @@ def write(results: Results, checked: list[Target], args: argparse.Namespace,
     """compare.json (``document``) and the two charts (``chart_series``) in ``args.out``."""
     args.out.mkdir(parents=True, exist_ok=True)
     head: dict[str, object] = {
-        "command": "bench/compare.py " + " ".join(sys.argv[1:]),
+        "command": "bench/compare.py " + " ".join(sys.argv[1:]), "machine_before": before,
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "machine_before": before,
-        "machine_after": machine(),
-    }
+        "machine_after": machine()}  # fmt: skip
     data = document(results, checked, args.pa_concurrency, head)
     path = args.out / "compare.json"
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
@@ -652,23 +605,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--pa-interval-ms", type=int, help="perf_analyzer's window (default 2000)")
     add("--out", type=Path, default=RESULTS, help="where compare.json and the charts go")
     args = parser.parse_args(argv)
-    quick = args.quick
     defaults = {"sizes": ([1.0, 64.0], [1.0, 16.0, 64.0]), "concurrency": ([8, 32], [1, 8, 32, 128]),
                 "rounds": (1, 3), "seconds": (2.0, 4.0), "repeat": (3, 7),
                 "pa_interval_ms": (1000, 2000)}  # fmt: skip
     for name, (short, full) in defaults.items():
         if getattr(args, name) is None:
-            setattr(args, name, short if quick else full)
+            setattr(args, name, short if args.quick else full)
     if not set(args.protocol) <= set(PROTOCOLS) or not set(args.parts) <= set(PARTS):
         parser.error("--protocol: http and/or grpc; --parts: rates, perf, sizes")
     if not (1 <= args.rounds <= 20 and 0 < args.seconds <= 60 and 1 <= args.repeat <= 50
             and max(args.concurrency) <= 512 and max(args.sizes) <= 256):  # fmt: skip
         parser.error("bounded: --rounds 1..20, --seconds (0, 60], --repeat 1..50, "
                      "--concurrency up to 512, --sizes up to 256 MiB")  # fmt: skip
-    if "http" in args.protocol and "rates" in args.parts and shutil.which("wrk") is None:
-        parser.error("HTTP rates need wrk: apt-get install -y wrk")
-    if "grpc" in args.protocol and "rates" in args.parts and shutil.which("h2load") is None:
-        parser.error("gRPC rates need h2load: apt-get install -y nghttp2-client")
+    for protocol, tool, package in (("http", "wrk", "wrk"), ("grpc", "h2load", "nghttp2-client")):
+        if protocol in args.protocol and "rates" in args.parts and shutil.which(tool) is None:
+            parser.error(
+                f"{PROTOCOL_NAMES[protocol]} rates need {tool}: apt-get install -y {package}"
+            )
     return args
 
 

@@ -12,8 +12,9 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -21,9 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / ".venv" / "bin"
 MiB = 1 << 20
 NOT = "DML_OPERATOR_ELEMENT_WISE_BIT_NOT"
+K = TypeVar("K", bound=Hashable)  # what timings are named by: a string, a tuple
 START_TIMEOUT_S = 180.0  # at most; a server that exits first is reported at once
-UVICORN_FLAGS = ["--loop", "uvloop", "--http", "httptools", "--no-access-log",
-                 "--log-level", "warning"]  # fmt: skip
 
 
 def free_port() -> int:
@@ -72,12 +72,8 @@ def tensorbits_server(**env: str) -> Iterator[int]:
     machine given the source tree on PYTHONPATH has no ``tensorbits`` script, and a CuPy server
     there may compile its probe kernels first (START_TIMEOUT_S)."""
     port = free_port()
-    settings = {
-        "TENSORBITS_BACKEND": "numpy",
-        "TENSORBITS_LOG_LEVEL": "warning",
-        "TENSORBITS_GRPC_PORT": str(free_port()),
-        **env,
-    }
+    settings = {"TENSORBITS_BACKEND": "numpy", "TENSORBITS_LOG_LEVEL": "warning",
+                "TENSORBITS_GRPC_PORT": str(free_port()), **env}  # fmt: skip
     argv = [sys.executable, "-m", "tensorbits.server.cli", "serve", "--port", str(port)]
     with server(argv, f"http://127.0.0.1:{port}/v2/health/ready", settings, START_TIMEOUT_S):
         yield port
@@ -152,7 +148,7 @@ class PlainClient:
         self.sock.close()
 
 
-def rotated(names: list[str], round_: int) -> list[str]:
+def rotated(names: list[K], round_: int) -> list[K]:
     """Round ``round_``'s order: each name first in turn, so none always runs after the same one."""
     k = round_ % len(names) if names else 0
     return names[k:] + names[:k]
@@ -169,14 +165,12 @@ def wall(fn: Callable[[], object]) -> Callable[[], float]:
     return timer
 
 
-def interleaved_times(
-    timers: dict[str, Callable[[], float]], repeat: int
-) -> dict[str, list[float]]:
+def interleaved_times(timers: dict[K, Callable[[], float]], repeat: int) -> dict[K, list[float]]:
     """Each timer's ``repeat`` seconds after one warm-up call of each, measured round-robin in a
     rotated order so drift in the machine, and what ran just before, hit all of them alike."""
     for timer in timers.values():
         timer()
-    times: dict[str, list[float]] = {name: [] for name in timers}
+    times: dict[K, list[float]] = {name: [] for name in timers}
     for round_ in range(repeat):
         for name in rotated(list(timers), round_):
             times[name].append(timers[name]())
