@@ -373,31 +373,16 @@ def draw_chart(data: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_row_options(parser, "16,64,256", "that misses a target (default 2, --quick 1)")
-    parser.add_argument(
-        "--clock",
-        choices=("events", "wall"),
-        default="events",
-        help="CUDA events (default) or perf_counter around a synchronize",
-    )
-    parser.add_argument("--quick", action="store_true", help="64 MiB, UINT8/UINT32 only, 3 rounds")
-    parser.add_argument(
-        "--xp",
-        choices=("cupy", "numpy"),
-        default="cupy",
-        help="numpy: a dry run without a GPU (NumPy for CuPy, default 1 MiB, no timing claims)",
-    )
-    parser.add_argument(
-        "--results",
-        type=Path,
-        default=RESULTS,
-        help="folder of gpu_ops.json and gpu_ops.svg (default bench/results; written by a run "
-        "of every row on a device)",
-    )
-    parser.add_argument(
-        "--replot",
-        action="store_true",
-        help="only redraw gpu_ops.svg from gpu_ops.json (no device needed)",
-    )
+    add = parser.add_argument
+    add("--clock", choices=("events", "wall"), default="events",
+        help="CUDA events (default) or perf_counter around a synchronize")  # fmt: skip
+    add("--quick", action="store_true", help="64 MiB, UINT8/UINT32 only, 3 rounds")
+    add("--xp", choices=("cupy", "numpy"), default="cupy",
+        help="numpy: a dry run without a GPU (NumPy for CuPy, default 1 MiB, no timing claims)")  # fmt: skip
+    add("--results", type=Path, default=RESULTS, help="folder of gpu_ops.json and gpu_ops.svg "
+        "(default bench/results; written by a run of every row on a device)")  # fmt: skip
+    add("--replot", action="store_true",
+        help="only redraw gpu_ops.svg from gpu_ops.json (no device needed)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.replot:
         print(f"# wrote {os.path.relpath(draw_chart(args.results / DATA_FILE))}")

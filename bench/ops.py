@@ -484,20 +484,12 @@ def draw_chart(rows: list[Row], chart: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_row_options(parser, "1,16,64", "measured while busy (default 3, --quick 1)")
-    parser.add_argument("--threads", type=int, default=None, help="backend threads (default: all)")
-    parser.add_argument(
-        "--quick", action="store_true", help="16 MiB, UINT8/UINT32 only, 3 rounds (< 30 s)"
-    )
-    parser.add_argument(
-        "--results",
-        type=Path,
-        default=RESULTS,
-        help="folder for ops_cpu.json and ops_cpu.svg (default bench/results; not written when "
-        "--ops or --dtypes pick a subset)",
-    )
-    parser.add_argument(
-        "--replot", action="store_true", help="only redraw ops_cpu.svg from ops_cpu.json"
-    )
+    add = parser.add_argument
+    add("--threads", type=int, default=None, help="backend threads (default: all)")
+    add("--quick", action="store_true", help="16 MiB, UINT8/UINT32 only, 3 rounds (< 30 s)")
+    add("--results", type=Path, default=RESULTS, help="folder for ops_cpu.json and ops_cpu.svg "
+        "(default bench/results; not written when --ops or --dtypes pick a subset)")  # fmt: skip
+    add("--replot", action="store_true", help="only redraw ops_cpu.svg from ops_cpu.json")
     args = parser.parse_args(argv)
     if args.replot:
         draw_chart(read_rows(args.results / DATA_FILE), args.results / CHART_FILE)

@@ -141,13 +141,9 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=7, help="rounds (best of)")
     parser.add_argument("--mib", type=int, default=64, help="tensor size in MiB")
     parser.add_argument("--no-triton", action="store_true", help="leave the Triton peer out")
-    parser.add_argument(
-        "--server-env",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="one server's extra environment, 'KEY=VALUE ...'; again for another server",
-    )
+    parser.add_argument("--server-env", action="append", default=[], metavar="KEY=VALUE",
+                        help="one server's extra environment, 'KEY=VALUE ...'; again for another "
+                        "server")  # fmt: skip
     args = parser.parse_args()
     try:
         envs = server_envs(args.server_env)

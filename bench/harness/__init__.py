@@ -107,17 +107,30 @@ class PlainClient:
         self.port = port
         self._buffer = bytearray()
         self._answer = bytearray()
+        self.after_last_s = self._head_at = 0.0
 
     def request(
-        self, method: str, path: str, body: list[bytes | memoryview], headers: dict[str, str]
-    ) -> tuple[int, dict[str, str], bytearray]:
+        self, method: str, path: str, body: list[bytes | memoryview], headers: dict[str, str],
+        hold_s: float = 0.0,
+    ) -> tuple[int, dict[str, str], bytearray]:  # fmt: skip
+        """``hold_s``: the body's last MiB sent that long after the rest; the seconds from then to
+        the answer's head in ``after_last_s`` (what is left to do once a body is in)."""
         length = sum(len(part) for part in body)
         head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\nContent-Length: {length}\r\n"
         head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
         self.sock.sendall(head.encode())
-        for part in body:
+        last = memoryview(body[-1] if body else b"")
+        held = last[len(last) - MiB :] if hold_s else last[len(last) :]
+        for part in body[:-1]:
             self.sock.sendall(part)
-        return self._read_response()
+        self.sock.sendall(last[: len(last) - len(held)])
+        if hold_s:
+            time.sleep(hold_s)
+        start = time.perf_counter()
+        self.sock.sendall(held)
+        answer = self._read_response()
+        self.after_last_s = self._head_at - start
+        return answer
 
     def _read_response(self) -> tuple[int, dict[str, str], bytearray]:
         while b"\r\n\r\n" not in self._buffer:
@@ -125,6 +138,7 @@ class PlainClient:
             if not chunk:
                 raise ConnectionError("server closed the connection")
             self._buffer += chunk
+        self._head_at = time.perf_counter()
         head, _, rest = bytes(self._buffer).partition(b"\r\n\r\n")
         lines = head.decode("latin-1").split("\r\n")
         status = int(lines[0].split()[1])

@@ -81,6 +81,8 @@ def a_run() -> Results:
             ("grpc", GRPC_ONE, 64.0): [0.5, 0.5, 0.5],
             ("grpc", GRPC_TWO, 64.0): [0.4, 0.4, 0.4],
             ("http", ONE, 1.0): [0.004, 0.005],
+            ("http-last", ONE, 64.0): [0.004, 0.003],
+            ("http-last", FASTAPI_ONE, 64.0): [0.002, 0.0025],
         },
     )
 
@@ -102,6 +104,8 @@ def test_targets_from_a_run() -> None:
         "16-element rate over HTTP / Triton, 2 workers, perf_analyzer 8 in flight",
         "16-element rate over gRPC / Triton, 2 workers, 32 in flight",
         "64 MiB BIT_NOT over gRPC / Triton, p50",
+        "64 MiB BIT_NOT over HTTP, its last MiB to the answer's head / the bare FastAPI echo's, "
+        "best",
     ]
     ratio = {what: t.ratio for what, t in checked.items() if t.ratio is not None}
     verdict = [t.verdict for t in checked.values()]
@@ -118,7 +122,10 @@ def test_targets_from_a_run() -> None:
     assert math.isclose(ratio["64 MiB BIT_NOT over gRPC / Triton, p50"], 0.7)
     assert verdict[:3] == ["MISS", "PASS", "PASS"]
     assert verdict[3] == "n/a (not measured: needs Triton and perf_analyzer)"
-    assert verdict[4:] == ["MISS", "MISS"]
+    assert verdict[4:6] == ["MISS", "MISS"]
+    # What is left once the body is in: best 3 ms against the echo's 2 ms (1.5, bound 1.5).
+    assert verdict[6] == "PASS"
+    assert math.isclose(list(ratio.values())[-1], 1.5)
 
 
 def test_the_perf_analyzer_target_is_the_median_of_the_rounds_ratios() -> None:
@@ -137,8 +144,9 @@ def test_without_the_peer_no_target_is_judged() -> None:
     run.rates = {key: runs for key, runs in run.rates.items() if key[1] != TRITON}
     run.sizes = {key: times for key, times in run.sizes.items() if key[1] != TRITON}
     verdicts = [t.verdict for t in targets(run, ARGS)]
-    assert verdicts[0] == "MISS"  # the raw TCP echo is always there
-    assert all(v.startswith("n/a (not measured") for v in verdicts[1:])
+    # The raw TCP echo and the bare FastAPI echo are always there.
+    assert (verdicts[0], verdicts[-1]) == ("MISS", "PASS")
+    assert all(v.startswith("n/a (not measured") for v in verdicts[1:-1])
 
 
 def test_each_tensorbits_row_against_triton_and_the_floor_of_as_many_workers() -> None:
@@ -240,7 +248,7 @@ def test_the_data_file_is_sorted_and_the_same_bytes_for_the_same_figures() -> No
     assert [(r["protocol"], r["server"], r["concurrency"]) for r in data["rates"]] == sorted(
         (p, s, c) for p, s, c in a_run().rates
     )
-    assert [r["mib"] for r in data["round_trips"]] == [1.0] + [64.0] * 8
+    assert [r["mib"] for r in data["round_trips"]] == [1.0] + [64.0] * 10
     assert data["perf_analyzer"] == [
         {"in_flight": 8, "p50_ms": 1.25, "p99_ms": 4.5, "protocol": "http", "rps": 3844.0,
          "server": TWO, "server_us": None}
