@@ -23,7 +23,6 @@ protobuf's words, not the INTERNAL that grpcio answers when its own deserializer
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 import time
@@ -98,6 +97,15 @@ RPCS = tuple(
 # stays counted in admission until grpc has sent it (``_carry_until_sent``), as a stream's does.
 CARRIED = frozenset({"ModelInfer"})
 
+# The layouts of ModelInfer messages planned from a template (``_keep_layout``): how many, and
+# the longest message part one holds (the plan cache's key holds it too).
+MAX_LAYOUTS = 64
+LAYOUT_MAX_MESSAGE_BYTES = 4096
+
+# A ModelInfer message's key in the plan cache: its front end, its message part, its raw
+# contents' sizes.
+CacheKey = tuple[str, bytes, tuple[int, ...]]
+
 M = TypeVar("M", bound=Message)
 PlanT = TypeVar("PlanT")
 Handler = Callable[[bytes], Awaitable[bytes]]
@@ -110,6 +118,13 @@ def _parse(message_type: type[M], data: bytes) -> M:
     except DecodeError as exc:
         name = message_type.DESCRIPTOR.name
         raise InvalidRequest(f"malformed {name}: {exc}", field=name, rule="protobuf") from None
+
+
+def _no_message(name: str) -> InvalidRequest:
+    """The refusal of a unary call that ended without its message."""
+    return InvalidRequest(
+        f"the call ended without a {name} request message", field="message", rule="protobuf"
+    )
 
 
 def _version(version: str) -> str | None:
@@ -129,6 +144,7 @@ class InferenceService:
         self.receive_timeout = settings.timeout_body_read
         # Every RPC of the service in inference.proto, by the method of its snake-case name.
         self.handlers: dict[str, Handler] = {rpc: getattr(self, method) for rpc, method in RPCS}
+        self.handlers["ModelInfer"] = self._infer  # ``model_infer``'s body: a coroutine less
         missing = set(self.handlers) ^ set(RPC_RULES)
         assert not missing, f"RPC_RULES does not match inference.proto: {sorted(missing)}"
         self.pools: dict[Pool, Slots] = worker_pools(settings)
@@ -136,6 +152,8 @@ class InferenceService:
         self.wire_limits = wire.WireLimits.of(
             runtime.plane.limits.max_tensors, runtime.plane.limits.max_json_elements
         )
+        # The layouts of messages planned from a template, by length, each with its cache key.
+        self.layouts: dict[int, tuple[wire.Layout, CacheKey]] = {}
 
     # --- the call around every RPC ------------------------------------------------------------
 
@@ -154,6 +172,7 @@ class InferenceService:
         rule = RPC_RULES[name]
         slots = self.pools.get(rule.pool)
         carried = name in CARRIED
+        awaited = f"the {name} request message"  # what the read deadline's refusal names
 
         async def answer(
             requests: AsyncIterator[bytes], context: Context, peer: str, sizes: list[int]
@@ -167,7 +186,18 @@ class InferenceService:
                     holding = True
                 if needs_key:
                     self._authenticate(context, route)
-                data = await self._receive(name, requests)
+                # The call's one message, within the read deadline (an HTTP body's:
+                # ``deadlines.py``). Then the request stream is closed: grpcio's stream is a
+                # generator that, left suspended, holds the message it gave until the cycle
+                # collector finds it. Read here, not in a coroutine of its own: every call.
+                try:
+                    data = await within_read_deadline(
+                        anext(requests), self.receive_timeout, awaited
+                    )
+                except StopAsyncIteration:
+                    raise _no_message(name) from None
+                finally:
+                    await streams.close_requests(requests)
                 sizes[0] = len(data)
                 if rule.max_message_bytes is not None and len(data) > rule.max_message_bytes:
                     raise PayloadTooLarge(
@@ -195,7 +225,7 @@ class InferenceService:
             try:
                 outcome = await answer(requests, context, peer, sizes)
                 if carried and isinstance(outcome, bytes):  # as its grant let go of them
-                    _carry_until_sent(self.runtime.plane.admission, len(outcome))
+                    _carry_until_sent(self.runtime.plane.admission, len(outcome), context)
                 status = 200 if isinstance(outcome, bytes) else outcome.status_code
                 id_metadata = _request_id_metadata()  # the id the call's line names
             finally:
@@ -212,23 +242,6 @@ class InferenceService:
             raise AssertionError("context.abort returned")  # it raises
 
         return behaviour
-
-    async def _receive(self, name: str, requests: AsyncIterator[bytes]) -> bytes:
-        """The call's one message, within the read deadline (an HTTP body's: ``deadlines.py``).
-        Then the request stream is closed: grpcio's stream is a generator that, left suspended,
-        holds the message it gave until the cycle collector finds it."""
-        try:
-            return await within_read_deadline(
-                anext(requests), self.receive_timeout, f"the {name} request message"
-            )
-        except StopAsyncIteration:
-            raise InvalidRequest(
-                f"the call ended without a {name} request message",
-                field="message",
-                rule="protobuf",
-            ) from None
-        finally:
-            await streams.close_requests(requests)
 
     def stream(self, name: str) -> StreamBehaviour:
         """The stream-stream behaviour registered for a streaming RPC (ModelStreamInfer), as
@@ -431,14 +444,23 @@ class InferenceService:
         """One inference through the data plane's lifecycle (core/dataplane.py), admitted for
         its message before it is planned. A message planned before (the same bytes but the raw
         contents', of the same sizes) is planned from its template in the plane's cache, not
-        parsed and checked again. A stream's message (``message_state``) learns its request's
-        id and when it is admitted."""
+        parsed and checked again, and the next one of its layout is split by comparing it
+        (``_keep_layout``). A stream's message (``message_state``) learns its request's id and
+        when it is admitted."""
         plane = self.runtime.plane
-        split = wire.split_infer_request(data, self.wire_limits)
+        known = self.layouts.get(len(data))
+        split = None if known is None else known[0].split(data)
+        if split is not None:
+            assert known is not None
+            key = known[1]
+        else:
+            split = wire.split_infer_request(data, self.wire_limits)
+            key = (CACHE_TAG, split.message, tuple(map(len, split.raw_contents)))  # flat bytes
         size = len(split.message)
-        key = (CACHE_TAG, split.message, tuple(map(len, split.raw_contents)))  # flat bytes
         template = plane.template(key, size)
         if template is not None:
+            if known is None or known[1] is not key:
+                self._keep_layout(data, split, key)
             op = template.op
             note_model(op.name)
             _note_request_id(template.request_id or "", message_state)
@@ -476,6 +498,20 @@ class InferenceService:
         return await self._served(
             op.name, len(data), size, message_state, decode, needs, OPERATOR_WORDS, encode
         )
+
+    def _keep_layout(self, data: bytes, split: wire.SplitRequest, key: CacheKey) -> None:
+        """Keep the layout of a message planned from a template, under its length: the next
+        message of that length and layout is split by comparing it (``wire.Layout``). Only a
+        short message part is kept, and only ``MAX_LAYOUTS`` of them (all let go at once past
+        it: a client's requests come in few sizes)."""
+        if len(split.message) > LAYOUT_MAX_MESSAGE_BYTES:
+            return
+        layout = wire.layout_of(data, split)
+        if layout is None:
+            return
+        if len(self.layouts) >= MAX_LAYOUTS:
+            self.layouts.clear()
+        self.layouts[len(data)] = (layout, key)
 
     async def _infer_graph(
         self,
@@ -516,7 +552,7 @@ class InferenceService:
         """An inference of ``model`` admitted for its message's ``size`` bytes, then served by
         the data plane (``Call.serve``) with the codec of its kind; a stream's message is told
         once it is held, so that the stream reads its next."""
-        async with self.runtime.plane.call((model,)) as call:
+        with self.runtime.plane.call((model,)) as call:  # nothing to await at either end
             call.admit(size)
             held = None if message_state is None else message_state.admitted.set
             return await call.serve(decode, decoded_bytes, needs, words, encode, on_held=held)
@@ -541,18 +577,21 @@ def _operator_needs(plan: Plan, size: int, backend: Backend) -> Needs:
     return Needs(plan.memory_needed(size, backend), plan.work_bytes)
 
 
-def _carry_until_sent(admission: Admission, nbytes: int) -> None:
+def _carry_until_sent(admission: Admission, nbytes: int, context: Context) -> None:
     """Count a unary call's answer of ``nbytes`` in admission until grpc has sent it, twice
     (``streams.SENT_COPIES``). The handler returns the answer and grpcio sends it, with the call's
     status, in one batch that its call's task awaits: the task this handler runs in, whose end
-    (the answer sent, or the call cancelled) lets go of the bytes. Called in the step of the
-    event loop in which the inference's grant was released (``Admission.carry``)."""
+    (the answer sent, or the call cancelled) runs the context's done callbacks, the one added
+    here letting go of the bytes (grpcio's own hook on that task: no ``asyncio.current_task``,
+    pure Python on 3.11, on every call). Called in the step of the event loop in which the
+    inference's grant was released (``Admission.carry``)."""
     grant = admission.carry(streams.SENT_COPIES * nbytes)
-    task = asyncio.current_task()
-    if task is None:  # not run by grpcio: nothing holds the answer
+
+    def sent(_: Context) -> None:
         grant.release()
-    else:
-        task.add_done_callback(lambda _: grant.release())
+
+    # grpc-stubs type the callback as a class of their own, not a protocol a function meets.
+    context.add_done_callback(sent)  # type: ignore[arg-type]
 
 
 def _request_id_metadata() -> tuple[tuple[str, str], ...]:

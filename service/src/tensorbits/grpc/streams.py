@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import NoReturn, Protocol
 
 from grpc._cython import cygrpc  # type: ignore[attr-defined]
@@ -121,8 +121,11 @@ async def close_requests(requests: AsyncIterator[bytes]) -> None:
     (the generator and its receiver): left so, it outlives its call until the cycle collector
     runs. One still reading (a read being cancelled) ends with that read."""
     generator = aiter(requests)  # grpcio's is Cython's async generator: not a native one
-    if isinstance(generator, AsyncGenerator) and not getattr(generator, "ag_running", False):
-        await generator.aclose()
+    # Known by its ``aclose``, not by ``isinstance`` against the ABC (its check costs a unary
+    # call 1% of its time).
+    aclose = getattr(generator, "aclose", None)
+    if aclose is not None and not getattr(generator, "ag_running", False):
+        await aclose()
 
 
 class _Flight:

@@ -17,10 +17,11 @@ The walk is in two steps. ``split_infer_request`` reads the top-level fields: th
 into the message and again on each read of the field), the rest is what protobuf will parse.
 ``check_nested`` then walks the inputs, outputs and parameters inside that rest; a message the
 plan cache has seen before (the same bytes but the raw contents') skips it, having passed it
-once. ``raw_field`` frames an output as one entry of ``raw_output_contents`` (field 6 of the
-response), so the kernel writes the output straight into the response's bytes after the
-protobuf-built part (fields may come in any order on the wire, and a repeated field's entries
-may be split around others: the encoding says so).
+once, and is split by comparing it with that one (``Layout``), not read again. ``raw_field``
+frames an output as one entry of ``raw_output_contents`` (field 6 of the response), so the
+kernel writes the output straight into the response's bytes after the protobuf-built part
+(fields may come in any order on the wire, and a repeated field's entries may be split around
+others: the encoding says so).
 
 The encoding (varints, tags, the bounds of a value, packed runs) is read by the core's protobuf
 reader (``core/wire.py``), the one the ONNX files of graph models are walked with too; the rules
@@ -551,6 +552,48 @@ def _split_in_order(data: bytes, limits: WireLimits) -> SplitRequest | None:
     return SplitRequest(data[:kept_end], [view[start:stop] for start, stop in raw])
 
 
+class Layout(NamedTuple):
+    """Where a split message's parts lie: ``message`` (the split's part protobuf parses) at the
+    start, then each raw content's field, as the (start, end, tag and length) of its bytes, and
+    nothing after (``size``: the whole message's bytes). A message of this layout, the same
+    bytes but the raw contents', splits as the one it was taken from did (``split``): neither
+    split reads a raw content's bytes, only its tag and length, and the rest decides all."""
+
+    message: bytes
+    contents: tuple[tuple[int, int, bytes], ...]
+    size: int
+
+    def split(self, data: bytes) -> SplitRequest | None:
+        """The split of ``data``, when it is of this layout; None when it is not. Compared, not
+        read: 0.9 us for a 16-element ModelInfer, against 2.3 for its split."""
+        if len(data) != self.size or not data.startswith(self.message):
+            return None
+        for start, _, head in self.contents:
+            if not data.startswith(head, start - len(head)):
+                return None
+        view = memoryview(data)
+        return SplitRequest(self.message, [view[start:end] for start, end, _ in self.contents])
+
+
+def layout_of(data: bytes, split: SplitRequest) -> Layout | None:
+    """The layout of ``data``, split as ``split``: its message part first, then its raw
+    contents' fields alone, in order (as every protobuf library writes a ModelInferRequest);
+    None for any other (a field after the raw contents, an unknown one left out)."""
+    message = split.message
+    if not data.startswith(message):
+        return None
+    at = len(message)
+    contents = []
+    for content in split.raw_contents:
+        head = raw_field(RAW_INPUT_CONTENTS, len(content))
+        if not data.startswith(head, at):
+            return None
+        start = at + len(head)
+        at = start + len(content)
+        contents.append((start, at, head))
+    return Layout(message, tuple(contents), at) if at == len(data) else None
+
+
 def split_infer_request(data: bytes, limits: WireLimits) -> SplitRequest:
     """Split a serialized ``ModelInferRequest`` into the part protobuf parses and the raw
     contents, checking its top-level fields: 400 (InvalidRequest) for a malformed message or a
@@ -620,11 +663,13 @@ __all__ = [
     "RAW_OUTPUT_CONTENTS",
     "START_GROUP",
     "VARINT",
+    "Layout",
     "SplitRequest",
     "Walk",
     "WireLimits",
     "check_nested",
     "encode_varint",
+    "layout_of",
     "len_field",
     "raw_field",
     "split_infer_request",
