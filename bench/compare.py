@@ -4,7 +4,7 @@ small and large tensors, in one run, with the ratios its targets are about (PASS
 Parts, every server on a free 127.0.0.1 port, every contestant once per round, the order rotated:
 
   rates   requests/s of a 16-element UINT8 BIT_NOT at each ``--concurrency``: wrk (HTTP) and
-          bench/harness/grpc_load.py (gRPC), with each server's CPU time per request; medians
+          bench/harness/grpc_load.py (gRPC, 8 connections where the load allows), with each server's CPU time per request; medians
   perf    Triton's perf_analyzer, the same flags on every server, ``--pa-concurrency`` in flight
   sizes   one BIT_NOT round trip of each ``--sizes`` MiB at a time; best and median (p50)
 
@@ -21,6 +21,7 @@ import contextlib
 import datetime
 import functools
 import json
+import math
 import os
 import platform
 import re
@@ -68,6 +69,9 @@ SMALL = np.arange(16, dtype=np.uint8)
 TICK = 1 / os.sysconf("SC_CLK_TCK")
 RESULTS = ROOT / "bench" / "results"
 TRITON = "Triton"
+# gRPC load's connections: workers share a port by SO_REUSEPORT, which spreads connections, not
+# calls (2 channels put every call on one of 2 workers half the time).
+CHANNELS = 8
 # tensorbits and the floors run with malloc's mappings on huge pages, as `make serve` and the
 # images run the server (a 64 MiB gRPC call faults in 8k pages instead of 66k); Triton as shipped.
 DEPLOYED = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
@@ -235,7 +239,7 @@ def grpc_rate(server: Server, seconds: float, in_flight: int) -> Rate:
     argv = [
         sys.executable, "-m", "bench.harness.grpc_load", str(server.grpc_target), "--json",
         "--elements", str(SMALL.size), "--duration", f"{seconds:g}",
-        "--streams", str(in_flight), "--channels", "2" if in_flight % 2 == 0 else "1",
+        "--streams", str(in_flight), "--channels", str(math.gcd(in_flight, CHANNELS)),
     ]  # fmt: skip
     cpu = tree_cpu(server.pid)
     done = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 90, cwd=ROOT)
@@ -385,8 +389,7 @@ def measure_sizes(running: list[Server], args: argparse.Namespace) -> dict[SizeK
                 if "grpc" in args.protocol and (target := s.grpc_target):  # a floor: cached
                     channel = stack.enter_context(grpc.insecure_channel(target, CHANNEL_OPTIONS))
                     calls[("grpc", s.label, mib)] = wall(grpc_call(channel, body, tail))
-            echo = raw.round_trip_fn(sum(len(p) for p in parts))
-            calls[("tcp", "raw TCP echo", mib)] = wall(echo)
+            calls[("tcp", "raw TCP echo", mib)] = wall(raw.round_trip_fn(sum(map(len, parts))))
             note(f"  sizes, {mib:g} MiB, {args.repeat} rounds")
             times |= interleaved_times(calls, args.repeat)
     return times
@@ -445,8 +448,7 @@ def targets(results: Results, args: argparse.Namespace) -> list[Target]:
              f"perf_analyzer {args.pa_concurrency} in flight", ">= 1.3"),
         rate(results.rates, ("grpc", cores, 32),
              f"16-element rate over gRPC / Triton, {c}, 32 in flight", ">= 1.0"),
-        size("grpc", TRITON, statistics.median, "64 MiB BIT_NOT over gRPC / Triton, p50",
-             "<= 0.6"),
+        size("grpc", TRITON, statistics.median, "64 MiB BIT_NOT over gRPC / Triton, p50", "<= 0.6"),
         size("http-last", f"{FLOORS['http']} ({workers_label(1)})", min, "64 MiB BIT_NOT over "
              "HTTP, its last MiB to the answer's head / the bare FastAPI echo's, best", "<= 1.5"),
     ]  # fmt: skip
@@ -494,8 +496,7 @@ def report(results: Results, checked: list[Target], args: argparse.Namespace) ->
 
 
 def size_order(item: tuple[SizeKey, list[float]]) -> tuple[float, str, str]:
-    (protocol, label, mib), _ = item
-    return mib, protocol, label
+    return item[0][2], item[0][0], item[0][1]  # MiB, protocol, label
 
 
 def machine() -> dict[str, object]:

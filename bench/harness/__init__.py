@@ -124,8 +124,7 @@ class PlainClient:
         for part in body[:-1]:
             self.sock.sendall(part)
         self.sock.sendall(last[: len(last) - len(held)])
-        if hold_s:
-            time.sleep(hold_s)
+        time.sleep(hold_s)  # (0: none; a round trip is milliseconds)
         start = time.perf_counter()
         self.sock.sendall(held)
         answer = self._read_response()
