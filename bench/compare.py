@@ -4,7 +4,7 @@ small and large tensors, in one run, with the ratios its targets are about (PASS
 Parts, every server on a free 127.0.0.1 port, every contestant once per round, the order rotated:
 
   rates   requests/s of a 16-element UINT8 BIT_NOT at each ``--concurrency``: wrk (HTTP) and
-          bench/harness/grpc_load.py (gRPC, 8 connections where the load allows), with each server's CPU time per request; medians
+          bench/harness/grpc_load.py (gRPC), with each server's CPU time per request; medians
   perf    Triton's perf_analyzer, the same flags on every server, ``--pa-concurrency`` in flight
   sizes   one BIT_NOT round trip of each ``--sizes`` MiB at a time; best and median (p50)
 
