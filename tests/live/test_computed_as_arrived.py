@@ -209,3 +209,19 @@ def test_a_header_refused_mid_body_is_refused_in_its_words(recorded: Served) -> 
         assert "NotAnInput" in body["error"]
     assert recorded.runs == []
     recorded.settled()
+
+
+def test_pipelined_requests_computed_as_they_arrive_are_answered_in_order(
+    recorded: Served,
+) -> None:
+    rng = np.random.default_rng(7)
+    first = rng.integers(0, 256, 12 * MIB + 5, dtype=np.uint8)
+    second = rng.integers(0, 256, 9 * MIB, dtype=np.uint8)
+    with recorded.connect() as sock:
+        sock.sendall(bit_not_request(first) + bit_not_request(second))  # back to back
+        assert_bit_not(read_response(sock), first)
+        assert_bit_not(read_response(sock), second)
+        sock.sendall(request("GET", "/v2/health/live"))
+        assert read_response(sock).status == 200
+    assert recorded.runs[-1][1] == second.size  # the second's pieces ran last, to its end
+    recorded.settled()
