@@ -16,9 +16,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from core.graph_models import chain_model, model_bytes, tensor
+from onnx import TensorProto, helper
 from support.inprocess import TestClient, app_client, runtime_of
 
-from tensorbits.api import rest_infer
+from tensorbits.api import rest_graph, rest_infer
 from tensorbits.api.body import receive_first, receive_rest
 from tensorbits.core import arrival as arrival_module
 from tensorbits.core.arrival import Arrival
@@ -31,6 +33,8 @@ from tensorbits_protocol.operators import OPERATORS
 Arr = np.ndarray[Any, Any]
 RNG = np.random.default_rng(7)
 PIECE = 64 << 10  # pieces of 64 KiB here, so that small bodies run in many
+GRAPH_CONFIG = json.dumps({"backend": "onnxruntime"})
+GRAPH_FILE = "file:1/model.onnx"
 
 
 @pytest.fixture(scope="module")
@@ -238,3 +242,63 @@ def test_a_body_read_in_parts_is_refused_as_one_read_whole(
     with pytest.raises(InvalidRequest, match=words) as caught:
         _read(6, 2, *chunks)
     assert caught.value.rule == rule
+
+
+# --- a fused graph model: the chain computed as its inputs arrive ------------------------------
+def _graph_request(
+    plane: DataPlane, name: str, data: bytes, arrays: dict[str, Arr]
+) -> tuple[bytearray, bytes, rest_graph.Arriving]:
+    """A graph model ``name`` of ``data`` loaded, and a body for it with only its JSON header
+    in: the buffer, all its bytes, and how it is computed as the rest arrives."""
+    model = plane.load_graph(name, GRAPH_CONFIG, {GRAPH_FILE: data})
+    header = _header(arrays, {})
+    tail = b"".join(x.tobytes() for x in arrays.values())
+    body = bytearray(len(header) + len(tail))
+    body[: len(header)] = header
+    request = rest_graph.plan(model, plane.limits, body, len(header), None)
+    arriving = rest_graph.arriving(request, plane.backend, body)
+    assert arriving is not None, "the graph does not qualify"
+    return body, header + tail, arriving
+
+
+def test_a_fused_chain_as_its_body_arrives_gives_the_whole_runs_answer(plane: DataPlane) -> None:
+    x, y = _bits(70_001, "uint32"), _bits(70_001, "uint32")
+    arrays = {"x": x, "y": y}
+    body, whole, arriving = _graph_request(
+        plane, "arriving_chain", chain_model(np.dtype(np.uint32)), arrays
+    )
+    header = len(whole) - x.nbytes - y.nbytes
+    arrival = arriving.arrival
+    seen = _fill(body, whole, arrival, header)
+    for filled, done in seen:  # the constant k is in the model; x and y decide
+        assert done <= _ready_by_element(arrays, header, filled, ""), (filled, done)
+    assert any(0 < done < arrival.total for _, done in seen), "no piece ran before the end"
+    model = plane.graphs.get("arriving_chain")
+    assert model is not None
+    request = rest_graph.plan(model, plane.limits, body, header, None)
+    assert rest_graph.encode(request, plane.backend, arriving) is arriving.framed  # finished
+    (answer,) = arriving.framed.parts
+    assert arriving.framed.header_length is not None
+    z = np.frombuffer(answer, np.uint32, x.size, arriving.framed.header_length)
+    np.testing.assert_array_equal(z, ~((x ^ y) << np.uint32(3)))
+    # Byte for byte the answer of the same body run whole.
+    whole_body = bytearray(whole)
+    again = rest_graph.plan(model, plane.limits, whole_body, header, None)
+    assert bytes(answer) == bytes(rest_graph.encode(again, plane.backend).parts[0])
+
+
+def test_a_graph_answering_an_input_is_computed_once_its_body_is_in(plane: DataPlane) -> None:
+    u32 = TensorProto.UINT32
+    data = model_bytes(  # z = NOT x, and x itself answered: copied after, not as it arrives
+        [helper.make_node("BitwiseNot", ["x"], ["z"]), helper.make_node("Identity", ["x"], ["x2"])],
+        [tensor("x", u32, ["n"])],
+        [tensor("z", u32, ["n"]), tensor("x2", u32, ["n"])],
+    )
+    plane.load_graph("answering_an_input", GRAPH_CONFIG, {GRAPH_FILE: data})
+    x = _bits(1000, "uint32")
+    header = _header({"x": x}, {})
+    body = bytearray(header + x.tobytes())
+    model = plane.graphs.get("answering_an_input")
+    assert model is not None
+    request = rest_graph.plan(model, plane.limits, body, len(header), None)
+    assert rest_graph.arriving(request, plane.backend, body) is None

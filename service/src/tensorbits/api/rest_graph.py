@@ -11,17 +11,30 @@ and shape, as an operator's is (``Tensor.document``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
 import numpy as np
 
 from tensorbits.api.rest_infer import check_named
+from tensorbits.core.arrival import Arrival
 from tensorbits.core.backends.base import Backend
 from tensorbits.core.graphs.models import GraphModel
-from tensorbits.core.graphs.request import GraphRequest, plan_request, run_request
+from tensorbits.core.graphs.plan import GraphPlan
+from tensorbits.core.graphs.request import (
+    AnsweredOutput,
+    GraphRequest,
+    plan_request,
+    run_request,
+)
+from tensorbits.core.graphs.request import arriving as arriving_request
 from tensorbits.core.shared_memory import SharedMemoryRegions
 from tensorbits_protocol import codec
 from tensorbits_protocol.dtypes import wire_dtype
 from tensorbits_protocol.infer import InferRequest, InferResponse, RequestLimits, Tensor
 from tensorbits_protocol.jsondata import encode_data
+
+HostArray = np.ndarray[Any, Any]
 
 
 def plan(
@@ -51,8 +64,46 @@ def _response(request: GraphRequest, data: dict[str, list[object]]) -> InferResp
     return InferResponse(request.model.name, outputs, request.model.version, request.request_id)
 
 
-def encode(request: GraphRequest, backend: Backend) -> codec.Framed:
-    """Run the graph and encode the response (see the module's docstring)."""
+class Arriving(NamedTuple):
+    """A graph computed as its body arrives (``arriving``), and its answer once it is done."""
+
+    arrival: Arrival
+    framed: codec.Framed
+
+
+def arriving(request: GraphRequest, backend: Backend, body: bytearray) -> Arriving | None:
+    """How ``request``, planned from ``body``'s JSON header while its tensors still arrive, is
+    computed as they do (``core.graphs.request.arriving``): every output binary, written into
+    the response laid out now; None: once the body is in, as any request (``encode``)."""
+    plan = request.plan
+    if not (isinstance(plan, GraphPlan) and plan.fused):  # checked again below: none allocated
+        return None
+    if not request.answered or not all(a.binary and a.shared is None for a in request.answered):
+        return None
+    layout = _response(request, {}).to_rest()
+    answer, tails = layout.allocate()
+    arrival = arriving_request(request, backend, _into(request.answered, tails), memoryview(body))
+    if arrival is None:
+        return None
+    return Arriving(arrival, codec.Framed((answer,), layout.header_length))
+
+
+def _into(answered: Sequence[AnsweredOutput], tails: Sequence[memoryview]) -> dict[str, HostArray]:
+    """Each answered output's array over its place in the response's buffer."""
+    return {
+        a.planned.name: np.frombuffer(tail, wire_dtype(a.planned.datatype)).reshape(a.planned.shape)
+        for a, tail in zip(answered, tails, strict=True)
+    }
+
+
+def encode(
+    request: GraphRequest, backend: Backend, arrival: Arriving | None = None
+) -> codec.Framed:
+    """Run the graph and encode the response (see the module's docstring). ``arrival``: the
+    graph computed in part already, as the body arrived: the rest computed here."""
+    if arrival is not None:
+        arrival.arrival.finish()
+        return arrival.framed
     in_body = [a for a in request.answered if a.shared is None]
     if all(a.binary for a in in_body):
         layout = _response(request, {}).to_rest()
@@ -60,13 +111,7 @@ def encode(request: GraphRequest, backend: Backend) -> codec.Framed:
             run_request(request, backend)
             return codec.Framed.json(layout.header)
         body, tails = layout.allocate()
-        into = {
-            a.planned.name: np.frombuffer(tail, wire_dtype(a.planned.datatype)).reshape(
-                a.planned.shape
-            )
-            for a, tail in zip(in_body, tails, strict=True)
-        }
-        run_request(request, backend, into)
+        run_request(request, backend, _into(in_body, tails))
         return codec.Framed((body,), layout.header_length)
     # JSON text's length decides where the binary outputs go, so the graph runs into arrays of
     # its own first: each binary output is copied once into the body (requests mixing JSON and
@@ -88,4 +133,4 @@ def encode(request: GraphRequest, backend: Backend) -> codec.Framed:
     return codec.Framed((body,), layout.header_length)
 
 
-__all__ = ["encode", "plan"]
+__all__ = ["Arriving", "arriving", "encode", "plan"]

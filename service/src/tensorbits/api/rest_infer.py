@@ -180,7 +180,7 @@ def arriving(plan: Plan, backend: Backend, body: bytearray) -> Arrival | None:
     computed as they do (``core/arrival.py``): when its output is written over an input in the
     body (``written_over``); None: once the body is all in, as any plan."""
     over = written_over(plan, backend)
-    return None if over is None else Arrival(plan, backend, memoryview(body), over)
+    return None if over is None else Arrival.of_call(plan, backend, memoryview(body), over)
 
 
 def written_over(plan: Plan, backend: Backend) -> int | None:

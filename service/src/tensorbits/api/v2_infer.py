@@ -98,24 +98,49 @@ class InferEndpoint:
             resolve_served(plane.graphs, graph.name, version)
             note_version(graph.version)
 
-            async def serve_graph(
-                call: Call, body: bytearray, header_length: int | None
-            ) -> codec.Framed:
+            def graph_planning(
+                body: bytearray, header_length: int | None
+            ) -> tuple[Decoder[GraphRequest], int, Reckoner[GraphRequest]]:
                 def needs(request: GraphRequest) -> Needs:  # GraphPlan.needed_bytes beside it
                     return Needs(len(body) + request.needed_bytes, request.work_bytes)
 
+                decode = partial(
+                    rest_graph.plan, graph, plane.limits, body, header_length, version,
+                    regions=plane.regions,
+                )  # fmt: skip
+                return decode, _json_bytes(body, header_length), needs
+
+            async def serve_graph(
+                call: Call, body: bytearray, header_length: int | None
+            ) -> codec.Framed:
                 return await call.serve(
-                    partial(
-                        rest_graph.plan, graph, plane.limits, body, header_length, version,
-                        regions=plane.regions,
-                    ),
-                    _json_bytes(body, header_length),
-                    needs,
+                    *graph_planning(body, header_length),
                     GRAPH_WORDS,
                     partial(rest_graph.encode, backend=plane.backend),
-                )  # fmt: skip
+                )
 
-            await through_the_plane(runtime, scope, receive, send, (graph.name,), serve_graph)
+            async def serve_graph_arriving(
+                call: Call, exchange: AdmittedRequest, header_length: int
+            ) -> codec.Framed:
+                body = exchange.allocate()
+                held: tuple[GraphRequest, Needs] | None = None
+                arriving: rest_graph.Arriving | None = None
+
+                async def planned() -> Arrival | None:  # once the header is in
+                    nonlocal held, arriving
+                    call.mark_received()
+                    held = await call.held(*graph_planning(body, header_length), GRAPH_WORDS)
+                    arriving = rest_graph.arriving(held[0], plane.backend, body)
+                    return None if arriving is None else arriving.arrival
+
+                await exchange.receive_planned(body, header_length, planned)
+                assert held is not None
+                encode = partial(rest_graph.encode, backend=plane.backend, arrival=arriving)
+                return await call.run(*held, encode)
+
+            await through_the_plane(
+                runtime, scope, receive, send, (graph.name,), serve_graph, serve_graph_arriving
+            )
             return
         op = resolve_model(path["model"], version, plane.graphs)
         note_version(version_of(op))

@@ -6,18 +6,20 @@ front end that plans the request from that header while the tensors' bytes are s
 input's bytes for the next piece of the output are in, that piece is computed on a worker thread
 while the rest keeps arriving, so that when the last byte arrives only the last piece is left.
 
-Only a plan whose answer is written over one of its inputs in the body qualifies (the front
-end's rule, ``api/rest_infer.written_over``: an element-wise call without broadcasting, each
-output element depending on the input elements at its own position only, on a backend whose
-kernels give the same bytes over an input). Its pieces are flat ranges of elements
-(``engine.flat_call``), the same kernel on each, so the answer is byte for byte the one computed
-whole. Inputs not in the body (decoded from JSON) are all there from the start.
+Two kinds qualify, each output element depending on the input elements at its own position only:
+an operator whose answer is written over one of its inputs in the body (the front end's rule,
+``api/rest_infer.written_over``: element-wise without broadcasting, on a backend whose kernels
+give the same bytes over an input; ``Arrival.of_call``), and a graph model's fused chain on the
+host, written into the response's buffer (``core/graphs/request.arriving``; an input of one
+element is read whole by every piece). Pieces are flat ranges of elements, the same kernels on
+each, so the answer is byte for byte the one computed whole. Inputs not in the body (decoded from
+JSON, a graph's constants) are all there from the start.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -42,37 +44,62 @@ def _address(x: np.ndarray[Any, Any]) -> int:
 
 
 class Arrival:
-    """``plan``'s output written over its input at ``over`` in pieces, as the ``body`` its
-    binary inputs view arrives: ``arrived(filled)`` after each new fill of the body, then
-    ``finish()`` once it is all in (the pieces not computed yet)."""
+    """An answer computed a range of elements at a time (``run(begin, end)``) as the ``body``
+    its ``inputs`` lie in arrives: ``arrived(filled)`` after each new fill of the body, then
+    ``finish()`` once it is all in (the elements not computed yet). ``of_call``: an operator's
+    output written over its input at ``over``; a fused graph's runner
+    (``core/graphs/run.fused_runner``) is one too."""
 
-    __slots__ = ("_at", "_backend", "_call", "_flat", "_piece", "done", "over", "total")
+    __slots__ = ("_at", "_piece", "_run", "done", "over", "total")
 
-    def __init__(self, plan: Plan, backend: Backend, body: memoryview, over: int) -> None:
-        self.over = over
-        self._backend = backend
-        self._call = plan.call
-        inputs: Sequence[np.ndarray[Any, Any]] = plan.inputs
-        self._flat = [x.reshape(-1) for x in inputs]
-        self.total = math.prod(plan.call.output_shape)
+    def __init__(
+        self,
+        body: memoryview,
+        inputs: Sequence[np.ndarray[Any, Any]],
+        total: int,
+        run: Callable[[int, int], None],
+        itemsize: int,
+        over: int = 0,
+    ) -> None:
+        self.over = over  # an operator's: the input its output is written over
+        self.total = total  # the output's elements
         self.done = 0  # the output's elements computed so far, from the first
+        self._run = run
+        self._piece = max(1, PIECE_BYTES // itemsize)  # elements of a piece, of the widest
         start = _address(np.frombuffer(body, np.uint8)) if len(body) else 0
-        # Where each input in the body begins in it, and its element's size; an input elsewhere
-        # (decoded from JSON) is all there already.
+        # Where each input in the body begins in it, its element's size, and whether it has
+        # an element per output element (else it is read whole by every piece: one element
+        # repeated); an input elsewhere (decoded from JSON) is all there already.
         self._at = [
-            (_address(x) - start, x.dtype.itemsize)
+            (_address(x) - start, x.dtype.itemsize, x.nbytes, x.size == total)
             for x in inputs
             if x.size and start <= _address(x) < start + len(body)
         ]
-        itemsize = inputs[over].dtype.itemsize
-        self._piece = max(1, PIECE_BYTES // itemsize)
+
+    @classmethod
+    def of_call(cls, plan: Plan, backend: Backend, body: memoryview, over: int) -> Arrival:
+        """``plan``'s output written over its input at ``over``, a flat range at a time."""
+        call = plan.call
+        flat = [x.reshape(-1) for x in plan.inputs]
+
+        def run(begin: int, end: int) -> None:
+            run_into(
+                backend, flat_call(call, end - begin), [x[begin:end] for x in flat],
+                flat[over][begin:end],
+            )  # fmt: skip
+
+        total = math.prod(call.output_shape)
+        return cls(body, plan.inputs, total, run, plan.inputs[over].dtype.itemsize, over)
 
     def ready(self, filled: int) -> int:
-        """How many of the output's elements have every input's bytes among the first
-        ``filled`` bytes of the body."""
+        """How many of the output's elements have every input's bytes they read among the
+        first ``filled`` bytes of the body."""
         count = self.total
-        for at, size in self._at:
-            count = min(count, max(0, (filled - at) // size))
+        for at, size, nbytes, each in self._at:
+            if each:
+                count = min(count, max(0, (filled - at) // size))
+            elif filled < at + nbytes:
+                return 0
         return count
 
     async def arrived(self, filled: int) -> None:
@@ -80,24 +107,16 @@ class Arrival:
         worker thread, when they make at least a piece (the caller reads on meanwhile)."""
         ready = self.ready(filled)
         if ready - self.done >= self._piece:
-            await offload(PIECE_BYTES, COMPUTE_INLINE_MAX_BYTES, self._run, ready)
+            await offload(PIECE_BYTES, COMPUTE_INLINE_MAX_BYTES, self._to, ready)
 
     def finish(self) -> None:
         """The elements not computed yet, computed (the body is all in)."""
-        self._run(self.total)
+        self._to(self.total)
 
-    def _run(self, end: int) -> None:
-        begin = self.done
-        if end <= begin:
-            return
-        flat = self._flat
-        run_into(
-            self._backend,
-            flat_call(self._call, end - begin),
-            [x[begin:end] for x in flat],
-            flat[self.over][begin:end],
-        )
-        self.done = end
+    def _to(self, end: int) -> None:
+        if end > self.done:
+            self._run(self.done, end)
+            self.done = end
 
 
 __all__ = ["LOOK_BYTES", "PIECE_BYTES", "Arrival"]

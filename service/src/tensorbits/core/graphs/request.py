@@ -25,12 +25,15 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from tensorbits.core.arrival import Arrival
 from tensorbits.core.backends.base import Backend
 from tensorbits.core.backends.placement import Residence, Work, WorkKind, placed
 from tensorbits.core.device_wait import finish, hold
 from tensorbits.core.graphs.models import GraphModel
+from tensorbits.core.graphs.plan import GraphPlan
 from tensorbits.core.graphs.program import ModelPlan, PlannedTensor
 from tensorbits.core.graphs.refusals import invalid
+from tensorbits.core.graphs.run import fused_runner
 from tensorbits.core.kernels import DeviceArray
 from tensorbits.core.plan import (
     SharedInput,
@@ -297,6 +300,31 @@ def graph_work(request: GraphRequest) -> Work:
     return Work(WorkKind.GRAPH, residence, request.plan.needed_bytes, request.plan.step_count)
 
 
+def arriving(
+    request: GraphRequest, backend: Backend, outputs: Mapping[str, HostArray], body: memoryview
+) -> Arrival | None:
+    """How ``request``, planned while the ``body`` its inputs lie in arrives, is computed as it
+    does (``core/arrival.py``): a fused plan run on the host (``fused_runner``), no tensor in
+    shared memory, its answered outputs written into ``outputs`` (the front end's response
+    buffers; any other output the plan computes into an array of its own). None: it runs once
+    the body is in (``run_request``)."""
+    plan = request.plan
+    if request.shared_inputs or any(a.shared for a in request.answered):
+        return None
+    if not isinstance(plan, GraphPlan) or not plan.fused:  # a binding graph runs whole
+        return None
+    backend = placed(backend, graph_work(request))
+    arrays = dict(outputs)
+    for output in plan.outputs:
+        if output.name not in arrays:
+            arrays[output.name] = np.empty(output.shape, wire_dtype(output.datatype))
+    runner = fused_runner(plan, backend, request.inputs, arrays)
+    if runner is None:
+        return None
+    widest = max((x.dtype.itemsize for x in arrays.values()), default=1)
+    return Arrival(body, list(request.inputs.values()), plan.elements, runner, widest)
+
+
 def run_request(
     request: GraphRequest, backend: Backend, outputs: Mapping[str, HostArray] | None = None
 ) -> dict[str, HostArray]:
@@ -330,6 +358,7 @@ def run_request(
 __all__ = [
     "AnsweredOutput",
     "GraphRequest",
+    "arriving",
     "output_arrays",
     "plan_request",
     "run_request",

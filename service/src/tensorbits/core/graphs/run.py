@@ -24,7 +24,7 @@ output arrays must not overlap the inputs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
@@ -80,16 +80,7 @@ def run_graph(plan: GraphPlan, backend: Backend, inputs: Arrays, outputs: Arrays
     """Run ``plan`` on ``inputs`` (arrays by input name), writing each graph output into
     ``outputs[name]`` (arrays of the plan's type and shape): host arrays, or on a device backend
     device arrays too (see the module's docstring)."""
-    _check_names("input", inputs, list(plan.input_specs))
-    _check_names("output", outputs, [o.name for o in plan.outputs])
-    for name, tensor in plan.input_specs.items():
-        _check_array(name, inputs[name], tensor.datatype, tensor.shape)
-    for output in plan.outputs:
-        array = outputs[output.name]
-        _check_array(output.name, array, output.datatype, output.shape)
-        # A device array has no such flag (CuPy's): the caller's device memory is writable.
-        if isinstance(array, np.ndarray) and not array.flags.writeable:
-            raise invalid(output.name[:100], "read_only", "the output array is read-only")
+    _checked(plan, inputs, outputs)
     values = _sources(plan, backend, inputs)
     contiguous = all(outputs[o.name].flags.c_contiguous for o in plan.outputs)
     if plan.fused and backend.host_memory and contiguous:
@@ -109,6 +100,20 @@ def run_graph(plan: GraphPlan, backend: Backend, inputs: Arrays, outputs: Arrays
         value, out = values[output.slot], outputs[output.name]
         if value is not out:
             _copy_into(backend, value, out)
+
+
+def _checked(plan: GraphPlan, inputs: Arrays, outputs: Arrays) -> None:
+    """The arrays are the plan's: its names, types and shapes, every output writable."""
+    _check_names("input", inputs, list(plan.input_specs))
+    _check_names("output", outputs, [o.name for o in plan.outputs])
+    for name, tensor in plan.input_specs.items():
+        _check_array(name, inputs[name], tensor.datatype, tensor.shape)
+    for output in plan.outputs:
+        array = outputs[output.name]
+        _check_array(output.name, array, output.datatype, output.shape)
+        # A device array has no such flag (CuPy's): the caller's device memory is writable.
+        if isinstance(array, np.ndarray) and not array.flags.writeable:
+            raise invalid(output.name[:100], "read_only", "the output array is read-only")
 
 
 def _device_targets(plan: GraphPlan, outputs: Arrays) -> dict[int, DeviceArray]:
@@ -161,11 +166,53 @@ def _run_node_by_node(
             del values[slot]
 
 
+def fused_runner(
+    plan: GraphPlan, backend: Backend, inputs: HostArrays, outputs: HostArrays
+) -> Callable[[int, int], None] | None:
+    """``run_graph`` of ``plan`` a range of elements at a time, on the calling thread:
+    ``run(begin, end)`` computes elements ``begin`` to ``end`` of every output, in its own array
+    (a body arriving: ``core/arrival.py``); checked as ``run_graph`` checks. None where
+    ``run_graph`` would not run it fused on the host, or would copy an output after (an input
+    or constant answered, two outputs of one value)."""
+    _checked(plan, inputs, outputs)
+    written = {name: slot for slot, name in plan.in_place.items()}
+    if not (
+        plan.fused
+        and backend.host_memory
+        and all(outputs[o.name].flags.c_contiguous for o in plan.outputs)
+        and all(written.get(o.name) == o.slot for o in plan.outputs)
+        and all(x.flags.c_contiguous for x in inputs.values())  # views, never copies
+    ):
+        return None
+    return _ranges(plan, backend, _sources(plan, backend, inputs), outputs)
+
+
 def _run_fused(
     plan: GraphPlan, backend: Backend, values: dict[int, DeviceArray], outputs: Arrays
 ) -> None:
     """The whole chain a piece at a time over flat views of ``values`` (the sources); the
     outputs written in place are added to it."""
+    run_range = _ranges(plan, backend, values, outputs)
+    total = plan.elements
+    widest = max((plan.slots[s].nbytes // max(plan.elements, 1) for s in plan.scratch), default=1)
+    piece = plan.piece_elements
+    # A large graph runs on every thread of the backend, each a range of whole pieces (NumPy
+    # releases the GIL in its kernels): a piece's steps stay on one core, its cache warm.
+    threads = getattr(backend, "threads", 1) if total * widest >= SHARED_MIN_BYTES else 1
+    span = -(-total // (threads * piece)) * piece if threads > 1 else max(total, 1)
+    ranges = [
+        partial(run_range, begin, min(begin + span, total)) for begin in range(0, total, span)
+    ]
+    share(backend, ranges)
+    for slot, name in plan.in_place.items():
+        values[slot] = outputs[name]
+
+
+def _ranges(
+    plan: GraphPlan, backend: Backend, values: dict[int, DeviceArray], outputs: Arrays
+) -> Callable[[int, int], None]:
+    """The fused chain's runner of a range of elements over flat views of ``values`` (the
+    sources) and of the outputs written in place."""
     # Flat views of whole arrays (inputs, constants, outputs written in place), and of each
     # intermediate's scratch buffer as its type.
     flat: dict[int, HostArray] = {
@@ -180,7 +227,6 @@ def _run_fused(
     single_slots = {
         s for step in plan.steps for s in step.reads if s in flat and flat[s].size < plan.elements
     }
-    total = plan.elements
 
     def run_range(begin: int, end: int) -> None:
         """Elements ``begin`` to ``end`` of every output, a piece at a time, through scratch
@@ -214,16 +260,7 @@ def _run_fused(
                 )
                 run_into(backend, call, operands, target)
 
-    # A large graph runs on every thread of the backend, each a range of whole pieces (NumPy
-    # releases the GIL in its kernels): a piece's steps stay on one core, its cache warm.
-    threads = getattr(backend, "threads", 1) if total * widest >= SHARED_MIN_BYTES else 1
-    span = -(-total // (threads * piece)) * piece if threads > 1 else max(total, 1)
-    ranges = [
-        partial(run_range, begin, min(begin + span, total)) for begin in range(0, total, span)
-    ]
-    share(backend, ranges)
-    for slot, name in plan.in_place.items():
-        values[slot] = outputs[name]
+    return run_range
 
 
 def _copy_into(backend: Backend, value: DeviceArray, out: HostArray | DeviceArray) -> None:
