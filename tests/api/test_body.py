@@ -139,9 +139,10 @@ def _messages(*chunks: bytes | None) -> Receive:
 
 def _hook(*chunks: bytes | None) -> BodyInto:
     """A ``BODY_INTO`` filling the buffer with ``chunks`` as the server's does (None: the client
-    went before the body ended): bytes past the buffer counted, not written."""
+    went before the body ended): bytes past the buffer counted, not written; the whole body
+    read at once, whatever ``until`` asks (at least that much is in)."""
 
-    async def into(view: memoryview) -> tuple[int, bool]:
+    async def into(view: memoryview, until: int | None = None) -> tuple[int, bool]:
         filled = 0
         for chunk in chunks:
             if chunk is None:
