@@ -28,6 +28,7 @@ from starlette.types import Message, Receive, Scope, Send
 from tensorbits.api.body import (
     IDENTITY,
     allocate_body,
+    coding_of,
     declared_length,
     header_values,
     receive_body,
@@ -101,7 +102,7 @@ class AdmittedRequest:
             or self.into is None
             or self.body_received
             or self.header_length_value is None
-            or (self.encoding is not None and self.encoding.strip().lower() not in IDENTITY)
+            or coding_of(self.encoding) not in IDENTITY
         ):
             return None
         header_length = codec.parse_header_length(self.header_length_value, length)

@@ -33,8 +33,13 @@ from tensorbits_protocol.errors import InvalidRequest, PayloadTooLarge
 # zlib's wbits per coding (gzip, and deflate as HTTP means it): the codings responses use too.
 _WBITS = WBITS
 _INFLATE_STEP = 1 << 20
-# The Content-Encoding values (stripped, lower case) of a body sent as it is.
+# The Content-Encoding values (``coding_of``) of a body sent as it is.
 IDENTITY = ("", "identity")
+
+
+def coding_of(encoding: str | None) -> str:
+    """A Content-Encoding header as it is compared: stripped, lower case; none: identity."""
+    return (encoding or "identity").strip().lower()
 
 
 # A declared body at least this large is allocated on transparent huge pages, as NumPy allocates
@@ -148,7 +153,7 @@ async def receive_body(
     buffer = await within_read_deadline(
         _receive(receive, length, limit, into), timeout, "the request body"
     )
-    encoding = (encoding or "identity").strip().lower()
+    encoding = coding_of(encoding)
     if encoding in IDENTITY:
         return buffer
     if encoding not in _WBITS:

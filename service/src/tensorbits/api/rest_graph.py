@@ -20,10 +20,10 @@ from tensorbits.api.rest_infer import check_named
 from tensorbits.core.arrival import Arrival
 from tensorbits.core.backends.base import Backend
 from tensorbits.core.graphs.models import GraphModel
-from tensorbits.core.graphs.plan import GraphPlan
 from tensorbits.core.graphs.request import (
     AnsweredOutput,
     GraphRequest,
+    arrives,
     plan_request,
     run_request,
 )
@@ -75,10 +75,7 @@ def arriving(request: GraphRequest, backend: Backend, body: bytearray) -> Arrivi
     """How ``request``, planned from ``body``'s JSON header while its tensors still arrive, is
     computed as they do (``core.graphs.request.arriving``): every output binary, written into
     the response laid out now; None: once the body is in, as any request (``encode``)."""
-    plan = request.plan
-    if not (isinstance(plan, GraphPlan) and plan.fused):  # checked again below: none allocated
-        return None
-    if not request.answered or not all(a.binary and a.shared is None for a in request.answered):
+    if not (request.answered and arrives(request) and all(a.binary for a in request.answered)):
         return None
     layout = _response(request, {}).to_rest()
     answer, tails = layout.allocate()

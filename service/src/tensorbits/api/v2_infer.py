@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
+from typing import TypeVar
 
 from starlette.types import Receive, Scope, Send
 
@@ -26,7 +27,7 @@ from tensorbits.api.admitted import AdmittedRequest
 from tensorbits.api.deps import runtime_of_app
 from tensorbits.api.fastpath import FastRoute
 from tensorbits.core.arrival import Arrival
-from tensorbits.core.dataplane import Call, Decoder, HoldWords, Needs, Reckoner
+from tensorbits.core.dataplane import Call, Decoder, Encoder, HoldWords, Needs, Reckoner
 from tensorbits.core.graphs.request import GraphRequest
 from tensorbits.core.models import resolve_model, resolve_served, version_of
 from tensorbits.core.offload import JSON_INLINE_MAX_BYTES
@@ -45,6 +46,13 @@ Serving = Callable[[Call, bytearray, int | None], Awaitable[codec.Framed]]
 # Its part of a call whose body is planned from its JSON header while the rest arrives
 # (``AdmittedRequest.header_first``): the call, the exchange and the header's length.
 ArrivingServing = Callable[[Call, AdmittedRequest, int], Awaitable[codec.Framed]]
+
+PlanT = TypeVar("PlanT")
+# How a model's body is planned: the decoder, the JSON bytes it reads, what a plan of it needs.
+Planning = Callable[[bytearray, int | None], tuple[Decoder[PlanT], int, Reckoner[PlanT]]]
+# How a plan made while its body arrives is computed: as the body arrives (``Arrival``; None:
+# once it is in), and the encoder of its answer.
+Computing = Callable[[PlanT, bytearray], tuple[Arrival | None, Encoder[PlanT, codec.Framed]]]
 
 
 async def through_the_plane(
@@ -75,6 +83,35 @@ async def through_the_plane(
             call.mark_received()
             framed = await serving(call, body, header_length)
         await exchange.send(send, framed)
+
+
+async def serve_arriving(
+    call: Call,
+    exchange: AdmittedRequest,
+    header_length: int,
+    *,
+    planning: Planning[PlanT],
+    words: HoldWords,
+    computing: Computing[PlanT],
+) -> codec.Framed:
+    """``ArrivingServing`` of a model: its body allocated and read (``receive_planned``); once
+    its JSON header is in, planned and held (``Call.held``) and computed as the rest arrives, as
+    ``computing`` says; then the rest of the run (``Call.run``)."""
+    body = exchange.allocate()
+    # The plan, what it needs (held) and its encoder, once the header is in.
+    ready: tuple[PlanT, Needs, Encoder[PlanT, codec.Framed]] | None = None
+
+    async def planned() -> Arrival | None:
+        nonlocal ready
+        call.mark_received()
+        plan, needs = await call.held(*planning(body, header_length), words)
+        arrival, encode = computing(plan, body)
+        ready = (plan, needs, encode)
+        return arrival
+
+    await exchange.receive_planned(body, header_length, planned)
+    assert ready is not None
+    return await call.run(*ready)
 
 
 def _json_bytes(body: bytearray, header_length: int | None) -> int:
@@ -119,27 +156,19 @@ class InferEndpoint:
                     partial(rest_graph.encode, backend=plane.backend),
                 )
 
-            async def serve_graph_arriving(
-                call: Call, exchange: AdmittedRequest, header_length: int
-            ) -> codec.Framed:
-                body = exchange.allocate()
-                held: tuple[GraphRequest, Needs] | None = None
-                arriving: rest_graph.Arriving | None = None
-
-                async def planned() -> Arrival | None:  # once the header is in
-                    nonlocal held, arriving
-                    call.mark_received()
-                    held = await call.held(*graph_planning(body, header_length), GRAPH_WORDS)
-                    arriving = rest_graph.arriving(held[0], plane.backend, body)
-                    return None if arriving is None else arriving.arrival
-
-                await exchange.receive_planned(body, header_length, planned)
-                assert held is not None
+            def graph_computing(
+                request: GraphRequest, body: bytearray
+            ) -> tuple[Arrival | None, Encoder[GraphRequest, codec.Framed]]:
+                arriving = rest_graph.arriving(request, plane.backend, body)
                 encode = partial(rest_graph.encode, backend=plane.backend, arrival=arriving)
-                return await call.run(*held, encode)
+                return (None if arriving is None else arriving.arrival), encode
 
+            arriving = partial(
+                serve_arriving, planning=graph_planning, words=GRAPH_WORDS,
+                computing=graph_computing,
+            )  # fmt: skip
             await through_the_plane(
-                runtime, scope, receive, send, (graph.name,), serve_graph, serve_graph_arriving
+                runtime, scope, receive, send, (graph.name,), serve_graph, arriving
             )
             return
         op = resolve_model(path["model"], version, plane.graphs)
@@ -189,28 +218,19 @@ class InferEndpoint:
                 partial(rest_infer.encode, backend=plane.backend, regions=plane.regions),
             )
 
-        async def serve_arriving(
-            call: Call, exchange: AdmittedRequest, header_length: int
-        ) -> codec.Framed:
-            body = exchange.allocate()
-            held: tuple[Plan, Needs] | None = None
-
-            async def planned() -> Arrival | None:  # once the header is in, the rest arriving
-                nonlocal held
-                call.mark_received()
-                held = await call.held(*planning(body, header_length), OPERATOR_WORDS)
-                return rest_infer.arriving(held[0], plane.backend, body)
-
-            arrival = await exchange.receive_planned(body, header_length, planned)
-            assert held is not None
+        def computing(
+            plan: Plan, body: bytearray
+        ) -> tuple[Arrival | None, Encoder[Plan, codec.Framed]]:
+            arrival = rest_infer.arriving(plan, plane.backend, body)
             encode = partial(
                 rest_infer.encode, backend=plane.backend, regions=plane.regions, arrival=arrival
             )
-            return await call.run(*held, encode)
+            return arrival, encode
 
-        await through_the_plane(
-            runtime, scope, receive, send, (op.name,), serve_operator, serve_arriving
+        arriving = partial(
+            serve_arriving, planning=planning, words=OPERATOR_WORDS, computing=computing
         )
+        await through_the_plane(runtime, scope, receive, send, (op.name,), serve_operator, arriving)
 
 
 _ENDPOINT = InferEndpoint()

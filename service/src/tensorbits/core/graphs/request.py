@@ -300,19 +300,29 @@ def graph_work(request: GraphRequest) -> Work:
     return Work(WorkKind.GRAPH, residence, request.plan.needed_bytes, request.plan.step_count)
 
 
+def arrives(request: GraphRequest) -> bool:
+    """Whether ``request`` may be computed as its body arrives (``arriving``): a fused plan (a
+    binding graph's runs whole), no tensor in shared memory."""
+    plan = request.plan
+    return (
+        isinstance(plan, GraphPlan)
+        and plan.fused
+        and not request.shared_inputs
+        and not any(a.shared for a in request.answered)
+    )
+
+
 def arriving(
     request: GraphRequest, backend: Backend, outputs: Mapping[str, HostArray], body: memoryview
 ) -> Arrival | None:
-    """How ``request``, planned while the ``body`` its inputs lie in arrives, is computed as it
-    does (``core/arrival.py``): a fused plan run on the host (``fused_runner``), no tensor in
-    shared memory, its answered outputs written into ``outputs`` (the front end's response
-    buffers; any other output the plan computes into an array of its own). None: it runs once
-    the body is in (``run_request``)."""
+    """How ``request`` (one that ``arrives``), planned while the ``body`` its inputs lie in
+    arrives, is computed as it does (``core/arrival.py``): run on the host (``fused_runner``),
+    its answered outputs written into ``outputs`` (the front end's response buffers; any other
+    output the plan computes into an array of its own). None: it runs once the body is in
+    (``run_request``): placed on a device, or an output copied after."""
     plan = request.plan
-    if request.shared_inputs or any(a.shared for a in request.answered):
-        return None
-    if not isinstance(plan, GraphPlan) or not plan.fused:  # a binding graph runs whole
-        return None
+    assert isinstance(plan, GraphPlan)
+    assert arrives(request)
     backend = placed(backend, graph_work(request))
     arrays = dict(outputs)
     for output in plan.outputs:
@@ -358,6 +368,7 @@ def run_request(
 __all__ = [
     "AnsweredOutput",
     "GraphRequest",
+    "arrives",
     "arriving",
     "output_arrays",
     "plan_request",
