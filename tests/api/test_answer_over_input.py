@@ -1,10 +1,11 @@
 """A large binary answer written over its input's bytes in the request's body
 (``rest_infer.written_over``), in process: the answer byte for byte the one a new buffer gives,
 its output part a view of the request's own buffer (no buffer allocated), planned afresh and from
-the header cache alike; and every request that does not qualify answered as before, from a new
-buffer: a popcount into another type, broadcasting, an input in shared memory, JSON output, a
-small answer; a swapped, read-only, strided or decoded input and a backend without proven
-kernels, by the rule itself."""
+the header cache alike, beside a broadcast input too (one element, a row: never written over);
+and every request that does not qualify answered as before, from a new buffer: a popcount into
+another type, a broadcast without a binary input of the output's shape, an input in shared
+memory, JSON output, a small answer; a swapped, read-only, strided or decoded input and a backend
+without proven kernels, by the rule itself."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ import numpy as np
 import pytest
 import tritonclient.utils.shared_memory as system_shm
 from httpx import Response
+from support.framing import framed
 from support.inprocess import TestClient, app_client, runtime_of
-from support.v2 import infer_binary, infer_json, output_array
+from support.v2 import binary_input, infer_binary, infer_json, json_input, output_array
 
 from tensorbits.api import rest_infer
 from tensorbits.core.backends.base import Backend
@@ -113,6 +115,22 @@ def _count_same_type() -> tuple[str, dict[str, Arr], dict[str, Any], Arr]:
     return model, {"InputTensor": x}, {}, np.bitwise_count(x)
 
 
+def _xor_one_element_first() -> tuple[str, dict[str, Arr], dict[str, Any], Arr]:
+    a, b = _bits(2 * MIB, "uint8"), _bits(1, "uint8")
+    return "onnx.BitwiseXor-18", {"A": b, "B": a}, {}, a ^ b
+
+
+def _or_row() -> tuple[str, dict[str, Arr], dict[str, Any], Arr]:
+    a, b = _bits(MIB // 4, "int32").reshape(256, -1), _bits(MIB // 1024, "int32")
+    return "openvino.BitwiseOr-13", {"input_1": a, "input_2": b}, {}, a | b
+
+
+def _one_value_shifted_by_each() -> tuple[str, dict[str, Arr], dict[str, Any], Arr]:
+    x, y = _bits(1, "uint16"), _counts(MIB, "uint16")  # written over the counts
+    want = np.where(y < 16, x << np.minimum(y, 15), 0).astype(np.uint16)
+    return "onnx.BitShift-11", {"X": x, "Y": y}, {"direction": "LEFT"}, want
+
+
 QUALIFYING.update(
     {
         "not": _not,
@@ -120,6 +138,9 @@ QUALIFYING.update(
         "shift-right-signed": _signed_right_shift,
         "and": _and,
         "count-uint8": _count_same_type,
+        "xor-one-element-broadcast": _xor_one_element_first,
+        "or-row-broadcast": _or_row,
+        "shift-of-one-value-broadcast": _one_value_shifted_by_each,
     }
 )
 
@@ -180,10 +201,25 @@ def test_a_popcount_into_another_type_gets_a_new_buffer(
     _answered_from_a_new_buffer(client, seen)
 
 
-def test_a_broadcast_gets_a_new_buffer(client: TestClient, seen: list[Seen]) -> None:
-    a, b = _bits(2 * MIB, "uint8"), _bits(1, "uint8")
-    response = infer_binary(client, "onnx.BitwiseXor-18", {"A": b, "B": a})
+def test_a_broadcast_gets_a_new_buffer_only_without_an_input_to_write_over(
+    client: TestClient, seen: list[Seen]
+) -> None:
+    """A broadcast whose input of the output's shape qualifies is written over that input (the
+    broadcast one left as sent: the cases of ``QUALIFYING``); one without such an input in the
+    body gets a new buffer: each input repeated (a column against a row), or the input of the
+    output's shape decoded from JSON beside a binary one of one element."""
+    a, b = _bits(1024, "uint8").reshape(1024, 1), _bits(1024, "uint8")
+    response = infer_binary(client, "onnx.BitwiseXor-18", {"A": a, "B": b})
     np.testing.assert_array_equal(output_array(response), a ^ b)
+    x, y = _bits(MIB, "uint8"), _bits(1, "uint8")
+    header = {
+        "inputs": [json_input("A", x), binary_input("B", y)],
+        "parameters": {"binary_data_output": True},
+    }
+    body, headers = framed(header, y.tobytes())
+    response = client.post("/v2/models/onnx.BitwiseXor-18/infer", content=body, headers=headers)
+    np.testing.assert_array_equal(output_array(response), x ^ y)
+    assert len(seen) == 2
     _answered_from_a_new_buffer(client, seen)
 
 
@@ -287,3 +323,23 @@ def test_a_backend_without_proven_kernels_keeps_the_new_buffer(
 
     assert rest_infer.written_over(seen[0].plan, backend) == 0
     assert rest_infer.written_over(seen[0].plan, Placed()) is None  # type: ignore[arg-type]
+
+
+def test_the_rule_refuses_a_broadcast_input_in_the_memory_written_over(
+    client: TestClient, seen: list[Seen]
+) -> None:
+    """A broadcast input that is a view of the input the output would be written over (which
+    HTTP cannot send: its tensors lie side by side) put into a qualifying plan: refused, as
+    its element would be read once written, and answered right from a new buffer."""
+    a, b = _bits(2 * MIB, "uint8"), _bits(1, "uint8")
+    infer_binary(client, "onnx.BitwiseXor-18", {"A": b, "B": a})
+    planned = seen[0].plan
+    backend = _backend(client)
+    assert rest_infer.written_over(planned, backend) == 1
+    full = planned.inputs[1]
+    inside = planned._replace(inputs=[full[5:6], full])
+    assert rest_infer.written_over(inside, backend) is None
+    want = (full ^ full[5]).tobytes()
+    framed = rest_infer.encode(inside, backend)
+    assert len(framed.parts) == 1
+    assert bytes(framed.parts[0])[framed.header_length :] == want

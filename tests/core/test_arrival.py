@@ -4,12 +4,15 @@ read it runs under (``api/body.receive_first``, ``receive_rest``), in process.
 The body is filled in uneven parts, as a socket fills it; after each, ``arrived`` may compute only
 elements whose every input byte is in (checked against a count made element by element), and the
 answer, once ``finish`` has run, is byte for byte NumPy's, for every kind of qualifying operator
-and type; an input decoded from JSON never holds a piece back. The reads around it refuse a body
-in the words a body read whole is refused in."""
+and type; an input decoded from JSON never holds a piece back. A broadcast input (one element, a
+row, a column) is awaited whole, before or after the input written over in the body, and the
+pieces are whole rows. The reads around it refuse a body in the words a body read whole is
+refused in."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
@@ -23,12 +26,13 @@ from support.inprocess import TestClient, app_client, runtime_of
 from tensorbits.api import rest_graph, rest_infer
 from tensorbits.api.body import receive_first, receive_rest
 from tensorbits.core import arrival as arrival_module
-from tensorbits.core.arrival import Arrival
+from tensorbits.core.arrival import Arrival, rows
 from tensorbits.core.dataplane import DataPlane
 from tensorbits.observability import BodyInto
-from tensorbits_protocol.dtypes import from_numpy
+from tensorbits_protocol.dtypes import DataType, from_numpy
 from tensorbits_protocol.errors import InvalidRequest
-from tensorbits_protocol.operators import OPERATORS
+from tensorbits_protocol.operators import OPERATORS, REGISTRY
+from tensorbits_protocol.validation import TensorSpec, validate_call
 
 Arr = np.ndarray[Any, Any]
 RNG = np.random.default_rng(7)
@@ -174,6 +178,165 @@ def test_an_input_decoded_from_json_holds_no_piece_back(plane: DataPlane) -> Non
     _fill(body, whole, arrival, header)
     arrival.finish()
     np.testing.assert_array_equal(np.frombuffer(body, np.uint8, x.size, header), x << y)
+
+
+# --- a broadcast input beside the one written over --------------------------------------------
+K, M = 151, 1000  # the output's rows and row length: many pieces of 64 KiB, rows across them
+
+
+def _counts(shape: tuple[int, ...], dtype: str) -> Arr:
+    """Shift counts below, at and past the width."""
+    return RNG.integers(0, np.dtype(dtype).itemsize * 8 + 3, shape).astype(dtype)
+
+
+# (model, inputs in the body's order, parameters, the expected output, the row's elements)
+BroadcastCase = tuple[str, dict[str, Arr], dict[str, Any], Arr, int]
+
+
+def _xor_one(first: bool) -> BroadcastCase:
+    a, b = _bits(K * M, "uint8").reshape(K, M), _bits(1, "uint8")
+    arrays = {"B": b, "A": a} if first else {"A": a, "B": b}
+    return "onnx.BitwiseXor-18", arrays, {}, a ^ b, 1
+
+
+def _and_row(first: bool) -> BroadcastCase:
+    a, b = _bits(K * M, "uint32").reshape(K, M), _bits(M, "uint32")
+    arrays = {"B": b, "A": a} if first else {"A": a, "B": b}
+    return "onnx.BitwiseAnd-18", arrays, {}, a & b, M
+
+
+def _or_column(first: bool) -> BroadcastCase:  # (K, 1): split along the first axis only
+    a, b = _bits(K * M, "int16").reshape(K, M), _bits(K, "int16").reshape(K, 1)
+    arrays = {"input_2": b, "input_1": a} if first else {"input_1": a, "input_2": b}
+    return "openvino.BitwiseOr-13", arrays, {}, a | b, M
+
+
+def _or_leading(first: bool) -> BroadcastCase:  # (L, M) against (K, L, M): rows of L * M
+    a, b = _bits(K * 4 * 250, "int64").reshape(K, 4, 250), _bits(4 * 250, "int64").reshape(4, 250)
+    arrays = {"B": b, "A": a} if first else {"A": a, "B": b}
+    return "onnx.BitwiseOr-18", arrays, {}, a | b, 4 * 250
+
+
+def _shift_left_by_one(first: bool) -> BroadcastCase:
+    x, y = _bits(K * M, "uint16").reshape(K, M), _counts((1,), "uint16")
+    arrays = {"Y": y, "X": x} if first else {"X": x, "Y": y}
+    want = np.where(y < 16, x << np.minimum(y, 15), 0).astype(np.uint16)
+    return "onnx.BitShift-11", arrays, {"direction": "LEFT"}, want, 1
+
+
+def _shift_right_by_row(first: bool) -> BroadcastCase:
+    x, y = _bits(K * M, "uint8").reshape(K, M), _counts((M,), "uint8")
+    arrays = {"Y": y, "X": x} if first else {"X": x, "Y": y}
+    want = np.where(y < 8, x >> np.minimum(y, 7), 0).astype(np.uint8)
+    return "onnx.BitShift-11", arrays, {"direction": "RIGHT"}, want, M
+
+
+def _one_value_shifted_by_each(first: bool) -> BroadcastCase:  # written over the counts
+    x, y = _bits(1, "uint32"), _counts((K, M), "uint32")
+    arrays = {"X": x, "Y": y} if first else {"Y": y, "X": x}
+    want = np.where(y < 32, x << np.minimum(y, 31), 0).astype(np.uint32)
+    return "onnx.BitShift-11", arrays, {"direction": "LEFT"}, want, 1
+
+
+BROADCASTS: dict[str, Callable[[bool], BroadcastCase]] = {
+    "xor-one-element": _xor_one,
+    "and-row": _and_row,
+    "or-column": _or_column,
+    "or-leading-axes": _or_leading,
+    "shift-left-by-one-element": _shift_left_by_one,
+    "shift-right-by-row": _shift_right_by_row,
+    "one-value-shifted-by-each": _one_value_shifted_by_each,
+}
+
+
+def _ready_broadcast(arrays: dict[str, Arr], header: int, filled: int, total: int) -> int:
+    """How many leading elements have every body input's bytes in, counted one by one: an input
+    of fewer elements than the output is read whole by every element (broadcast)."""
+    at = header
+    ends: list[tuple[int, int]] = []
+    for x in arrays.values():
+        if x.size < total and filled < at + x.nbytes:
+            return 0
+        if x.size == total:
+            ends.append((at, x.dtype.itemsize))
+        at += x.nbytes
+    count = 0
+    while count < total and all(a + (count + 1) * s <= filled for a, s in ends):
+        count += 1
+    return count
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["broadcast-first", "broadcast-last"])
+@pytest.mark.parametrize("case", list(BROADCASTS))
+def test_pieces_beside_a_broadcast_give_numpys_answer(
+    plane: DataPlane, case: str, first: bool
+) -> None:
+    model, arrays, parameters, want, row = BROADCASTS[case](first)
+    body, whole, arrival = _arriving(plane, model, arrays, parameters)
+    header = len(whole) - sum(x.nbytes for x in arrays.values())
+    small = next(x for x in arrays.values() if x.size < want.size)
+    small_ends = header + small.nbytes if first else len(whole)
+    seen = _fill(body, whole, arrival, header)
+    for filled, done in seen:  # never an element whose bytes are not all in; whole rows
+        assert done <= _ready_broadcast(arrays, header, filled, want.size), (filled, done)
+        assert done % row == 0, (filled, done, row)
+        if filled < small_ends:
+            assert done == 0, (filled, done)  # the broadcast input is awaited whole
+    if first:
+        assert any(0 < done < arrival.total for _, done in seen), "no piece ran before the end"
+    arrival.finish()
+    assert arrival.done == arrival.total == want.size
+    over = REGISTRY[model].inputs[arrival.over]  # by the operator's order, not the body's
+    assert arrays[over].shape == want.shape  # written over the input of the output's shape
+    starts = dict(zip(arrays, itertools.accumulate((x.nbytes for x in arrays.values()),
+                                                    initial=header), strict=False))  # fmt: skip
+    answer = np.frombuffer(body, want.dtype, want.size, starts[over])
+    assert answer.tobytes() == want.tobytes()
+    for name, x in arrays.items():  # the broadcast input as it was sent
+        if name != over:
+            assert bytes(body[starts[name] : starts[name] + x.nbytes]) == x.tobytes()
+
+
+@pytest.mark.parametrize(
+    ("full", "small", "split"),
+    [
+        ((K, M), (1,), (K * M,)),
+        ((K, M), (1, 1), (K * M,)),
+        ((K, M), (M,), (K, M)),
+        ((K, M), (K, 1), (K, M)),
+        ((K, 4, M), (M,), (K * 4, M)),
+        ((K, 4, M), (4, M), (K, 4, M)),
+        ((K, 4, M), (4, 1), (K, 4, M)),
+        ((2, 3, 4, 5), (1, 1, 4, 1), (6, 4, 5)),
+        ((K, M), (K, M), (K * M,)),
+    ],
+)
+def test_rows_merge_the_leading_axes_a_broadcast_repeats(
+    full: tuple[int, ...], small: tuple[int, ...], split: tuple[int, ...]
+) -> None:
+    op = REGISTRY["onnx.BitwiseXor-18"]
+    specs = {"A": TensorSpec(DataType.UINT8, full), "B": TensorSpec(DataType.UINT8, small)}
+    call = validate_call(op, specs)
+    assert rows(call) == split
+
+
+def test_ready_awaits_a_broadcast_input_whole_and_counts_whole_rows(plane: DataPlane) -> None:
+    a, b = _bits(K * M, "uint32").reshape(K, M), _bits(M, "uint32")
+    arrays = {"A": a, "B": b}
+    _, whole, arrival = _arriving(plane, "onnx.BitwiseXor-18", arrays, {})
+    header = len(whole) - a.nbytes - b.nbytes
+    for filled in (header, header + 4 * M * 3, len(whole) - 1):
+        assert arrival.ready(filled) == 0  # B, after A, not all in
+    assert arrival.ready(len(whole)) == a.size
+    arrays = {"B": b, "A": a}
+    _, whole, arrival = _arriving(plane, "onnx.BitwiseXor-18", arrays, {})
+    header = len(whole) - a.nbytes - b.nbytes
+    assert arrival.ready(header + b.nbytes - 1) == 0
+    assert arrival.ready(header + b.nbytes) == 0
+    assert arrival.ready(header + b.nbytes + 4 * M - 1) == 0  # a row but one element
+    assert arrival.ready(header + b.nbytes + 4 * M) == M
+    assert arrival.ready(header + b.nbytes + 4 * (3 * M + 7)) == 3 * M
+    assert arrival.ready(len(whole)) == a.size
 
 
 # --- the reads: the first part of a body, then its rest ---------------------------------------

@@ -4,8 +4,9 @@
 The server runs in this process (uvicorn on a thread, as ``tensorbits serve`` configures it), so
 the pieces its ``Arrival`` computes are recorded as they run. Each case holds back part of the
 body and waits for pieces computed from what was sent: that can only pass when the operator runs
-before the last byte arrives. The answer is checked byte for byte; a deadline, a client gone and
-a refused header mid-body keep their refusals, and the admission's bytes come back to 0."""
+before the last byte arrives (beside a broadcast input too, whole rows a piece). The answer is
+checked byte for byte; a deadline, a client gone and a refused header mid-body keep their
+refusals, and the admission's bytes come back to 0."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ pytestmark = pytest.mark.integration
 MIB = 1 << 20
 READ_S = 3
 XOR = "DML_OPERATOR_ELEMENT_WISE_BIT_XOR"
+XOR_BROADCASTING = "onnx.BitwiseXor-18"
 CHAIN = chain_model(np.dtype(np.uint32))
 
 
@@ -162,17 +164,46 @@ def test_a_binary_operator_waits_for_its_second_input(recorded: Served) -> None:
     recorded.settled()
 
 
-def test_a_broadcast_is_computed_once_its_body_is_in(recorded: Served) -> None:
+def test_a_broadcast_xor_is_computed_before_its_last_bytes_are_sent(recorded: Served) -> None:
+    """A row XORed into every row of A, the row sent first: A's rows computed as they come,
+    whole rows a piece, while its last 4 MiB are held back."""
     rng = np.random.default_rng(3)
-    a = rng.integers(0, 256, 12 * MIB, dtype=np.uint8)
-    b = np.array([0x5A], dtype=np.uint8)
+    row = 4096
+    a = rng.integers(0, 256, (6 * 1024, row), dtype=np.uint8)  # 24 MiB
+    b = rng.integers(0, 256, row, dtype=np.uint8)
+    raw = _request(XOR_BROADCASTING, {"B": b, "A": a})
+    with recorded.connect() as sock:
+        sock.sendall(raw[: -4 * MIB])
+        # Of A's 20 MiB sent, all but a piece (4 MiB) and a look (1 MiB): 12 MiB at least.
+        recorded.wait_for(lambda: bool(recorded.runs) and recorded.runs[-1][1] >= 12 * MIB)
+        sock.sendall(raw[-4 * MIB :])
+        reply = read_response(sock)
+    assert reply.status == 200, reply.body[:300]
+    offset = int(reply.headers["inference-header-content-length"])
+    answer = np.frombuffer(reply.body[offset:], np.uint8)
+    assert answer.tobytes() == (a ^ b).tobytes()
+    _covered(recorded.runs, a.size)
+    assert all(end % row == 0 for _, end in recorded.runs), recorded.runs  # whole rows
+    recorded.settled()
+
+
+def test_a_broadcast_without_an_input_to_write_over_is_computed_once_its_body_is_in(
+    recorded: Served,
+) -> None:
+    """A column against a row: neither input has the output's shape, so nothing is written
+    over and nothing computed as the body arrives; the answer comes from a new buffer."""
+    rng = np.random.default_rng(9)
+    a = rng.integers(0, 256, (2, 1, 4 * MIB), dtype=np.uint8)
+    b = rng.integers(0, 256, (1, 2, 4 * MIB), dtype=np.uint8)
     with recorded.connect() as sock:
         sock.sendall(_request(AND, {"A": a, "B": b}))
         reply = read_response(sock)
     assert reply.status == 200, reply.body[:300]
     offset = int(reply.headers["inference-header-content-length"])
-    np.testing.assert_array_equal(np.frombuffer(reply.body[offset:], np.uint8), a & b)
-    assert recorded.runs == []  # not element by element: no arrival
+    np.testing.assert_array_equal(
+        np.frombuffer(reply.body[offset:], np.uint8).reshape(2, 2, -1), a & b
+    )
+    assert recorded.runs == []  # no arrival
     recorded.settled()
 
 

@@ -26,7 +26,6 @@ import numpy as np
 from tensorbits.core.arrival import Arrival
 from tensorbits.core.backends.base import Backend
 from tensorbits.core.dataplane import DataPlane
-from tensorbits.core.engine import is_flat_elementwise
 from tensorbits.core.models import MODEL_VERSION
 from tensorbits.core.plan import Plan, PlanTemplate
 from tensorbits.core.plan import plan as plan_request
@@ -178,7 +177,8 @@ def encode(
 def arriving(plan: Plan, backend: Backend, body: bytearray) -> Arrival | None:
     """How ``plan``, made from ``body``'s JSON header while its tensors' bytes still arrive, is
     computed as they do (``core/arrival.py``): when its output is written over an input in the
-    body (``written_over``); None: once the body is all in, as any plan."""
+    body (``written_over``), in ranges of whole rows when an input is broadcast; None: once the
+    body is all in, as any plan."""
     over = written_over(plan, backend)
     return None if over is None else Arrival.of_call(plan, backend, memoryview(body), over)
 
@@ -193,11 +193,16 @@ def written_over(plan: Plan, backend: Backend) -> int | None:
     - no tensor in shared memory (the output is sent, not written into a region; an input read
       from a region runs streamed through the regions' buffers, ``run.run_streamed``);
     - the backend's own kernels proven to give the same bytes over an input (``alias_safe``,
-      of the operator's function: the NumPy backend's single-pass ufuncs); a backend without
-      that list (one that may place the call on a device) keeps the new buffer;
-    - an element-wise call without broadcasting (``is_flat_elementwise``): each output element
-      depends on the input elements at its own position only, so none is read once written;
-    - the input of the output's type and shape: the output's bytes fill exactly its bytes;
+      of the operator's function: the NumPy backend's single-pass ufuncs, element-wise); a
+      backend without that list (one that may place the call on a device) keeps the new buffer;
+    - the input of the output's type and shape, and the kernel's (``kernel_input_shapes``):
+      the output's bytes fill exactly its bytes, and each output element depends on its element
+      at the same position only, so none is read once written. Any other input may be
+      broadcast (fewer elements, repeated: one element, a row): it is never written over, as
+      its elements are read again at later positions; computed as the body arrives, it is
+      awaited whole and the pieces are whole rows (``core/arrival.rows``), each operand a view;
+    - no other input sharing its memory (the body's tensors lie side by side, never
+      overlapping): a broadcast input over the output's bytes would be read once written;
     - the input a view of the request's body, a bytearray (not data decoded from JSON, not
       read-only bytes): the body is the request's own, admitted already, and nothing reads
       the input after the kernel, so writing over it changes nothing but the answer;
@@ -211,18 +216,21 @@ def written_over(plan: Plan, backend: Backend) -> int | None:
         or plan.shared_output is not None
         or call.op.function not in getattr(backend, "alias_safe", ())
         or not backend.host_memory
-        or not is_flat_elementwise(call)
     ):
         return None
     dtype = wire_dtype(call.output_datatype)
-    for position, x in enumerate(plan.inputs):
+    inputs = plan.inputs
+    for position, (x, kernel_shape) in enumerate(
+        zip(inputs, call.kernel_input_shapes, strict=True)
+    ):
         if (
             x.dtype == dtype
-            and x.shape == call.output_shape
+            and x.shape == kernel_shape == call.output_shape
             and x.flags.writeable
             and x.flags.c_contiguous
             and x.dtype.isnative
             and _in_body(x)
+            and not any(np.may_share_memory(x, y) for y in inputs if y is not x)
         ):
             return position
     return None

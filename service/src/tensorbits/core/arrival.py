@@ -6,18 +6,24 @@ front end that plans the request from that header while the tensors' bytes are s
 input's bytes for the next piece of the output are in, that piece is computed on a worker thread
 while the rest keeps arriving, so that when the last byte arrives only the last piece is left.
 
-Two kinds qualify, each output element depending on the input elements at its own position only:
-an operator whose answer is written over one of its inputs in the body (the front end's rule,
-``api/rest_infer.written_over``: element-wise without broadcasting, on a backend whose kernels
-give the same bytes over an input; ``Arrival.of_call``), and a graph model's fused chain on the
-host, written into the response's buffer (``core/graphs/request.arriving``; an input of one
-element is read whole by every piece). Pieces are flat ranges of elements, the same kernels on
-each, so the answer is byte for byte the one computed whole. Inputs not in the body (decoded from
+Two kinds qualify, each output element depending on the input elements at its own position
+only, or on a broadcast input's (one of fewer elements than the output, repeated along some of
+its axes): an operator whose answer is written over its one input of the output's type and shape
+in the body (the front end's rule, ``api/rest_infer.written_over``: element-wise, on a backend
+whose kernels give the same bytes over an input; ``Arrival.of_call``), and a graph model's fused
+chain on the host, written into the response's buffer (``core/graphs/request.arriving``; an
+input of one element is read whole by every piece). An input of the output's size is read a
+piece at a time, as its bytes arrive; a broadcast input is awaited whole before the first piece
+(it is small beside the output, and every piece may read any of it). Pieces are ranges of whole
+rows of the output (``rows``: flat elements when every broadcast input is one element), the same
+kernels on views of each operand, so every piece sees exactly the elements it would see whole
+and the answer is byte for byte the one computed whole. Inputs not in the body (decoded from
 JSON, a graph's constants) are all there from the start.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -25,9 +31,10 @@ from typing import Any
 import numpy as np
 
 from tensorbits.core.backends.base import Backend
-from tensorbits.core.engine import flat_call, run_into
+from tensorbits.core.engine import run_into
 from tensorbits.core.offload import COMPUTE_INLINE_MAX_BYTES, offload
 from tensorbits.core.plan import Plan
+from tensorbits_protocol.validation import ResolvedCall
 
 # A piece is computed once at least this many bytes of output are ready for it: large enough
 # that a worker thread's hop (tens of microseconds) is a small part of it, small enough that the
@@ -43,14 +50,32 @@ def _address(x: np.ndarray[Any, Any]) -> int:
     return address
 
 
+def rows(call: ResolvedCall) -> tuple[int, ...]:
+    """The shape ``call``'s output is split in pieces by: its leading axes taken as one axis of
+    rows, as many as every broadcast input (fewer elements than the output) has one element
+    along, and at least the first; its other axes as they are. Every operand, broadcast to the
+    output's shape, is then a view of that shape (the merged axes repeat a broadcast input:
+    stride 0), and a range of rows is a range of bytes of each input of the output's size. A
+    broadcast of one element splits into single elements: ``(total,)``."""
+    shape = call.output_shape
+    total = math.prod(shape)
+    lead = len(shape)
+    for kernel_shape in call.kernel_input_shapes:
+        if math.prod(kernel_shape) != total:  # broadcast: padded on the left to the output's
+            padded = (1,) * (len(shape) - len(kernel_shape)) + kernel_shape
+            lead = min(lead, next((i for i, n in enumerate(padded) if n != 1), lead))
+    lead = max(lead, min(1, len(shape)))
+    return (math.prod(shape[:lead]), *shape[lead:])
+
+
 class Arrival:
     """An answer computed a range of elements at a time (``run(begin, end)``) as the ``body``
     its ``inputs`` lie in arrives: ``arrived(filled)`` after each new fill of the body, then
     ``finish()`` once it is all in (the elements not computed yet). ``of_call``: an operator's
-    output written over its input at ``over``; a fused graph's runner
-    (``core/graphs/run.fused_runner``) is one too."""
+    output written over its input at ``over``, in ranges of whole rows of ``row`` elements; a
+    fused graph's runner (``core/graphs/run.fused_runner``) is one too."""
 
-    __slots__ = ("_at", "_piece", "_run", "done", "over", "total")
+    __slots__ = ("_at", "_piece", "_row", "_run", "done", "over", "total")
 
     def __init__(
         self,
@@ -60,12 +85,14 @@ class Arrival:
         run: Callable[[int, int], None],
         itemsize: int,
         over: int = 0,
+        row: int = 1,
     ) -> None:
         self.over = over  # an operator's: the input its output is written over
         self.total = total  # the output's elements
         self.done = 0  # the output's elements computed so far, from the first
         self._run = run
         self._piece = max(1, PIECE_BYTES // itemsize)  # elements of a piece, of the widest
+        self._row = max(1, row)  # a piece's elements are a multiple of it (``rows``)
         start = _address(np.frombuffer(body, np.uint8)) if len(body) else 0
         # Where each input in the body begins in it, its element's size, and whether it has
         # an element per output element (else it is read whole by every piece: one element
@@ -78,29 +105,43 @@ class Arrival:
 
     @classmethod
     def of_call(cls, plan: Plan, backend: Backend, body: memoryview, over: int) -> Arrival:
-        """``plan``'s output written over its input at ``over``, a flat range at a time."""
+        """``plan``'s output written over its input at ``over`` (of the output's size), a range
+        of whole rows at a time (``rows``). Each operand is a view in rows, never a copy: an
+        input of the output's size reshaped, a broadcast one broadcast to the output's shape
+        (stride 0 where it repeats), so a piece reads the bytes the rule awaited and no other."""
         call = plan.call
-        flat = [x.reshape(-1) for x in plan.inputs]
+        shape = call.output_shape
+        split = rows(call)
+        total = math.prod(shape)
+        operands = [
+            x.reshape(split)
+            if x.size == total
+            else np.broadcast_to(x.reshape(kernel_shape), shape).reshape(split)
+            for x, kernel_shape in zip(plan.inputs, call.kernel_input_shapes, strict=True)
+        ]
+        row = math.prod(split[1:])
 
         def run(begin: int, end: int) -> None:
-            run_into(
-                backend, flat_call(call, end - begin), [x[begin:end] for x in flat],
-                flat[over][begin:end],
-            )  # fmt: skip
+            first, last = begin // row, end // row
+            piece = (last - first, *split[1:])
+            on = dataclasses.replace(
+                call, output_shape=piece, kernel_input_shapes=(piece,) * len(operands)
+            )
+            run_into(backend, on, [x[first:last] for x in operands], operands[over][first:last])
 
-        total = math.prod(call.output_shape)
-        return cls(body, plan.inputs, total, run, plan.inputs[over].dtype.itemsize, over)
+        itemsize = plan.inputs[over].dtype.itemsize
+        return cls(body, plan.inputs, total, run, itemsize, over, row)
 
     def ready(self, filled: int) -> int:
-        """How many of the output's elements have every input's bytes they read among the
-        first ``filled`` bytes of the body."""
+        """How many of the output's elements, whole rows, have every input's bytes they read
+        among the first ``filled`` bytes of the body."""
         count = self.total
         for at, size, nbytes, each in self._at:
             if each:
                 count = min(count, max(0, (filled - at) // size))
             elif filled < at + nbytes:
                 return 0
-        return count
+        return count - count % self._row
 
     async def arrived(self, filled: int) -> None:
         """The body's first ``filled`` bytes are in: the elements they complete computed, on a
@@ -119,4 +160,4 @@ class Arrival:
             self.done = end
 
 
-__all__ = ["LOOK_BYTES", "PIECE_BYTES", "Arrival"]
+__all__ = ["LOOK_BYTES", "PIECE_BYTES", "Arrival", "rows"]
