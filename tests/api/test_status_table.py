@@ -28,7 +28,9 @@ DATA = np.array([0, 1, 2, 255], np.uint8)
 @pytest.fixture(scope="module")
 def both() -> Iterator[tuple[TestClient, triton.InferenceServerClient]]:
     port = free_port()
-    with app_client(grpc_port=port, raise_server_exceptions=False) as http:
+    # No plan cache: every call is planned afresh and reaches the backend's ``run``, where the
+    # failures are raised (a template's plans run the kernel it bound: ``NumpyBackend.bound``).
+    with app_client(grpc_port=port, header_cache_bytes=0, raise_server_exceptions=False) as http:
         grpc_client = triton.InferenceServerClient(f"127.0.0.1:{port}")
         yield http, grpc_client
         grpc_client.close()

@@ -179,12 +179,16 @@ def test_the_layouts_kept_are_bounded(service: InferenceService) -> None:
 
 
 class _Sending:
-    """A unary call's context as the servicer uses it when it refuses nothing: its peer, its
-    metadata (none), its trailing metadata, and the done callbacks grpcio runs once the call's
+    """A unary call's context as the servicer uses it when it refuses nothing: its message, its
+    peer, its metadata (none), its trailing metadata, and the done callbacks grpcio runs once the call's
     task has sent the answer (``sent``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, data: bytes) -> None:
         self.callbacks: list[Any] = []
+        self.data = data
+
+    async def read(self) -> bytes:
+        return self.data
 
     def peer(self) -> str:
         return "ipv4:127.0.0.1:1"
@@ -212,13 +216,15 @@ def test_a_unary_answer_is_admitted_until_sent(service: InferenceService) -> Non
     data = request.SerializeToString()
 
     async def call(context: _Sending) -> bytes:
-        async def requests() -> AsyncIterator[bytes]:
-            yield data
+        async def requests() -> AsyncIterator[bytes]:  # grpcio's, unread: the context reads
+            for _ in ():
+                yield b""
+            raise AssertionError("the message is read from the context")
 
         return await behaviour(requests(), cast(Context, context))
 
     for _ in range(3):  # planned, then from its template, then by its layout
-        context = _Sending()
+        context = _Sending(data)
         answer = asyncio.run(call(context))
         assert pb.ModelInferResponse.FromString(answer).raw_output_contents[0] == bytes(
             255 - i for i in range(16)

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple, Self
 
 import numpy as np
 
-from tensorbits.core.backends.base import Backend
+from tensorbits.core.backends.base import Backend, BoundRun
 from tensorbits.core.engine import is_flat_elementwise
 from tensorbits.core.models import MODEL_VERSION
 from tensorbits.core.shared_memory import Location, SharedMemoryRegions, switched_on
@@ -66,6 +66,9 @@ class Plan(NamedTuple):
     shared_inputs: tuple[SharedInput, ...] = ()
     shared_output: SharedMemoryRef | None = None
     output_on_device: bool = False
+    # Its run decided once, when a template on a host backend made it (``Backend.bound``):
+    # ``run.run_to_host`` calls it with the plan's inputs.
+    run: BoundRun | None = None
 
     @property
     def shared_input_bytes(self) -> int:
@@ -385,6 +388,7 @@ class PlanTemplate:
     work_bytes: int  # ``Plan.work_bytes``
     shared_inputs: tuple[SharedInput, ...] = ()  # located again at each use
     shared_output: SharedMemoryRef | None = None
+    run: BoundRun | None = None  # ``Plan.run``, the same for each of its plans
 
     @property
     def in_shared_memory(self) -> bool:
@@ -409,6 +413,7 @@ class PlanTemplate:
             binary_output=self.binary_output,
             output_nbytes=self.output_nbytes,
             response_head=self.response_head,
+            run=self.run,
         )
         if not self.in_shared_memory:
             return planned
@@ -437,6 +442,8 @@ class PlanTemplate:
         """The template of ``planned`` (its inputs raw bytes or in shared memory), whose raw
         inputs lie ``where`` (by name; kept in the operator's input order), run on ``backend``."""
         in_regions = {shared.name for shared in planned.shared_inputs}
+        bind = getattr(backend, "bound", None)  # a host backend's (NumpyBackend.bound)
+        in_request = not planned.shared_inputs and planned.shared_output is None
         return cls(
             op=planned.op,
             call=planned.call,
@@ -449,6 +456,7 @@ class PlanTemplate:
             work_bytes=planned.work_bytes,
             shared_inputs=planned.shared_inputs,
             shared_output=planned.shared_output,
+            run=bind(planned.call, planned.inputs) if bind is not None and in_request else None,
         )
 
 

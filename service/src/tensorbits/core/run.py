@@ -79,7 +79,10 @@ def run_to_host(
     inputs read here: streamed in pieces from their regions where the call allows it
     (``run_streamed``), else read whole (``shared_loaded``)."""
     if not plan.shared_inputs:  # every input in the request: no context to enter (1 us)
-        run_into(backend, plan.call, plan.inputs, out)
+        if plan.run is not None:  # decided with its template (a host backend's)
+            plan.run(plan.inputs, out)
+        else:
+            run_into(backend, plan.call, plan.inputs, out)
         return
     if out.flags.c_contiguous and streams(plan, backend):
         assert regions is not None  # plan() refused shared memory without regions

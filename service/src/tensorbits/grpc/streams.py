@@ -121,7 +121,7 @@ async def close_requests(requests: AsyncIterator[bytes]) -> None:
     (the generator and its receiver): left so, it outlives its call until the cycle collector
     runs. One still reading (a read being cancelled) ends with that read."""
     generator = aiter(requests)  # grpcio's is Cython's async generator: not a native one
-    # Known by its ``aclose``, not by ``isinstance`` against the ABC (its check costs a unary
+    # Known by its ``aclose``, not by ``isinstance`` against the ABC (its check costs a small
     # call 1% of its time).
     aclose = getattr(generator, "aclose", None)
     if aclose is not None and not getattr(generator, "ag_running", False):

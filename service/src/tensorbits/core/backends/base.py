@@ -11,6 +11,11 @@ from tensorbits.core.kernels import DeviceArray
 from tensorbits.core.shared_memory import DeviceMemory
 from tensorbits_protocol.validation import ResolvedCall
 
+# A call's run on host arrays of fixed types and shapes, everything about it decided once (its
+# kernel, its operands' views): what a backend's ``bound`` gives a plan template, whose plans
+# differ only in their bytes.
+BoundRun = Callable[[Sequence[np.ndarray[Any, Any]], np.ndarray[Any, Any]], None]
+
 
 class Backend(Protocol):
     """A compute backend. ``run`` writes the call's result into the preallocated ``out``."""
