@@ -3,10 +3,9 @@ FastAPI app (``POST /echo``, ``/ping``; for perf_analyzer the model's metadata a
 without outputs); ``RawEcho``, a loopback TCP echo; and a bare ``grpc.aio`` server whose
 ``ModelInfer`` answers a request it has seen with a cached serialized response (computed once,
 so the load generator's check passes) and whose ``ModelStatistics`` counts every worker's
-successes. Its handlers take and give bytes, ``ModelInfer`` stream-unary as
-``tensorbits.grpc.server`` registers it and its message read from the context as tensorbits reads
-it (to bound the wait for the message; unary-unary was 8% cheaper a call; reading through the
-request iterator was no cheaper): what any grpcio servicer in Python pays at least.
+successes. Its handlers take and give bytes, ``ModelInfer`` stream-unary, its message read from
+the context, as ``tensorbits.grpc.server`` does (to bound the wait for the message; unary-unary
+was 8% cheaper a call): what any grpcio servicer in Python pays at least.
 
 The command serves both in the form of ``tensorbits serve --workers N``: N spawned processes,
 each with uvicorn and the grpc.aio server on one uvloop loop, each port a socket of its own in
