@@ -20,8 +20,11 @@ from tensorbits_protocol.operators import OPERATORS, Encoding, Function, Operato
 from tensorbits_protocol.validation import ResolvedCall, TensorSpec, validate_call
 
 Arr = np.ndarray[Any, Any]
-# Shapes of the inputs, the first the output's: the same, one element, a row.
-FORMS = {"same": ((3, 5), (3, 5)), "one": ((3, 5), (1,)), "row": ((3, 5), (5,))}
+# Shapes of the inputs: the same, one element, a row, 0-d (a scalar), 0-d against one element.
+FORMS = {
+    "same": ((3, 5), (3, 5)), "one": ((3, 5), (1,)), "row": ((3, 5), (5,)), "0-d": ((), ()),
+    "0-d and one": ((), (1,)),
+}  # fmt: skip
 
 
 def _parameters(op: OperatorSpec) -> dict[str, str]:

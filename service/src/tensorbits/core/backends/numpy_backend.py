@@ -226,7 +226,7 @@ class NumpyBackend:
         most often: the arrays go to the kernel as they are). What ``run`` works out again at
         each call costs a small request 2-3 us. None where the work is shared among threads."""
         # A stand-in output: views of it are made, never its memory (zero strides: no bytes).
-        out = np.broadcast_to(np.empty(1, wire_dtype(call.output_datatype)), call.output_shape)
+        out = np.broadcast_to(np.empty((), wire_dtype(call.output_datatype)), call.output_shape)
         operands, target = as_kernel_operands(call, inputs, out)
         if (
             self._pool is not None
