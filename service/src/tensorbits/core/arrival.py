@@ -23,7 +23,6 @@ JSON, a graph's constants) are all there from the start.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from tensorbits.core.backends.base import Backend
-from tensorbits.core.engine import run_into
+from tensorbits.core.engine import piece_call, run_into
 from tensorbits.core.offload import COMPUTE_INLINE_MAX_BYTES, offload
 from tensorbits.core.plan import Plan
 from tensorbits_protocol.validation import ResolvedCall
@@ -123,10 +122,7 @@ class Arrival:
 
         def run(begin: int, end: int) -> None:
             first, last = begin // row, end // row
-            piece = (last - first, *split[1:])
-            on = dataclasses.replace(
-                call, output_shape=piece, kernel_input_shapes=(piece,) * len(operands)
-            )
+            on = piece_call(call, (last - first, *split[1:]))
             run_into(backend, on, [x[first:last] for x in operands], operands[over][first:last])
 
         itemsize = plan.inputs[over].dtype.itemsize

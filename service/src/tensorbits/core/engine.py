@@ -62,15 +62,19 @@ def run_into(
     finish(backend)  # on the event loop: awaited by a stream callback (device_wait.py)
 
 
+def piece_call(call: ResolvedCall, shape: tuple[int, ...]) -> ResolvedCall:
+    """``call`` on a piece of ``shape`` of every operand, each given as a view of that shape (a
+    broadcast input broadcast to it first), run by the same kernel."""
+    return dataclasses.replace(
+        call, output_shape=shape, kernel_input_shapes=(shape,) * len(call.kernel_input_shapes)
+    )
+
+
 def flat_call(call: ResolvedCall, count: int) -> ResolvedCall:
     """``call`` on ``count`` elements of flat operands: a piece of an element-wise call whose
     inputs all have the output's shape (``is_flat_elementwise``), run on the same positions of
     every operand, by the same kernel."""
-    return dataclasses.replace(
-        call,
-        output_shape=(count,),
-        kernel_input_shapes=((count,),) * len(call.kernel_input_shapes),
-    )
+    return piece_call(call, (count,))
 
 
 def is_flat_elementwise(call: ResolvedCall) -> bool:

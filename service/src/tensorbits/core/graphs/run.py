@@ -82,8 +82,7 @@ def run_graph(plan: GraphPlan, backend: Backend, inputs: Arrays, outputs: Arrays
     device arrays too (see the module's docstring)."""
     _checked(plan, inputs, outputs)
     values = _sources(plan, backend, inputs)
-    contiguous = all(outputs[o.name].flags.c_contiguous for o in plan.outputs)
-    if plan.fused and backend.host_memory and contiguous:
+    if _fused_on_host(plan, backend, outputs):
         _run_fused(plan, backend, values, outputs)
     elif (
         plan.fused
@@ -114,6 +113,16 @@ def _checked(plan: GraphPlan, inputs: Arrays, outputs: Arrays) -> None:
         # A device array has no such flag (CuPy's): the caller's device memory is writable.
         if isinstance(array, np.ndarray) and not array.flags.writeable:
             raise invalid(output.name[:100], "read_only", "the output array is read-only")
+
+
+def _fused_on_host(plan: GraphPlan, backend: Backend, outputs: Arrays) -> bool:
+    """Whether ``run_graph`` runs ``plan`` as one chain on the host (``_run_fused``): a fused
+    plan, a host backend, every output contiguous."""
+    return (
+        plan.fused
+        and backend.host_memory
+        and all(outputs[o.name].flags.c_contiguous for o in plan.outputs)
+    )
 
 
 def _device_targets(plan: GraphPlan, outputs: Arrays) -> dict[int, DeviceArray]:
@@ -177,9 +186,7 @@ def fused_runner(
     _checked(plan, inputs, outputs)
     written = {name: slot for slot, name in plan.in_place.items()}
     if not (
-        plan.fused
-        and backend.host_memory
-        and all(outputs[o.name].flags.c_contiguous for o in plan.outputs)
+        _fused_on_host(plan, backend, outputs)
         and all(written.get(o.name) == o.slot for o in plan.outputs)
         and all(x.flags.c_contiguous for x in inputs.values())  # views, never copies
     ):
