@@ -2,8 +2,11 @@
 for every operator of the catalog, every data type it takes and every input of the output's type
 and shape, the call run with ``out`` that input gives the bytes a separate ``out`` gets, in one
 pass and in parallel chunks. A kernel that read an input after writing ``out`` (a second pass, a
-sign looked at after the shift) would differ here. The HTTP front end writes a large answer over
-its input in the request's body only for these (``api/rest_infer.written_over``).
+sign looked at after the shift) would differ here. Every case proven is one the one rule of
+writing over an input allows (``engine.writes_over``, which the HTTP front end's answer over the
+request's body and a region's output over an input read from one both ask), and that rule allows
+nothing else: not the broadcast input, not a popcount into another type, not a backend without
+proven kernels.
 
 The same holds when the other input is broadcast (one element, a row, a column, pdpd's padded
 form), a view of separate memory read at many positions: the output written over the input of
@@ -21,7 +24,7 @@ import pytest
 
 from tensorbits.core.backends import numpy_backend as nb
 from tensorbits.core.backends.numpy_backend import NumpyBackend
-from tensorbits.core.engine import run_into
+from tensorbits.core.engine import run_into, writes_over
 from tensorbits_protocol.dtypes import DataType, wire_dtype
 from tensorbits_protocol.errors import InvalidRequest
 from tensorbits_protocol.operators import OPERATORS, Function, OperatorSpec
@@ -116,9 +119,9 @@ def test_every_function_of_the_catalog_is_covered_here() -> None:
 def test_the_output_over_an_input_is_the_output_apart(
     op: OperatorSpec, dt: DataType, params: dict[str, str], over: int
 ) -> None:
-    assert op.function in NumpyBackend.alias_safe
     call = validate_call(op, {n: TensorSpec(dt, SHAPE) for n in op.inputs}, params)
     backend = NumpyBackend(threads=1)
+    assert writes_over(call, backend, over, wire_dtype(dt), SHAPE)
     try:
         _both_ways(backend, call, _inputs(op, dt, seed=over), over)
     finally:
@@ -237,14 +240,45 @@ def test_the_output_over_an_input_beside_a_broadcast_is_the_output_apart(
     threads: int,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert op.function in NumpyBackend.alias_safe
     if threads > 1:  # every call split into chunks on two threads, whatever its size
         monkeypatch.setattr(nb, "PARALLEL_THRESHOLD_BYTES", 0)
         monkeypatch.setattr(nb, "MIN_CHUNK_BYTES", 1)
     call = _call(op, dt, params, shapes)
     assert call.output_shape == OUT
     backend = NumpyBackend(threads=threads)
+    assert writes_over(call, backend, over, wire_dtype(dt), shapes[over])
+    assert not writes_over(call, backend, 1 - over, wire_dtype(dt), shapes[1 - over])
     try:
         _both_ways(backend, call, _broadcast_inputs(op, dt, shapes, seed=over + threads), over)
+    finally:
+        backend.close()
+
+
+class _UnprovenHost:
+    """A backend on host memory whose kernels are not proven to write over an input: one that
+    may place a call on a device keeps its output apart."""
+
+    host_memory = True
+
+
+def test_the_rule_allows_only_what_is_proven() -> None:
+    """``writes_over`` for every operator, type and parameter set, over every input: allowed
+    exactly where the output has that input's type and shape (the cases proven above), never
+    for another backend, nor for an input of another type or shape than the output's."""
+    backend = NumpyBackend(threads=1)
+    try:
+        proven = {(op.name, dt, tuple(params.items()), over) for op, dt, params, over in
+                  (case.values for case in CASES)}  # fmt: skip
+        for op in OPERATORS:
+            for dt in sorted(_types(op)):
+                for params in _parameter_sets(op):
+                    call = validate_call(op, {n: TensorSpec(dt, SHAPE) for n in op.inputs}, params)
+                    for over in range(len(op.inputs)):
+                        allowed = writes_over(call, backend, over, wire_dtype(dt), SHAPE)
+                        key = (op.name, dt, tuple(params.items()), over)
+                        assert allowed == (key in proven), key
+                        assert not writes_over(call, _UnprovenHost(), over, wire_dtype(dt), SHAPE)  # type: ignore[arg-type]
+                        bigger = (COUNT + 1,)
+                        assert not writes_over(call, backend, over, wire_dtype(dt), bigger)
     finally:
         backend.close()

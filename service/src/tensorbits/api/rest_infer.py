@@ -26,6 +26,7 @@ import numpy as np
 from tensorbits.core.arrival import Arrival
 from tensorbits.core.backends.base import Backend
 from tensorbits.core.dataplane import DataPlane
+from tensorbits.core.engine import writes_over
 from tensorbits.core.models import MODEL_VERSION
 from tensorbits.core.plan import Plan, PlanTemplate
 from tensorbits.core.plan import plan as plan_request
@@ -192,15 +193,10 @@ def written_over(plan: Plan, backend: Backend) -> int | None:
       first, so a small answer pays one comparison; below it the new buffer costs little;
     - no tensor in shared memory (the output is sent, not written into a region; an input read
       from a region runs streamed through the regions' buffers, ``run.run_streamed``);
-    - the backend's own kernels proven to give the same bytes over an input (``alias_safe``,
-      of the operator's function: the NumPy backend's single-pass ufuncs, element-wise); a
-      backend without that list (one that may place the call on a device) keeps the new buffer;
-    - the input of the output's type and shape, and the kernel's (``kernel_input_shapes``):
-      the output's bytes fill exactly its bytes, and each output element depends on its element
-      at the same position only, so none is read once written. Any other input may be
-      broadcast (fewer elements, repeated: one element, a row): it is never written over, as
-      its elements are read again at later positions; computed as the body arrives, it is
-      awaited whole and the pieces are whole rows (``core/arrival.rows``), each operand a view;
+    - the kernel may write over the input (``engine.writes_over``: proven alias-safe on this
+      backend, the input of the output's type and shape and the kernel's); any other input may
+      be broadcast: computed as the body arrives, it is awaited whole and the pieces are whole
+      rows (``core/arrival.rows``), each operand a view;
     - no other input sharing its memory (the body's tensors lie side by side, never
       overlapping): a broadcast input over the output's bytes would be read once written;
     - the input a view of the request's body, a bytearray (not data decoded from JSON, not
@@ -210,22 +206,12 @@ def written_over(plan: Plan, backend: Backend) -> int | None:
       swapped view's bits are the output's only after a conversion the kernel does not do)."""
     if plan.output_nbytes < IN_PLACE_MIN_BYTES or not plan.binary_output:
         return None
-    call = plan.call
-    if (
-        plan.shared_inputs
-        or plan.shared_output is not None
-        or call.op.function not in getattr(backend, "alias_safe", ())
-        or not backend.host_memory
-    ):
+    if plan.shared_inputs or plan.shared_output is not None:
         return None
-    dtype = wire_dtype(call.output_datatype)
     inputs = plan.inputs
-    for position, (x, kernel_shape) in enumerate(
-        zip(inputs, call.kernel_input_shapes, strict=True)
-    ):
+    for position, x in enumerate(inputs):
         if (
-            x.dtype == dtype
-            and x.shape == kernel_shape == call.output_shape
+            writes_over(plan.call, backend, position, x.dtype, x.shape)
             and x.flags.writeable
             and x.flags.c_contiguous
             and x.dtype.isnative

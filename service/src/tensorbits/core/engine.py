@@ -1,6 +1,7 @@
 """Running checked work on a backend: one validated call on host or device arrays (``run_into``,
-what v2 inference runs), and the flat pieces an element-wise call can be split into. A /v1 batch
-is run where it is planned (``batch.run_batch``).
+what v2 inference runs), the flat pieces an element-wise call can be split into, and when its
+output may be computed over one of its inputs (``writes_over``). A /v1 batch is run where it is
+planned (``batch.run_batch``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import numpy as np
 from tensorbits.core.backends.base import Backend
 from tensorbits.core.device_wait import finish
 from tensorbits.core.kernels import DeviceArray
-from tensorbits_protocol.dtypes import numpy_dtype
+from tensorbits_protocol.dtypes import numpy_dtype, wire_dtype
 from tensorbits_protocol.validation import ResolvedCall
 
 
@@ -82,3 +83,32 @@ def is_flat_elementwise(call: ResolvedCall) -> bool:
     every input has the output's shape (no broadcasting, no pdpd reshape), so the call can run
     in pieces of flat operands (``flat_call``). True of every operator here but broadcasts."""
     return all(shape == call.output_shape for shape in call.kernel_input_shapes)
+
+
+def writes_over(
+    call: ResolvedCall,
+    backend: Backend,
+    position: int,
+    dtype: np.dtype[Any],
+    shape: tuple[int, ...],
+) -> bool:
+    """Whether ``call`` may run on ``backend`` with its output in the memory of its input at
+    ``position`` (of ``dtype`` and ``shape``, on the host) and give the bytes a separate output
+    gets: the one rule of every place that computes an output over an input it owns (a
+    response over the request's body, ``api/rest_infer.written_over``; an output bound for a
+    system region over an input read from one, ``run.run_to_region``). Each caller adds what
+    makes the input's memory its own to write.
+
+    - the backend's kernel for the operator's function is proven to give the same bytes over
+      an input (``alias_safe``: the NumPy backend's single-pass ufuncs); a backend without
+      that list (one that may place the call on a device) computes into a buffer of its own;
+    - the input has the output's type and shape, and the kernel takes it in that shape
+      (``kernel_input_shapes``: no pdpd reshape), so each output element is written over the
+      input element at its own position, which nothing reads after. Any other input may be
+      broadcast: it is never written over."""
+    return (
+        call.op.function in getattr(backend, "alias_safe", ())
+        and backend.host_memory
+        and dtype == wire_dtype(call.output_datatype)
+        and shape == call.kernel_input_shapes[position] == call.output_shape
+    )

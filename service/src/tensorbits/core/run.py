@@ -20,7 +20,7 @@ import numpy as np
 
 from tensorbits.core.backends.base import Backend
 from tensorbits.core.device_wait import hold
-from tensorbits.core.engine import flat_call, run_into
+from tensorbits.core.engine import flat_call, run_into, writes_over
 from tensorbits.core.kernels import DeviceArray
 from tensorbits.core.plan import STREAM_PIECE_BYTES, Plan, SharedInput, streams
 from tensorbits.core.shared_memory import SharedMemoryRegions
@@ -97,8 +97,8 @@ def run_to_region(plan: Plan, backend: Backend, regions: SharedMemoryRegions) ->
     region: the kernel writes the client's device memory directly. A system region: streamed
     in pieces where the call allows it (``run_streamed``); otherwise the inputs are read whole
     and the output is computed into the buffer of an input read from a system region when the
-    operator may write its output over that input (``op.in_place``, same type and shape: that
-    buffer is the server's own copy), else into a new array, then written into the region."""
+    kernel may write its output over that input (``engine.writes_over``: that buffer is the
+    server's own copy), else into a new array, then written into the region."""
     call, op = plan.call, plan.op
     dtype = wire_dtype(call.output_datatype)
     assert plan.shared_output is not None
@@ -117,26 +117,22 @@ def run_to_region(plan: Plan, backend: Backend, regions: SharedMemoryRegions) ->
                 )
                 run_into(backend, call, loaded.inputs, raw.view(dtype).reshape(call.output_shape))
             return
-        over = _replaceable_input(plan)
+        over = _replaceable_input(plan, backend)
         out = np.empty(call.output_shape, dtype) if over is None else loaded.inputs[over]
         run_into(backend, call, loaded.inputs, out)
         regions.write(plan.shared_output, out.reshape(-1).view(np.uint8).data, op.output)
 
 
-def _replaceable_input(plan: Plan) -> int | None:
+def _replaceable_input(plan: Plan, backend: Backend) -> int | None:
     """The position of an input read from a system region that the output may be computed
-    over (``op.in_place``, the output's type and shape): that buffer is the server's own copy,
-    so no output buffer is needed."""
-    call = plan.call
-    dtype = wire_dtype(call.output_datatype)
+    over (``engine.writes_over``): the buffer it is read into is the server's own copy, read
+    by nothing after the kernel, so no output buffer is needed."""
     return next(
         (
             shared.position
             for shared in plan.shared_inputs
-            if shared.name in plan.op.in_place
-            and not shared.on_device
-            and shared.dtype == dtype
-            and shared.shape == call.output_shape
+            if not shared.on_device
+            and writes_over(plan.call, backend, shared.position, shared.dtype, shared.shape)
         ),
         None,
     )
@@ -154,8 +150,8 @@ def run_streamed(
     into ``host_out`` (flat: a response's body) when given. The pieces' buffers stay in the
     cache, so each byte crosses memory once in and once out instead of three times (``preadv``
     into a whole buffer, the kernel, ``pwritev`` out of it). Every region is held for the whole
-    run (``system_bytes``). An output in exactly an input's bytes (``op.in_place``) is safe:
-    each piece is read before it is written, and no later piece reads it."""
+    run (``system_bytes``). An output in exactly an input's buffer (``engine.writes_over``) is
+    safe: each piece is read before it is written, and no later piece reads it."""
     call, op = plan.call, plan.op
     out_dtype = wire_dtype(call.output_datatype)
     shared = {each.position: each for each in plan.shared_inputs}
@@ -168,7 +164,7 @@ def run_streamed(
     buffers = {i: regions.pool.take(step * shared[i].dtype.itemsize) for i in shared}
     # The output's pieces go straight into host_out when given, else into the buffer of an
     # input the operator may replace, else into a buffer of their own.
-    over = None if host_out is not None else _replaceable_input(plan)
+    over = None if host_out is not None else _replaceable_input(plan, backend)
     out_buffer = (
         regions.pool.take(step * out_dtype.itemsize) if over is None and host_out is None else None
     )
