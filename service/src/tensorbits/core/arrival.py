@@ -107,15 +107,19 @@ class Arrival:
         """``plan``'s output written over its input at ``over`` (of the output's size), a range
         of whole rows at a time (``rows``). Each operand is a view in rows, never a copy: an
         input of the output's size reshaped, a broadcast one broadcast to the output's shape
-        (stride 0 where it repeats), so a piece reads the bytes the rule awaited and no other."""
+        (stride 0 where it repeats), so a piece reads the bytes the rule awaited and no other.
+        ``rows`` merges only axes every operand can merge in place: a reshape that would copy
+        raises (``copy=False``) rather than compute the pieces into a copy."""
         call = plan.call
         shape = call.output_shape
         split = rows(call)
         total = math.prod(shape)
         operands = [
-            x.reshape(split)
+            x.reshape(split, copy=False)
             if x.size == total
-            else np.broadcast_to(x.reshape(kernel_shape), shape).reshape(split)
+            else np.broadcast_to(x.reshape(kernel_shape, copy=False), shape).reshape(
+                split, copy=False
+            )
             for x, kernel_shape in zip(plan.inputs, call.kernel_input_shapes, strict=True)
         ]
         row = math.prod(split[1:])
