@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
-from typing import Any, cast
+from typing import cast
 
 import numpy as np
 import pytest
@@ -180,11 +180,9 @@ def test_the_layouts_kept_are_bounded(service: InferenceService) -> None:
 
 class _Sending:
     """A unary call's context as the servicer uses it when it refuses nothing: its message, its
-    peer, its metadata (none), its trailing metadata, and the done callbacks grpcio runs once the call's
-    task has sent the answer (``sent``)."""
+    peer, its metadata (none) and its trailing metadata."""
 
     def __init__(self, data: bytes) -> None:
-        self.callbacks: list[Any] = []
         self.data = data
 
     async def read(self) -> bytes:
@@ -199,15 +197,11 @@ class _Sending:
     def set_trailing_metadata(self, metadata: tuple[tuple[str, str], ...]) -> None:
         self.trailing = metadata
 
-    def add_done_callback(self, callback: Any) -> None:
-        self.callbacks.append(callback)
-
-    def sent(self) -> None:
-        for callback in self.callbacks:
-            callback(self)
-
 
 def test_a_unary_answer_is_admitted_until_sent(service: InferenceService) -> None:
+    """The answer stays counted (twice: ``SENT_COPIES``) while grpcio sends it, in the call's
+    task after the handler returns, and is let go when that task ends: sent, or cancelled
+    while sending (a client gone)."""
     admission = service.runtime.plane.admission
     behaviour = service.rpc("ModelInfer")
     request = pb.ModelInferRequest(model_name=NOT)
@@ -215,21 +209,35 @@ def test_a_unary_answer_is_admitted_until_sent(service: InferenceService) -> Non
     request.raw_input_contents.append(bytes(range(16)))
     data = request.SerializeToString()
 
-    async def call(context: _Sending) -> bytes:
-        async def requests() -> AsyncIterator[bytes]:  # grpcio's, unread: the context reads
-            for _ in ():
-                yield b""
-            raise AssertionError("the message is read from the context")
+    async def requests() -> AsyncIterator[bytes]:  # grpcio's, unread: the context reads
+        for _ in ():
+            yield b""
+        raise AssertionError("the message is read from the context")
 
-        return await behaviour(requests(), cast(Context, context))
+    async def one_call(cancelled: bool) -> None:
+        returned: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        sent = asyncio.Event()
 
-    for _ in range(3):  # planned, then from its template, then by its layout
-        context = _Sending(data)
-        answer = asyncio.run(call(context))
+        async def call_task() -> None:  # grpcio's task of the call: the handler, then the send
+            returned.set_result(await behaviour(requests(), cast(Context, _Sending(data))))
+            await sent.wait()
+
+        task = asyncio.ensure_future(call_task())
+        answer = await returned
         assert pb.ModelInferResponse.FromString(answer).raw_output_contents[0] == bytes(
             255 - i for i in range(16)
         )
-        assert admission.bytes_in_flight == SENT_COPIES * len(answer)  # not sent yet
-        context.sent()
+        for _ in range(3):  # the loop turns; the answer is still being sent
+            await asyncio.sleep(0)
+            assert admission.bytes_in_flight == SENT_COPIES * len(answer)
+        if cancelled:
+            task.cancel()
+        else:
+            sent.set()
+        await asyncio.wait([task])
+        await asyncio.sleep(0)  # the task's done callbacks run in the next step
         assert admission.bytes_in_flight == 0
         assert admission.requests_in_flight == 0
+
+    for turn in range(4):  # planned, then from its template, then by its layout
+        asyncio.run(one_call(cancelled=turn % 2 == 1))

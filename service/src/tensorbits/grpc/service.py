@@ -23,6 +23,7 @@ protobuf's words, not the INTERNAL that grpcio answers when its own deserializer
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -220,7 +221,7 @@ class InferenceService:
             try:
                 outcome = await answer(context, peer, sizes)
                 if carried and isinstance(outcome, bytes):  # as its grant let go of them
-                    _carry_until_sent(self.runtime.plane.admission, len(outcome), context)
+                    _carry_until_sent(self.runtime.plane.admission, len(outcome))
                 status = 200 if isinstance(outcome, bytes) else outcome.status_code
                 id_metadata = _request_id_metadata()  # the id the call's line names
             finally:
@@ -572,21 +573,19 @@ def _operator_needs(plan: Plan, size: int, backend: Backend) -> Needs:
     return Needs(plan.memory_needed(size, backend), plan.work_bytes)
 
 
-def _carry_until_sent(admission: Admission, nbytes: int, context: Context) -> None:
+def _carry_until_sent(admission: Admission, nbytes: int) -> None:
     """Count a unary call's answer of ``nbytes`` in admission until grpc has sent it, twice
     (``streams.SENT_COPIES``). The handler returns the answer and grpcio sends it, with the call's
     status, in one batch that its call's task awaits: the task this handler runs in, whose end
-    (the answer sent, or the call cancelled) runs the context's done callbacks, the one added
-    here letting go of the bytes (grpcio's own hook on that task: no ``asyncio.current_task``,
-    pure Python on 3.11, on every call). Called in the step of the event loop in which the
-    inference's grant was released (``Admission.carry``)."""
+    (the answer sent, or the call cancelled) runs the callback added here, letting go of the
+    bytes. The task's own callback, not the context's: grpcio keeps a context's callbacks on the
+    call's state, which the context holds, a cycle that keeps every finished call's state (its
+    core call with it) until the cycle collector runs. Called in the step of the event loop in
+    which the inference's grant was released (``Admission.carry``)."""
     grant = admission.carry(streams.SENT_COPIES * nbytes)
-
-    def sent(_: Context) -> None:
-        grant.release()
-
-    # grpc-stubs type the callback as a class of their own, not a protocol a function meets.
-    context.add_done_callback(sent)  # type: ignore[arg-type]
+    task = asyncio.current_task()
+    assert task is not None, "a gRPC handler runs in its call's task"
+    task.add_done_callback(lambda _: grant.release())
 
 
 def _request_id_metadata() -> tuple[tuple[str, str], ...]:
