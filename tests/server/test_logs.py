@@ -28,7 +28,6 @@ from tensorbits.logs import (
     json_lines_for,
     note_model,
     note_refusal,
-    request_id_var,
 )
 from tensorbits.observability import access_fields, protocol_status
 from tensorbits_protocol.operators import OPERATORS
@@ -63,11 +62,11 @@ def _record(message: str, **extra: object) -> logging.LogRecord:
 
 
 def test_a_readable_line_has_time_level_logger_message_fields_and_request_id() -> None:
-    token = request_id_var.set("req-7")
+    end_call = begin_call("req-7", "127.0.0.1:5000")
     try:
         line = ReadableFormatter().format(_record("refused", status=413))
     finally:
-        request_id_var.reset(token)
+        end_call()
     clock, level, logger, rest = line.split(maxsplit=3)
     assert time.strptime(clock, "%H:%M:%S")
     assert (level, logger) == ("info", "tensorbits.http")

@@ -14,12 +14,8 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, TextIO
-
-# Set by the HTTP middleware for the duration of a request; read by every log record.
-request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "tensorbits_request_id", default=None
-)
 
 
 @dataclass(slots=True)
@@ -39,7 +35,8 @@ class CallNote:
     field: str | None = None
 
 
-# The call in hand (HTTP: set by the middleware; gRPC: by the call, and per message of a stream).
+# The call in hand (HTTP: set by the middleware; gRPC: by the call, and per message of a
+# stream): every log record written while it runs carries its request id.
 call_var: contextvars.ContextVar[CallNote | None] = contextvars.ContextVar(
     "tensorbits_call", default=None
 )
@@ -58,14 +55,8 @@ def bounded(text: str, limit: int = MAX_NOTED_CHARS) -> str:
 def begin_call(request_id: str, client: str) -> Callable[[], None]:
     """Start noting a call (and tag every record with ``request_id`` while it runs); returns
     what ends it, restoring the context as it was."""
-    note_token = call_var.set(CallNote(request_id, bounded(client)))
-    id_token = request_id_var.set(request_id)
-
-    def end() -> None:
-        request_id_var.reset(id_token)
-        call_var.reset(note_token)
-
-    return end
+    token = call_var.set(CallNote(request_id, bounded(client)))
+    return partial(call_var.reset, token)
 
 
 def begin_part() -> Callable[[], None]:
@@ -81,7 +72,6 @@ def note_request_id(request_id: str) -> None:
     note = call_var.get()
     if note is not None and request_id:
         note.request_id = bounded(request_id, 128)
-        request_id_var.set(note.request_id)
 
 
 def note_model(name: str, version: str = "") -> None:
@@ -123,9 +113,9 @@ class JsonFormatter(logging.Formatter):
             # With --workers N every process writes to the same stream: which one wrote this.
             "pid": record.process,
         }
-        request_id = request_id_var.get()
-        if request_id is not None:
-            entry["request_id"] = request_id
+        note = call_var.get()
+        if note is not None:
+            entry["request_id"] = note.request_id
         entry.update(
             (key, value)
             for key, value in record.__dict__.items()
@@ -153,9 +143,9 @@ class ReadableFormatter(logging.Formatter):
         ]
         if extra:
             line += "  " + " ".join(extra)
-        request_id = request_id_var.get()
-        if request_id is not None:
-            line += f"  [{request_id}]"
+        note = call_var.get()
+        if note is not None:
+            line += f"  [{note.request_id}]"
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return line
