@@ -124,14 +124,16 @@ def _ready_by_element(arrays: dict[str, Arr], header: int, filled: int, json_dat
 
 
 def _fill(body: bytearray, whole: bytes, arrival: Arrival, start: int) -> list[tuple[int, int]]:
-    """``whole``'s bytes from ``start`` copied into ``body`` in uneven parts, ``arrived`` told
-    after each; (bytes in, elements computed) after each."""
+    """``whole``'s bytes from ``start`` copied into ``body`` in uneven parts of at most a piece
+    (so a body of several pieces has pieces to run before its end, whatever the order tests
+    run in), ``arrived`` told after each; (bytes in, elements computed) after each."""
     seen: list[tuple[int, int]] = []
+    rng = np.random.default_rng(len(whole))
 
     async def arrive() -> None:
         filled = start
         while filled < len(whole):
-            end = min(len(whole), filled + int(RNG.integers(1, 3 * PIECE)))
+            end = min(len(whole), filled + int(rng.integers(1, PIECE + 1)))
             body[filled:end] = whole[filled:end]
             filled = end
             await arrival.arrived(filled)
