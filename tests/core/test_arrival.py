@@ -26,8 +26,9 @@ from support.inprocess import TestClient, app_client, runtime_of
 from tensorbits.api import rest_graph, rest_infer
 from tensorbits.api.body import receive_first, receive_rest
 from tensorbits.core import arrival as arrival_module
-from tensorbits.core.arrival import Arrival, rows
+from tensorbits.core.arrival import Arrival
 from tensorbits.core.dataplane import DataPlane
+from tensorbits.core.engine import rows
 from tensorbits.observability import BodyInto
 from tensorbits_protocol.dtypes import DataType, from_numpy
 from tensorbits_protocol.errors import InvalidRequest

@@ -2,8 +2,9 @@
 it must write exactly what the whole-tensor path (``shared_loaded`` + the kernel on whole arrays)
 writes, and what the reference says, for every operator and every data type it takes, with
 pieces that end mid-tensor, inputs from the body beside inputs from regions, the output over an
-input's own bytes (in place), and a region that shrinks between two pieces. Pieces are made tiny
-here (64 bytes) so every tensor spans many of them."""
+input's own bytes (in place), and a region that shrinks between two pieces; a broadcast in
+pieces of whole rows, in every form, the broadcast input read whole, from the body or a region,
+on either side. Pieces are made tiny here (64 bytes) so every tensor spans many of them."""
 
 from __future__ import annotations
 
@@ -49,8 +50,8 @@ def backend() -> Iterator[NumpyBackend]:
 
 @pytest.fixture
 def regions(monkeypatch: pytest.MonkeyPatch) -> Iterator[SharedMemoryRegions]:
-    for module in (core_plan, core_run):  # what a plan holds, and what a run reads
-        monkeypatch.setattr(module, "STREAM_PIECE_BYTES", 64)
+    # What a plan holds and a run reads (``rows_per_piece``).
+    monkeypatch.setattr(core_plan, "STREAM_PIECE_BYTES", 64)
     path = SHM_DIR / KEY[1:]
     path.write_bytes(bytes(OBJECT_BYTES))
     made = SharedMemoryRegions(PREFIX, 8, 1 << 30)
@@ -212,12 +213,92 @@ def test_in_place_over_many_pieces(regions: SharedMemoryRegions, backend: NumpyB
     assert_bits_equal(_get(b, 8192), b)  # the other input is untouched
 
 
-def test_broadcasts_take_the_whole_path(
+# (model, parameters, the full-size input's shape, the broadcast one's, whether the broadcast
+# input comes first): rows of the output that a 64-byte piece holds one or more of.
+BROADCASTS: tuple[tuple[str, dict[str, str | int], tuple[int, ...], tuple[int, ...], bool], ...] = (
+    ("onnx.BitwiseAnd-18", {}, (5, 37), (1,), False),  # one element: flat pieces
+    ("onnx.BitwiseXor-18", {}, (5, 37), (1, 1), True),
+    ("onnx.BitwiseOr-18", {}, (9, 12), (12,), False),  # a row
+    ("onnx.BitwiseXor-18", {}, (9, 12), (1, 12), True),
+    ("onnx.BitwiseAnd-18", {}, (37, 5), (37, 1), False),  # a column
+    ("onnx.BitwiseOr-18", {}, (6, 4, 5), (4, 5), True),  # rows of 4 x 5
+    ("onnx.BitwiseAnd-18", {}, (6, 4, 5), (5,), False),  # leading axes merged into rows of 5
+    ("onnx.BitwiseXor-18", {}, (8, 1, 4), (3, 1), False),  # both broadcast: rows of 3 x 4
+    ("openvino.BitwiseAnd-13", {"auto_broadcast": "pdpd", "axis": 0}, (37, 5), (37,), False),
+)
+
+
+def _broadcast_case(
+    index: int, places: tuple[int | None, int | None]
+) -> tuple[str, dict[str, Arr], dict[str, int | None], dict[str, str | int], Arr]:
+    model, params, full, broadcast, first = BROADCASTS[index]
+    op = get_operator(model)
+    shapes = (broadcast, full) if first else (full, broadcast)
+    arrays = {
+        name: _random(DataType.UINT16, shape) for name, shape in zip(op.inputs, shapes, strict=True)
+    }
+    where = dict(zip(op.inputs, places, strict=True))
+    return model, arrays, where, params, reference(model, arrays, params)
+
+
+def _params_request(
+    model: str,
+    arrays: dict[str, Arr],
+    places: dict[str, int | None],
+    params: dict[str, str | int],
+    out_offset: int | None,
+) -> InferRequest:
+    request = _request(model, arrays, places, out_offset, DataType.UINT16)
+    return InferRequest(request.inputs, {**request.parameters, **params}, request.outputs)
+
+
+@pytest.mark.parametrize("out_offset", [32768, None], ids=["to-region", "to-body"])
+@pytest.mark.parametrize(
+    "places", [(0, 8192), (None, 8192), (0, None)], ids=["both-shared", "a-body", "b-body"]
+)
+@pytest.mark.parametrize("index", range(len(BROADCASTS)))
+def test_broadcasts_stream_in_whole_rows(
+    regions: SharedMemoryRegions,
+    backend: NumpyBackend,
+    monkeypatch: pytest.MonkeyPatch,
+    index: int,
+    places: tuple[int | None, int | None],
+    out_offset: int | None,
+) -> None:
+    """A broadcast streamed in pieces of whole rows gives the reference's answer and the very
+    bytes the whole-tensor path gives, its broadcast input from the body or a region, first or
+    second, into a region or the response's body."""
+    model, arrays, where, params, want = _broadcast_case(index, places)
+    request = _params_request(model, arrays, where, params, out_offset)
+    planned = plan(get_operator(model), request, LIMITS, regions)
+    assert streams(planned, backend)
+    assert want.nbytes > 2 * core_plan.STREAM_PIECE_BYTES  # many pieces
+
+    def answer() -> bytes:
+        if out_offset is None:
+            return _body_output(regions, backend, request, model)
+        _put(np.zeros(want.nbytes, np.uint8), out_offset)
+        _run(regions, backend, request, model)
+        return _object().read_bytes()[out_offset : out_offset + want.nbytes]
+
+    streamed = answer()
+    assert streamed == np.ascontiguousarray(want.astype("<u2")).tobytes()
+    for module in (core_plan, core_run):
+        monkeypatch.setattr(module, "streams", lambda plan, backend: False)
+    assert answer() == streamed
+    for name, offset in where.items():  # the inputs in the region are as they were sent
+        if offset is not None:
+            assert_bits_equal(_get(arrays[name], offset), arrays[name])
+
+
+def test_rows_longer_than_a_piece_take_the_whole_path(
     regions: SharedMemoryRegions, backend: NumpyBackend
 ) -> None:
+    """A row of the output longer than a piece: not streamed (a piece holds whole rows), the
+    same answer read whole."""
     model = "onnx.BitwiseAnd-18"
-    a, b = _random(DataType.UINT8, (4, 6)), _random(DataType.UINT8, (6,))
-    request = _request(model, {"A": a, "B": b}, {"A": 0, "B": 256}, 1024, DataType.UINT8)
+    a, b = _random(DataType.UINT8, (4, 100)), _random(DataType.UINT8, (100,))
+    request = _request(model, {"A": a, "B": b}, {"A": 0, "B": 512}, 1024, DataType.UINT8)
     planned = _run(regions, backend, request, model)
     assert not streams(planned, backend)
     assert_bits_equal(_get(a, 1024), a & b)
@@ -286,8 +367,9 @@ def test_a_run_keeps_the_regions_it_started_with(
 def test_a_streamed_run_is_admitted_for_its_pieces(
     regions: SharedMemoryRegions, backend: NumpyBackend
 ) -> None:
-    """Admission counts what a run holds: a piece per shared input and one of the output when
-    streamed, the whole tensors when not (broadcasts)."""
+    """Admission counts what a run holds: a piece per shared input of the output's size and one
+    of the output when streamed, a broadcast input whole; the whole tensors when not streamed
+    (rows longer than a piece)."""
     model = "onnx.BitwiseAnd-18"
     a, b = _random(DataType.UINT8, (4, 256)), _random(DataType.UINT8, (4, 256))
     streamed = plan(
@@ -304,7 +386,20 @@ def test_a_streamed_run_is_admitted_for_its_pieces(
         LIMITS,
         regions,
     )
-    assert whole.memory_needed(100, backend) == 100 + 2 * a.nbytes + b[0].nbytes
+    assert whole.memory_needed(100, backend) == 100 + 2 * a.nbytes + b[0].nbytes  # long rows
+    wide, narrow = _random(DataType.UINT8, (8, 4, 4)), _random(DataType.UINT8, (8, 4, 1))
+    by_rows = plan(
+        get_operator(model),
+        _request(model, {"A": wide, "B": narrow}, {"A": 0, "B": 4096}, 8192, DataType.UINT8,
+                 wide.nbytes),
+        LIMITS,
+        regions,
+    )  # fmt: skip
+    # Rows of 4 x 4: a piece of the input of the output's size, the broadcast input whole, a
+    # piece of the output.
+    assert streams(by_rows, backend)
+    piece = core_plan.STREAM_PIECE_BYTES
+    assert by_rows.memory_needed(100, backend) == 100 + piece + narrow.nbytes + piece
     into_body = plan(
         get_operator(model),
         _request(model, {"A": a, "B": b}, {"A": 0, "B": 4096}, None, DataType.UINT8),

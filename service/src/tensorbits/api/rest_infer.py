@@ -196,7 +196,7 @@ def written_over(plan: Plan, backend: Backend) -> int | None:
     - the kernel may write over the input (``engine.writes_over``: proven alias-safe on this
       backend, the input of the output's type and shape and the kernel's); any other input may
       be broadcast: computed as the body arrives, it is awaited whole and the pieces are whole
-      rows (``core/arrival.rows``), each operand a view;
+      rows (``engine.rows``), each operand a view;
     - no other input sharing its memory (the body's tensors lie side by side, never
       overlapping): a broadcast input over the output's bytes would be read once written;
     - the input a view of the request's body, a bytearray (not data decoded from JSON, not

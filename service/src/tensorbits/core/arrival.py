@@ -15,10 +15,10 @@ chain on the host, written into the response's buffer (``core/graphs/request.arr
 input of one element is read whole by every piece). An input of the output's size is read a
 piece at a time, as its bytes arrive; a broadcast input is awaited whole before the first piece
 (it is small beside the output, and every piece may read any of it). Pieces are ranges of whole
-rows of the output (``rows``: flat elements when every broadcast input is one element), the same
-kernels on views of each operand, so every piece sees exactly the elements it would see whole
-and the answer is byte for byte the one computed whole. Inputs not in the body (decoded from
-JSON, a graph's constants) are all there from the start.
+rows of the output (``engine.rows``: flat elements when every broadcast input is one element),
+the same kernels on views of each operand, so every piece sees exactly the elements it would see
+whole and the answer is byte for byte the one computed whole. Inputs not in the body (decoded
+from JSON, a graph's constants) are all there from the start.
 """
 
 from __future__ import annotations
@@ -30,10 +30,9 @@ from typing import Any
 import numpy as np
 
 from tensorbits.core.backends.base import Backend
-from tensorbits.core.engine import piece_call, run_into
+from tensorbits.core.engine import in_rows, piece_call, rows, run_into
 from tensorbits.core.offload import COMPUTE_INLINE_MAX_BYTES, offload
 from tensorbits.core.plan import Plan
-from tensorbits_protocol.validation import ResolvedCall
 
 # A piece is computed once at least this many bytes of output are ready for it: large enough
 # that a worker thread's hop (tens of microseconds) is a small part of it, small enough that the
@@ -47,24 +46,6 @@ LOOK_BYTES = 1 << 20
 def _address(x: np.ndarray[Any, Any]) -> int:
     address: int = x.__array_interface__["data"][0]
     return address
-
-
-def rows(call: ResolvedCall) -> tuple[int, ...]:
-    """The shape ``call``'s output is split in pieces by: its leading axes taken as one axis of
-    rows, as many as every broadcast input (fewer elements than the output) has one element
-    along, and at least the first; its other axes as they are. Every operand, broadcast to the
-    output's shape, is then a view of that shape (the merged axes repeat a broadcast input:
-    stride 0), and a range of rows is a range of bytes of each input of the output's size. A
-    broadcast of one element splits into single elements: ``(total,)``."""
-    shape = call.output_shape
-    total = math.prod(shape)
-    lead = len(shape)
-    for kernel_shape in call.kernel_input_shapes:
-        if math.prod(kernel_shape) != total:  # broadcast: padded on the left to the output's
-            padded = (1,) * (len(shape) - len(kernel_shape)) + kernel_shape
-            lead = min(lead, next((i for i, n in enumerate(padded) if n != 1), lead))
-    lead = max(lead, min(1, len(shape)))
-    return (math.prod(shape[:lead]), *shape[lead:])
 
 
 class Arrival:
@@ -107,19 +88,13 @@ class Arrival:
         """``plan``'s output written over its input at ``over`` (of the output's size), a range
         of whole rows at a time (``rows``). Each operand is a view in rows, never a copy: an
         input of the output's size reshaped, a broadcast one broadcast to the output's shape
-        (stride 0 where it repeats), so a piece reads the bytes the rule awaited and no other.
-        ``rows`` merges only axes every operand can merge in place: a reshape that would copy
-        raises (``copy=False``) rather than compute the pieces into a copy."""
+        (stride 0 where it repeats), so a piece reads the bytes the rule awaited and no other
+        (``engine.in_rows``)."""
         call = plan.call
-        shape = call.output_shape
         split = rows(call)
-        total = math.prod(shape)
+        total = math.prod(call.output_shape)
         operands = [
-            x.reshape(split, copy=False)
-            if x.size == total
-            else np.broadcast_to(x.reshape(kernel_shape, copy=False), shape).reshape(
-                split, copy=False
-            )
+            in_rows(x, kernel_shape, call.output_shape, split)
             for x, kernel_shape in zip(plan.inputs, call.kernel_input_shapes, strict=True)
         ]
         row = math.prod(split[1:])

@@ -1,12 +1,13 @@
 """Running checked work on a backend: one validated call on host or device arrays (``run_into``,
-what v2 inference runs), the flat pieces an element-wise call can be split into, and when its
-output may be computed over one of its inputs (``writes_over``). A /v1 batch is run where it is
-planned (``batch.run_batch``).
+what v2 inference runs), the pieces of whole rows a call can be split into (``rows``: flat
+elements when nothing is broadcast), and when its output may be computed over one of its inputs
+(``writes_over``). A /v1 batch is run where it is planned (``batch.run_batch``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -76,6 +77,40 @@ def flat_call(call: ResolvedCall, count: int) -> ResolvedCall:
     inputs all have the output's shape (``is_flat_elementwise``), run on the same positions of
     every operand, by the same kernel."""
     return piece_call(call, (count,))
+
+
+def rows(call: ResolvedCall) -> tuple[int, ...]:
+    """The shape ``call``'s output is split in pieces by: its leading axes taken as one axis of
+    rows, as many as every broadcast input (fewer elements than the output) has one element
+    along, and at least the first; its other axes as they are. Every operand, broadcast to the
+    output's shape, is then a view of that shape (the merged axes repeat a broadcast input:
+    stride 0), and a range of rows is a range of bytes of each input of the output's size. A
+    broadcast of one element splits into single elements: ``(total,)``."""
+    shape = call.output_shape
+    total = math.prod(shape)
+    lead = len(shape)
+    for kernel_shape in call.kernel_input_shapes:
+        if math.prod(kernel_shape) != total:  # broadcast: padded on the left to the output's
+            padded = (1,) * (len(shape) - len(kernel_shape)) + kernel_shape
+            lead = min(lead, next((i for i, n in enumerate(padded) if n != 1), lead))
+    lead = max(lead, min(1, len(shape)))
+    return (math.prod(shape[:lead]), *shape[lead:])
+
+
+def in_rows(
+    x: np.ndarray[Any, Any],
+    kernel_shape: tuple[int, ...],
+    shape: tuple[int, ...],
+    split: tuple[int, ...],
+) -> np.ndarray[Any, Any]:
+    """Operand ``x`` (taken by the kernel in ``kernel_shape``) as a view of ``split``, a shape
+    ``rows`` gave for an output of ``shape``: an input of the output's size reshaped, a
+    broadcast one broadcast to the output's shape first (stride 0 where it repeats). A view,
+    never a copy: ``rows`` merges only axes every operand can merge in place, and a reshape
+    that would copy raises (``copy=False``) rather than have pieces computed into a copy."""
+    if x.size == math.prod(shape):
+        return x.reshape(split, copy=False)
+    return np.broadcast_to(x.reshape(kernel_shape, copy=False), shape).reshape(split, copy=False)
 
 
 def is_flat_elementwise(call: ResolvedCall) -> bool:

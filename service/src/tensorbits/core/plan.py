@@ -19,7 +19,7 @@ from typing import Any, NamedTuple, Self
 import numpy as np
 
 from tensorbits.core.backends.base import Backend, BoundRun
-from tensorbits.core.engine import is_flat_elementwise
+from tensorbits.core.engine import rows
 from tensorbits.core.models import MODEL_VERSION
 from tensorbits.core.shared_memory import Location, SharedMemoryRegions, switched_on
 from tensorbits_protocol.dtypes import DataType, itemsize, wire_dtype
@@ -93,7 +93,10 @@ class Plan(NamedTuple):
         inputs = self.shared_input_bytes
         output = 0 if self.output_on_device else self.output_nbytes
         if backend is not None and streams(self, backend):
-            inputs = min(inputs, len(self.shared_inputs) * STREAM_PIECE_BYTES)
+            # A piece of each input of the output's size; a broadcast one is read whole.
+            total = math.prod(self.call.output_shape)
+            full = [s.nbytes for s in self.shared_inputs if math.prod(s.shape) == total]
+            inputs = min(sum(full), len(full) * STREAM_PIECE_BYTES) + inputs - sum(full)
             if self.shared_output is not None:
                 output = min(output, STREAM_PIECE_BYTES)
         return body_bytes + inputs + output
@@ -128,13 +131,26 @@ class SharedInput(NamedTuple):
 
 def streams(plan: Plan, backend: Backend) -> bool:
     """Whether ``plan`` runs streamed, in pieces (``run.run_streamed``): host memory throughout
-    (a host backend, no CUDA region) and an element-wise call without broadcasting."""
+    (a host backend, no CUDA region) and a piece of at least one whole row (``rows_per_piece``:
+    any element-wise call, and a broadcast whose rows are not too long)."""
     return (
         backend.host_memory
         and not plan.output_on_device
         and not any(shared.on_device for shared in plan.shared_inputs)
-        and is_flat_elementwise(plan.call)
+        and rows_per_piece(plan) > 0
     )
+
+
+def rows_per_piece(plan: Plan) -> int:
+    """How many rows of ``engine.rows(plan.call)`` a streamed run's piece holds: as many as fit
+    in ``STREAM_PIECE_BYTES`` of its widest tensor (0: not one row does, a broadcast of long rows,
+    which is not streamed). An element-wise call without broadcasting has rows of one element."""
+    shared = {each.position: each.dtype.itemsize for each in plan.shared_inputs}
+    widest: int = max(
+        wire_dtype(plan.call.output_datatype).itemsize,
+        *(shared.get(i, x.dtype.itemsize) for i, x in enumerate(plan.inputs)),
+    )
+    return STREAM_PIECE_BYTES // (math.prod(rows(plan.call)[1:]) * widest)
 
 
 # --- planning -----------------------------------------------------------------------------------

@@ -1,10 +1,10 @@
 """How a plan runs: into a host array (a response's bytes) or into a shared-memory region, its
 shared inputs read here, streamed in pieces where the call allows it.
 
-The strategies: host memory throughout, an element-wise call without broadcasting and a system
-region on either side runs streamed (``run_streamed``: pieces that stay in the cache); a CUDA
-region is computed on where it is (the kernel reads and writes the client's device memory);
-anything else reads its shared inputs whole (``shared_loaded``) and runs the kernel once
+The strategies: host memory throughout, an element-wise call (broadcasts too, where a piece
+holds a whole row) and a system region on either side runs streamed (``run_streamed``: pieces
+that stay in the cache); a CUDA region is computed on where it is (the kernel reads and writes
+the client's device memory); anything else reads its shared inputs whole (``shared_loaded``) and runs the kernel once
 (``engine.run_into``). Every front end runs its plans through ``run_to_host`` and
 ``run_to_region``; none writes a strategy of its own.
 """
@@ -20,9 +20,9 @@ import numpy as np
 
 from tensorbits.core.backends.base import Backend
 from tensorbits.core.device_wait import hold
-from tensorbits.core.engine import flat_call, run_into, writes_over
+from tensorbits.core.engine import in_rows, piece_call, rows, run_into, writes_over
 from tensorbits.core.kernels import DeviceArray
-from tensorbits.core.plan import STREAM_PIECE_BYTES, Plan, SharedInput, streams
+from tensorbits.core.plan import Plan, SharedInput, rows_per_piece, streams
 from tensorbits.core.shared_memory import SharedMemoryRegions
 from tensorbits_protocol.dtypes import wire_dtype
 
@@ -144,38 +144,45 @@ def run_streamed(
     regions: SharedMemoryRegions,
     host_out: np.ndarray[Any, Any] | None = None,
 ) -> None:
-    """Run ``plan`` in pieces of ``STREAM_PIECE_BYTES``: for each, read the inputs' piece from
-    their regions (body inputs: a slice of their view), run the kernel on the flat piece
-    (``engine.flat_call``), and write the output's piece into its system region, or straight
-    into ``host_out`` (flat: a response's body) when given. The pieces' buffers stay in the
-    cache, so each byte crosses memory once in and once out instead of three times (``preadv``
-    into a whole buffer, the kernel, ``pwritev`` out of it). Every region is held for the whole
-    run (``system_bytes``). An output in exactly an input's buffer (``engine.writes_over``) is
-    safe: each piece is read before it is written, and no later piece reads it."""
+    """Run ``plan`` in pieces of whole rows (``engine.rows``; an element-wise call's rows are
+    single elements), ``rows_per_piece`` at a time: for each, read the inputs' piece from their
+    regions (body inputs: a slice of their view), run the kernel on the piece
+    (``engine.piece_call``), and write the output's piece into its system region, or straight
+    into ``host_out`` (flat: a response's body) when given. A broadcast input (fewer elements
+    than the output) is read whole first, and each piece reads its view (stride 0 where it
+    repeats). The pieces' buffers stay in the cache, so each byte crosses memory once in and
+    once out instead of three times (``preadv`` into a whole buffer, the kernel, ``pwritev``
+    out of it). Every region a piece is read from is held for the whole run (``system_bytes``).
+    An output in exactly an input's buffer (``engine.writes_over``) is safe: each piece is
+    read before it is written, and no later piece reads it."""
     call, op = plan.call, plan.op
-    out_dtype = wire_dtype(call.output_datatype)
-    shared = {each.position: each for each in plan.shared_inputs}
-    dtypes = [shared[i].dtype if i in shared else x.dtype for i, x in enumerate(plan.inputs)]
-    total = math.prod(call.output_shape)
+    shape, out_dtype = call.output_shape, wire_dtype(call.output_datatype)
+    total = math.prod(shape)
     if total == 0:
         return  # an empty output: nothing to read or write
-    step = max(1, STREAM_PIECE_BYTES // max(out_dtype.itemsize, *(d.itemsize for d in dtypes)))
-    step = min(step, total)
-    buffers = {i: regions.pool.take(step * shared[i].dtype.itemsize) for i in shared}
+    split = rows(call)
+    row = math.prod(split[1:])
+    step = min(rows_per_piece(plan), split[0])
+    shared = {each.position: each for each in plan.shared_inputs}
+    # Read a piece at a time: the shared inputs of the output's size; the others read whole.
+    pieced = {i: each for i, each in shared.items() if math.prod(each.shape) == total}
+    buffers = {i: regions.pool.take(step * row * each.dtype.itemsize) for i, each in pieced.items()}
     # The output's pieces go straight into host_out when given, else into the buffer of an
     # input the operator may replace, else into a buffer of their own.
     over = None if host_out is not None else _replaceable_input(plan, backend)
     out_buffer = (
-        regions.pool.take(step * out_dtype.itemsize) if over is None and host_out is None else None
+        regions.pool.take(step * row * out_dtype.itemsize)
+        if over is None and host_out is None
+        else None
     )
-    flat = [x.reshape(-1) if i not in shared else None for i, x in enumerate(plan.inputs)]
+    read_whole: list[bytearray] = []
     try:
         with ExitStack() as held:
             sources = {
                 i: held.enter_context(
                     regions.system_bytes(each.ref, each.nbytes, each.name, "input")
                 )
-                for i, each in shared.items()
+                for i, each in pieced.items()
             }
             sink = None
             if host_out is None:
@@ -185,30 +192,48 @@ def run_streamed(
                         plan.shared_output, plan.output_nbytes, op.output, "output"
                     )
                 )
-            for start in range(0, total, step):
-                count = min(step, total - start)
+            # Every other operand as a view in rows, a piece a slice of it.
+            operands: list[np.ndarray[Any, Any] | None] = []
+            for i, (x, kernel_shape) in enumerate(
+                zip(plan.inputs, call.kernel_input_shapes, strict=True)
+            ):
+                if i in pieced:
+                    operands.append(None)
+                    continue
+                if i in shared:
+                    each = shared[i]
+                    read_whole.append(regions.read(each.ref, each.nbytes, each.name))
+                    x = np.frombuffer(read_whole[-1], each.dtype, math.prod(each.shape))
+                operands.append(in_rows(x, kernel_shape, shape, split))
+            outs = None if host_out is None else host_out.reshape(split)
+            for first in range(0, split[0], step):
+                count = min(step, split[0] - first)
+                piece = (count, *split[1:])
                 pieces: list[np.ndarray[Any, Any]] = []
-                for i, dtype in enumerate(dtypes):
-                    whole = flat[i]
-                    if whole is not None:
-                        pieces.append(whole[start : start + count])
+                for i, operand in enumerate(operands):
+                    if operand is not None:
+                        pieces.append(operand[first : first + count])
                         continue
-                    into = memoryview(buffers[i])[: count * dtype.itemsize]
-                    sources[i].read_into(start * dtype.itemsize, into)
-                    pieces.append(np.frombuffer(into, dtype))
-                if host_out is not None:
-                    out = host_out[start : start + count]
+                    dtype = pieced[i].dtype
+                    into = memoryview(buffers[i])[: count * row * dtype.itemsize]
+                    sources[i].read_into(first * row * dtype.itemsize, into)
+                    pieces.append(np.frombuffer(into, dtype).reshape(piece))
+                if outs is not None:
+                    out = outs[first : first + count]
                 elif over is None:
                     assert out_buffer is not None
-                    raw = memoryview(out_buffer)[: count * out_dtype.itemsize]
-                    out = np.frombuffer(raw, out_dtype)
+                    raw = memoryview(out_buffer)[: count * row * out_dtype.itemsize]
+                    out = np.frombuffer(raw, out_dtype).reshape(piece)
                 else:
                     out = pieces[over]
-                run_into(backend, flat_call(call, count), pieces, out)
+                run_into(backend, piece_call(call, piece), pieces, out)
                 if sink is not None:
-                    sink.write(start * out_dtype.itemsize, out.view(np.uint8).data)
+                    sink.write(
+                        first * row * out_dtype.itemsize, out.reshape(-1).view(np.uint8).data
+                    )
     finally:
-        regions.recycle([*buffers.values(), *([out_buffer] if out_buffer is not None else [])])
+        spare = [*buffers.values(), *read_whole, *([out_buffer] if out_buffer is not None else [])]
+        regions.recycle(spare)
 
 
 __all__ = ["run_streamed", "run_to_host", "run_to_region", "shared_loaded", "shared_read"]
