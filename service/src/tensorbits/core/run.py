@@ -4,9 +4,9 @@ shared inputs read here, streamed in pieces where the call allows it.
 The strategies: host memory throughout, an element-wise call (broadcasts too, where a piece
 holds a whole row) and a system region on either side runs streamed (``run_streamed``: pieces
 that stay in the cache); a CUDA region is computed on where it is (the kernel reads and writes
-the client's device memory); anything else reads its shared inputs whole (``shared_loaded``) and runs the kernel once
-(``engine.run_into``). Every front end runs its plans through ``run_to_host`` and
-``run_to_region``; none writes a strategy of its own.
+the client's device memory); anything else reads its shared inputs whole (``shared_loaded``)
+and runs the kernel once (``engine.run_into``). Every front end runs its plans through
+``run_to_host`` and ``run_to_region``; none writes a strategy of its own.
 """
 
 from __future__ import annotations
