@@ -94,7 +94,8 @@ def _request(
         offset = places[name]
         if offset is None:
             little = np.ascontiguousarray(array.astype(array.dtype.newbyteorder("<")))
-            inputs.append(Tensor(name, dt, array.shape, raw=little.data.cast("B")))
+            raw = little.reshape(-1).view(np.uint8).data  # an empty one too
+            inputs.append(Tensor(name, dt, array.shape, raw=raw))
         else:
             _put(array, offset)
             ref = SharedMemoryRef("r", array.nbytes, offset)
@@ -410,6 +411,29 @@ def test_a_streamed_run_is_admitted_for_its_pieces(
     assert (
         into_body.memory_needed(100, backend) == 100 + 2 * core_plan.STREAM_PIECE_BYTES + a.nbytes
     )
+
+
+@pytest.mark.parametrize(
+    ("a_shape", "b_shape"), [((5, 0), (5, 1)), ((0, 5), (5,)), ((5, 0), (1,))],
+    ids=["column", "row", "one"],
+)  # fmt: skip
+def test_empty_broadcasts(
+    regions: SharedMemoryRegions,
+    backend: NumpyBackend,
+    a_shape: tuple[int, ...],
+    b_shape: tuple[int, ...],
+) -> None:
+    """An empty output beside a broadcast input (rows of no elements, or none of them): admitted
+    and answered, nothing written."""
+    model = "onnx.BitwiseXor-18"
+    a, b = _random(DataType.UINT16, a_shape), _random(DataType.UINT16, b_shape)
+    request = _request(model, {"A": a, "B": b}, {"A": 0, "B": 64}, 128, DataType.UINT16, 0)
+    before = _object().read_bytes()  # the inputs in
+    planned = _run(regions, backend, request, model)
+    assert planned.memory_needed(100, backend) >= 100
+    assert _object().read_bytes() == before
+    in_body = _request(model, {"A": a, "B": b}, {"A": None, "B": None}, None, DataType.UINT16)
+    assert _body_output(regions, backend, in_body, model) == b""  # no region at all
 
 
 @pytest.mark.parametrize("shape", [(0,), (3, 0), (0, 5)])

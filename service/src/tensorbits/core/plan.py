@@ -134,7 +134,8 @@ def streams(plan: Plan, backend: Backend) -> bool:
     (a host backend, no CUDA region) and a piece of at least one whole row (``rows_per_piece``:
     any element-wise call, and a broadcast whose rows are not too long)."""
     return (
-        backend.host_memory
+        (bool(plan.shared_inputs) or plan.shared_output is not None)  # else nothing to stream
+        and backend.host_memory
         and not plan.output_on_device
         and not any(shared.on_device for shared in plan.shared_inputs)
         and rows_per_piece(plan) > 0
@@ -150,7 +151,8 @@ def rows_per_piece(plan: Plan) -> int:
         wire_dtype(plan.call.output_datatype).itemsize,
         *(shared.get(i, x.dtype.itemsize) for i, x in enumerate(plan.inputs)),
     )
-    return STREAM_PIECE_BYTES // (math.prod(rows(plan.call)[1:]) * widest)
+    # An empty output's rows may have no elements: nothing to read, streamed as any piece.
+    return STREAM_PIECE_BYTES // max(1, math.prod(rows(plan.call)[1:]) * widest)
 
 
 # --- planning -----------------------------------------------------------------------------------
