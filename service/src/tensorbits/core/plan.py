@@ -93,13 +93,18 @@ class Plan(NamedTuple):
         inputs = self.shared_input_bytes
         output = 0 if self.output_on_device else self.output_nbytes
         if backend is not None and streams(self, backend):
-            # A piece of each input of the output's size; a broadcast one is read whole.
-            total = math.prod(self.call.output_shape)
-            full = [s.nbytes for s in self.shared_inputs if math.prod(s.shape) == total]
-            inputs = min(sum(full), len(full) * STREAM_PIECE_BYTES) + inputs - sum(full)
+            # A piece of each input read in pieces; a broadcast one is read whole.
+            pieced = [each.nbytes for each in self.read_in_pieces()]
+            inputs = min(sum(pieced), len(pieced) * STREAM_PIECE_BYTES) + inputs - sum(pieced)
             if self.shared_output is not None:
                 output = min(output, STREAM_PIECE_BYTES)
         return body_bytes + inputs + output
+
+    def read_in_pieces(self) -> list[SharedInput]:
+        """The shared inputs a streamed run reads a piece at a time: those of the output's size
+        (a broadcast input, of fewer elements, is read whole), as ``memory_needed`` counts them."""
+        total = math.prod(self.call.output_shape)
+        return [each for each in self.shared_inputs if math.prod(each.shape) == total]
 
     def response(self, data: list[Any] | None = None) -> InferResponse:
         """The response to this plan: the output as binary data, with its JSON ``data``, or as

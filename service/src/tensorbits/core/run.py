@@ -163,9 +163,9 @@ def run_streamed(
     split = rows(call)
     row = math.prod(split[1:])
     step = min(rows_per_piece(plan), split[0])
-    shared = {each.position: each for each in plan.shared_inputs}
     # Read a piece at a time: the shared inputs of the output's size; the others read whole.
-    pieced = {i: each for i, each in shared.items() if math.prod(each.shape) == total}
+    pieced = {each.position: each for each in plan.read_in_pieces()}
+    whole = [each for each in plan.shared_inputs if each.position not in pieced]
     buffers = {i: regions.pool.take(step * row * each.dtype.itemsize) for i, each in pieced.items()}
     # The output's pieces go straight into host_out when given, else into the buffer of an
     # input the operator may replace, else into a buffer of their own.
@@ -175,7 +175,6 @@ def run_streamed(
         if over is None and host_out is None
         else None
     )
-    read_whole: list[bytearray] = []
     try:
         with ExitStack() as held:
             sources = {
@@ -193,18 +192,14 @@ def run_streamed(
                     )
                 )
             # Every other operand as a view in rows, a piece a slice of it.
-            operands: list[np.ndarray[Any, Any] | None] = []
-            for i, (x, kernel_shape) in enumerate(
-                zip(plan.inputs, call.kernel_input_shapes, strict=True)
-            ):
-                if i in pieced:
-                    operands.append(None)
-                    continue
-                if i in shared:
-                    each = shared[i]
-                    read_whole.append(regions.read(each.ref, each.nbytes, each.name))
-                    x = np.frombuffer(read_whole[-1], each.dtype, math.prod(each.shape))
-                operands.append(in_rows(x, kernel_shape, shape, split))
+            arrays = held.enter_context(shared_read(whole, regions))  # read whole, recycled after
+            read = {each.position: array for each, array in zip(whole, arrays, strict=True)}
+            operands: list[np.ndarray[Any, Any] | None] = [
+                None if i in pieced else in_rows(read.get(i, x), kernel_shape, shape, split)
+                for i, (x, kernel_shape) in enumerate(
+                    zip(plan.inputs, call.kernel_input_shapes, strict=True)
+                )
+            ]
             outs = None if host_out is None else host_out.reshape(split)
             for first in range(0, split[0], step):
                 count = min(step, split[0] - first)
@@ -232,8 +227,7 @@ def run_streamed(
                         first * row * out_dtype.itemsize, out.reshape(-1).view(np.uint8).data
                     )
     finally:
-        spare = [*buffers.values(), *read_whole, *([out_buffer] if out_buffer is not None else [])]
-        regions.recycle(spare)
+        regions.recycle([*buffers.values(), *([out_buffer] if out_buffer is not None else [])])
 
 
 __all__ = ["run_streamed", "run_to_host", "run_to_region", "shared_loaded", "shared_read"]
