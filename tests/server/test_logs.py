@@ -154,6 +154,23 @@ def test_at_a_terminal_the_server_starts_with_a_banner_not_json(
     assert not any(line.lstrip().startswith("{") for line in text.splitlines()), text
 
 
+@pytest.mark.parametrize("local", [False, True])
+def test_each_line_has_its_own_records_time_to_the_millisecond(local: bool) -> None:
+    """The clock text is made once a second, and never stale: records of one second and of the
+    next, and back again, each read as their own time."""
+    formatter = ReadableFormatter() if local else JsonFormatter()
+    start = 1_796_270_400  # 2026-12-03 04:00:00 UTC, on the second
+    for created in (start + 0.25, start + 0.999, start + 1.0, start + 61.5, start + 0.5):
+        record = _record("tick")
+        record.created, record.msecs = created, (created - int(created)) * 1000
+        line = formatter.format(record)
+        if local:
+            assert line.split()[0] == time.strftime("%H:%M:%S", time.localtime(created))
+        else:
+            second = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created))
+            assert json.loads(line)["ts"] == f"{second}.{int(record.msecs):03d}Z"
+
+
 def test_every_json_line_names_the_process_that_wrote_it() -> None:
     entry = json.loads(JsonFormatter().format(_record("anything")))
     assert entry["pid"] == os.getpid()

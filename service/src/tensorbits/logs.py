@@ -98,15 +98,55 @@ def note_refusal(code: str, grpc_status: str, rule: str | None, field: str | Non
         note.field = None if field is None else bounded(field)
 
 
+def log_fields(
+    logger: logging.Logger, level: int, fields: Mapping[str, object], message: str, *args: object
+) -> None:
+    """``logger.log(level, message, *args, extra=fields)``, less its look-up of the caller's
+    frame and its check of each field's name: the access line (``observability.record_call``)
+    is written for every request, its fields never a record's own attributes, its file and line
+    shown by no line. The caller checked ``logger.isEnabledFor(level)``."""
+    record = logger.makeRecord(logger.name, level, "", 0, message, args, None)
+    record.__dict__.update(fields)
+    logger.handle(record)
+
+
 # LogRecord attributes that are plumbing, not content.
 _STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "color_message"}
 
 
+# What a JSON line carries of a record beside its own fields: whatever else was set on it
+# (``extra``), the banner's block of lines for a person apart.
+_NOT_FIELDS = _STANDARD | {"banner"}
+# One encoder for every line: ``json.dumps(entry, default=str)`` would build one per line.
+_ENCODER = json.JSONEncoder(default=str)
+
+
+class _Seconds:
+    """A record's time as a line writes it, to the second: formatted once a second, not once a
+    line (an access line is written for every request). Called under its handler's lock, as a
+    formatter is, so the second and its text change together."""
+
+    __slots__ = ("clock", "form", "second", "text")
+
+    def __init__(self, form: str, clock: Callable[[float], time.struct_time]) -> None:
+        self.form, self.clock = form, clock
+        self.second, self.text = -1, ""
+
+    def __call__(self, created: float) -> str:
+        second = int(created)
+        if second != self.second:
+            self.second, self.text = second, time.strftime(self.form, self.clock(created))
+        return self.text
+
+
 class JsonFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seconds = _Seconds("%Y-%m-%dT%H:%M:%S", time.gmtime)
+
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
+            "ts": f"{self.seconds(record.created)}.{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
@@ -116,30 +156,30 @@ class JsonFormatter(logging.Formatter):
         note = call_var.get()
         if note is not None:
             entry["request_id"] = note.request_id
-        entry.update(
-            (key, value)
-            for key, value in record.__dict__.items()
-            if key not in _STANDARD and key != "banner"
-        )
+        for key, value in record.__dict__.items():
+            if key not in _NOT_FIELDS:
+                entry[key] = value
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
+        return _ENCODER.encode(entry)
 
 
 class ReadableFormatter(logging.Formatter):
     """``12:00:01 info    tensorbits.http  message  key=value ... [request id]``; a banner record
     (``banner`` set) as the block of lines it carries."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.seconds = _Seconds("%H:%M:%S", time.localtime)
+
     def format(self, record: logging.LogRecord) -> str:
         banner = getattr(record, "banner", None)
         if isinstance(banner, list):
             return "\n".join(str(line) for line in banner)
-        clock = time.strftime("%H:%M:%S", time.localtime(record.created))
+        clock = self.seconds(record.created)
         line = f"{clock} {record.levelname.lower():<7} {record.name}  {record.getMessage()}"
         extra = [
-            f"{key}={value}"
-            for key, value in record.__dict__.items()
-            if key not in _STANDARD and key != "banner"
+            f"{key}={value}" for key, value in record.__dict__.items() if key not in _NOT_FIELDS
         ]
         if extra:
             line += "  " + " ".join(extra)

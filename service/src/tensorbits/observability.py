@@ -36,7 +36,14 @@ from starlette.routing import Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tensorbits.core.models import MODEL_VERSION, Model
-from tensorbits.logs import CallNote, begin_call, call_var, note_model, note_refusal
+from tensorbits.logs import (
+    CallNote,
+    begin_call,
+    call_var,
+    log_fields,
+    note_model,
+    note_refusal,
+)
 from tensorbits.runtime import Runtime
 from tensorbits_protocol.errors import TensorbitsError
 from tensorbits_protocol.operators import OPERATORS, REGISTRY
@@ -655,13 +662,8 @@ def record_call(
             metrics.tally.refuse(protocol, label, status, note.rule, version)
     if logger.isEnabledFor(logging.INFO):  # the fields cost a dict per request: only if logged
         shown = protocol_status(protocol, status, note)
-        logger.info(
-            "%s %s %s",
-            method,
-            target,
-            shown,
-            extra=access_fields(protocol, route, shown, seconds, size_in, size_out, note),
-        )
+        fields = access_fields(protocol, route, shown, seconds, size_in, size_out, note)
+        log_fields(logger, logging.INFO, fields, "%s %s %s", method, target, shown)
 
 
 # The scope key where ``tensorbits serve``'s protocol (``guarded_protocol.OneWriteCycle``) puts
