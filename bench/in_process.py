@@ -2,8 +2,9 @@
 line and the client start. Each part against its floor measured in the same run.
 
   v2       one 16-element BIT_NOT in v2 binary through the whole ASGI app (middleware, routing,
-           body, plan, run, response), header cache on and off, and with one API key configured
-           and sent, against a bare FastAPI GET /ping; best of ``--rounds`` rounds of many calls
+           body, plan, run, response): header cache on and off, one API key configured and
+           sent, its access line written (the shipped log level, ``info``; the other rows at
+           ``warning``); against a bare FastAPI GET /ping; best of ``--rounds`` rounds
   startup  ``tensorbits --help`` and ``import tensorbits_client`` (target 0.3 s) and their
            neighbours, each ``--runs`` times in a fresh process, interleaved (the file cache
            warmed by ``--warmup`` runs first); ``python -c pass`` is the floor
@@ -15,7 +16,8 @@ line and the client start. Each part against its floor measured in the same run.
 from __future__ import annotations
 
 import argparse
-import logging
+import contextlib
+import os
 import statistics
 import subprocess
 import sys
@@ -34,6 +36,7 @@ from bench.harness import NOT, v2_binary_request
 from bench.harness.baselines import app as bare_app
 from tensorbits.auth import ApiKeyMiddleware
 from tensorbits.config.settings import Settings
+from tensorbits.logs import configure_logging
 from tensorbits.server.app import create_app
 
 
@@ -44,6 +47,10 @@ def _scope(method: str, path: str, headers: list[tuple[bytes, bytes]]) -> Scope:
         "scheme": "http", "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 1234),
         "headers": [(b"host", b"bench"), *headers],
     }  # fmt: skip
+
+
+# Where the server's log lines go, as JSON (what a container's log driver gets), for the run.
+_NULL = open(os.devnull, "w")  # noqa: SIM115
 
 
 async def _per_call(app: Any, scope: Scope, body: bytes, rounds: int, calls: int) -> float:
@@ -85,9 +92,14 @@ async def v2_small(rounds: int) -> dict[str, float]:
         ("v2 infer, header cache on", infer, {}),
         ("v2 infer, cache off", infer, {"header_cache_bytes": 0}),
         ("v2 infer, cache on, one API key", keyed, {"api_keys": key}),  # auth.py checks it
+        ("v2 infer, cache on, access line", infer, {"log_level": "info"}),  # the shipped level
     ):
         # grpc_port=0: no gRPC listener (the default port may be taken by a server running here)
-        app = create_app(Settings(backend="numpy", log_level="warning", grpc_port=0, **settings))
+        given: dict[str, Any] = {"backend": "numpy", "log_level": "warning", **settings}
+        chosen = Settings(grpc_port=0, **given)
+        app = create_app(chosen)
+        with contextlib.redirect_stderr(_NULL):  # what writing a line costs, not a terminal's
+            configure_logging(chosen.log_level, json_lines=True)
         async with app.router.lifespan_context(app):
             times[label] = await _per_call(app, scope, body, rounds, 4000)
     # The check by itself: the middleware in front of an app that only answers, minus that app.
@@ -159,8 +171,6 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2, help="(startup) untimed runs first")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
-    # The app's info lines would land among the figures: warnings only, as a server logs.
-    logging.getLogger().setLevel(logging.WARNING)
     if "v2" in parts:
         small = uvloop.run(v2_small(args.rounds))  # the event loop the server runs on
         ping = small["bare FastAPI GET /ping"]
