@@ -127,10 +127,8 @@ class Contestants:
         stack.callback(self.core.close)
         self.core_call = validate_arrays(NOT, {"InputTensor": self.x_host}, None)
         self.requests: dict[str, tuple[Any, list[Any], list[Any]]] = {}
-        for label, module, client in (
-            ("http", triton, self.http),
-            ("grpc", triton_grpc, self.grpc),
-        ):
+        fronts = (("http", triton, self.http), ("grpc", triton_grpc, self.grpc))
+        for label, module, client in fronts:
             for suffix, size in (("", n), ("-4k", SMALL)):
                 tensor = module.InferInput("InputTensor", [size], "UINT8")
                 tensor.set_shared_memory("bench_in", size)

@@ -39,6 +39,8 @@ from tensorbits.config.settings import Settings
 from tensorbits.logs import configure_logging
 from tensorbits.server.app import create_app
 
+_NULL = open(os.devnull, "w")  # noqa: SIM115 (the server's log lines, as JSON: a log driver's)
+
 
 def _scope(method: str, path: str, headers: list[tuple[bytes, bytes]]) -> Scope:
     return {
@@ -47,10 +49,6 @@ def _scope(method: str, path: str, headers: list[tuple[bytes, bytes]]) -> Scope:
         "scheme": "http", "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 1234),
         "headers": [(b"host", b"bench"), *headers],
     }  # fmt: skip
-
-
-# Where the server's log lines go, as JSON (what a container's log driver gets), for the run.
-_NULL = open(os.devnull, "w")  # noqa: SIM115
 
 
 async def _per_call(app: Any, scope: Scope, body: bytes, rounds: int, calls: int) -> float:
@@ -79,10 +77,8 @@ async def _per_call(app: Any, scope: Scope, body: bytes, rounds: int, calls: int
 async def v2_small(rounds: int) -> dict[str, float]:
     head, parts = v2_binary_request({"InputTensor": np.full(16, 65, np.uint8)}, "OutputTensor")
     body = b"".join(bytes(p) for p in parts)
-    headers = [
-        (b"content-length", str(len(body)).encode()),
-        (b"inference-header-content-length", str(len(head)).encode()),
-    ]
+    headers = [(b"content-length", str(len(body)).encode()),
+               (b"inference-header-content-length", str(len(head)).encode())]  # fmt: skip
     infer = _scope("POST", f"/v2/models/{NOT}/infer", headers)
     times = {"bare FastAPI GET /ping": await _per_call(bare_app, _scope("GET", "/ping", []), b"",
                                                         rounds, 4000)}  # fmt: skip
@@ -94,10 +90,8 @@ async def v2_small(rounds: int) -> dict[str, float]:
         ("v2 infer, cache on, one API key", keyed, {"api_keys": key}),  # auth.py checks it
         ("v2 infer, cache on, access line", infer, {"log_level": "info"}),  # the shipped level
     ):
-        # grpc_port=0: no gRPC listener (the default port may be taken by a server running here)
         given: dict[str, Any] = {"backend": "numpy", "log_level": "warning", **settings}
-        chosen = Settings(grpc_port=0, **given)
-        app = create_app(chosen)
+        app = create_app(chosen := Settings(grpc_port=0, **given))  # no gRPC: 8001 may be taken
         with contextlib.redirect_stderr(_NULL):  # what writing a line costs, not a terminal's
             configure_logging(chosen.log_level, json_lines=True)
         async with app.router.lifespan_context(app):

@@ -35,10 +35,8 @@ METHOD = f"{SERVICE}/ModelInfer"
 NOT = "DML_OPERATOR_ELEMENT_WISE_BIT_NOT"
 # A 64 MiB tensor and its message framing; both servers raise their own limits to match.
 MAX_MESSAGE_BYTES = 2**31 - 1
-CHANNEL_OPTIONS = [
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-]
+CHANNEL_OPTIONS = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                   ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]  # fmt: skip
 # The run's bounds (and the CLI's): what one benchmark may ask of the machine.
 MAX_STREAMS = 512
 MAX_CHANNELS = 64
