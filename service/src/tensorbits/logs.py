@@ -110,13 +110,12 @@ def log_fields(
     logger.handle(record)
 
 
-# LogRecord attributes that are plumbing, not content.
-_STANDARD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "color_message"}
-
-
-# What a JSON line carries of a record beside its own fields: whatever else was set on it
-# (``extra``), the banner's block of lines for a person apart.
-_NOT_FIELDS = _STANDARD | {"banner"}
+# What a line does not show as a record's fields: LogRecord's own attributes (plumbing, not
+# content) and the banner's block of lines for a person; whatever else was set on it (``extra``)
+# it shows.
+_NOT_FIELDS = frozenset(logging.makeLogRecord({}).__dict__) | {
+    "message", "asctime", "color_message", "banner",
+}  # fmt: skip
 # One encoder for every line: ``json.dumps(entry, default=str)`` would build one per line.
 _ENCODER = json.JSONEncoder(default=str)
 
